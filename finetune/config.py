@@ -1,0 +1,373 @@
+"""`TrainConfig`: the one typed description of a run. The UI form, the YAML file, the CLI and the model card are views of it.
+
+The YAML file is flat, one key per field. Field names follow `TrainingArguments` / PEFT / DeepSpeed where those exist.
+This module is light on purpose (no torch, no transformers) so the UI can build its form without heavy imports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from finetune.errors import ConfigError
+
+EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"
+BUNDLED_DATASET = "bundled:pirate"
+
+SCHEDULERS = (
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+    "cosine_with_min_lr",
+    "warmup_stable_decay",
+)
+REPORTERS = ("none", "tensorboard", "trackio", "wandb")
+OFFLOAD = ("none", "cpu", "nvme")
+
+
+def _f(default: Any, help: str, group: str, **rules: Any) -> Any:
+    """A dataclass field with help text, a form group and validation rules (choices, min, max)."""
+    return field(default=default, metadata={"help": help, "group": group, **rules})
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines a fine-tuning run. Defaults give a short, visible demo on a laptop CPU."""
+
+    # --- Model
+    model: str = _f(
+        EMBEDDED_MODEL,
+        "Base model: a Hub id (HuggingFaceTB/SmolLM2-135M-Instruct), a local directory, "
+        f"or the embedded default `{EMBEDDED_MODEL}` (works offline).",
+        "Model",
+    )
+    trust_remote_code: bool = _f(
+        False, "Run Python code shipped with the model repository. Only for repositories you trust.", "Model"
+    )
+    task: str = _f(
+        "causal_lm",
+        "causal_lm: instruction / chat tuning (SFT). sequence_classification: predict a label for a text (or pair).",
+        "Model",
+        choices=("causal_lm", "sequence_classification"),
+    )
+    num_labels: int = _f(0, "Number of classes for sequence classification; 0 = count them in the data.", "Model", min=0)
+
+    # --- Data
+    dataset: str = _f(
+        BUNDLED_DATASET,
+        f"Training data: a local .jsonl/.json/.csv/.parquet file, a Hub dataset id, or `{BUNDLED_DATASET}` "
+        "(the bundled pirate-tutor set: every answer in pirate speak, easy to see the tuning take hold).",
+        "Data",
+    )
+    dataset_split: str = _f("train", "Split to train on (Hub datasets and bundled data).", "Data")
+    eval_split: str = _f(
+        "validation", "Split for evaluation loss; empty = no evaluation. Ignored if the data has no such split.", "Data"
+    )
+    text_column: str = _f("", "Column with plain text (or the first sentence for classification); empty = detect.", "Data")
+    text_pair_column: str = _f("", "Second sentence column for pair classification (MRPC: sentence2); empty = detect.", "Data")
+    prompt_column: str = _f("", "Column with the prompt for prompt/completion data; empty = detect.", "Data")
+    completion_column: str = _f("", "Column with the answer; the loss is computed on it only. Empty = detect.", "Data")
+    messages_column: str = _f("", "Column with chat messages [{role, content}]; empty = detect.", "Data")
+    label_column: str = _f("", "Column with the class label for sequence classification; empty = detect.", "Data")
+    max_seq_length: int = _f(
+        256, "Longest tokenised example; longer ones are truncated. Memory grows linearly with it.", "Data", min=8
+    )
+    packing: bool = _f(False, "Concatenate short examples into full-length rows: faster, slight cross-talk.", "Data")
+
+    # --- Method
+    method: str = _f(
+        "lora",
+        "full: train every weight (most memory). lora: small adapters, base frozen. "
+        "qlora: LoRA on a 4-bit base (least memory, needs bitsandbytes).",
+        "Method",
+        choices=("full", "lora", "qlora"),
+    )
+    lora_r: int = _f(8, "LoRA rank: higher learns more and uses more memory.", "Method", min=1, max=1024)
+    lora_alpha: int = _f(16, "LoRA scaling (alpha / r multiplies the update); usually 2 × r.", "Method", min=1)
+    lora_dropout: float = _f(0.05, "Dropout on the LoRA path; regularises small data.", "Method", min=0.0, max=0.9)
+    lora_target_modules: str = _f(
+        "all-linear", "Layers that get adapters: `all-linear` or comma-separated names (q_proj,v_proj).", "Method"
+    )
+    quant_type: str = _f("nf4", "4-bit data type for QLoRA: nf4 (best for weights) or fp4.", "Method", choices=("nf4", "fp4"))
+    double_quant: bool = _f(True, "QLoRA: quantise the quantisation constants too (saves ~0.4 bit per weight).", "Method")
+
+    # --- Optimisation
+    per_device_train_batch_size: int = _f(4, "Examples per step on each device (micro batch).", "Optimisation", min=1)
+    gradient_accumulation_steps: int = _f(
+        1, "Micro batches summed before each update: a larger effective batch at no memory cost.", "Optimisation", min=1
+    )
+    learning_rate: float = _f(5e-4, "Peak learning rate. LoRA likes 1e-4..1e-3; full fine-tuning 1e-5..5e-5.", "Optimisation", min=0.0, max=1.0)
+    weight_decay: float = _f(0.0, "Decoupled weight decay (AdamW).", "Optimisation", min=0.0, max=1.0)
+    max_grad_norm: float = _f(1.0, "Clip the gradient norm to this; 0 = no clipping.", "Optimisation", min=0.0)
+    optim: str = _f(
+        "adamw_torch",
+        "adamw_torch: standard. adamw_8bit: 8-bit states (~75% less optimizer memory). "
+        "paged_adamw_8bit: also pages states to CPU under pressure. sgd: momentum SGD, least memory.",
+        "Optimisation",
+        choices=("adamw_torch", "adamw_8bit", "paged_adamw_8bit", "sgd"),
+    )
+    lr_scheduler_type: str = _f("cosine", "How the learning rate changes over the run.", "Optimisation", choices=SCHEDULERS)
+    warmup_steps: int = _f(2, "Steps of linear warm-up from 0 to the learning rate.", "Optimisation", min=0)
+    num_train_epochs: float = _f(1.0, "Passes over the data (used when max_steps is -1).", "Optimisation", min=0.01)
+    max_steps: int = _f(40, "Optimizer steps to run; -1 = run num_train_epochs.", "Optimisation", min=-1)
+    seed: int = _f(42, "Random seed for data order and initialisation.", "Optimisation", min=0)
+
+    # --- Precision & memory
+    precision: str = _f(
+        "auto",
+        "auto: bf16 on a GPU that supports it, else fp32. fp16/bf16 halve activation memory on a GPU; "
+        "on a CPU they fall back to fp32.",
+        "Precision & memory",
+        choices=("auto", "fp32", "fp16", "bf16"),
+    )
+    gradient_checkpointing: bool = _f(
+        False, "Recompute activations in the backward pass: much less memory, ~30% slower.", "Precision & memory"
+    )
+
+    # --- DeepSpeed
+    backend: str = _f(
+        "trainer",
+        "trainer: Hugging Face Trainer (uses DeepSpeed if zero_stage > 0). deepspeed: the DeepSpeed engine loop.",
+        "DeepSpeed",
+        choices=("trainer", "deepspeed"),
+    )
+    zero_stage: int = _f(
+        0, "ZeRO stage: 0 off, 1 optimizer states, 2 + gradients, 3 + parameters sharded over GPUs.", "DeepSpeed", min=0, max=3
+    )
+    offload_optimizer: str = _f("none", "Move optimizer states to cpu or nvme (ZeRO ≥ 1): slower, less GPU memory.", "DeepSpeed", choices=OFFLOAD)
+    offload_param: str = _f("none", "Move parameters to cpu or nvme (ZeRO-3 only).", "DeepSpeed", choices=OFFLOAD)
+    nvme_path: str = _f("", "Directory on a fast local disk for NVMe offload.", "DeepSpeed")
+
+    # --- Output
+    output_dir: str = _f("", "Run directory; empty = a new folder under the runs root named after the time and model.", "Output")
+    logging_steps: int = _f(1, "Log the loss every N steps.", "Output", min=1)
+    save_steps: int = _f(20, "Save a checkpoint every N steps (resume continues from the last one).", "Output", min=1)
+    eval_steps: int = _f(20, "Evaluate (loss + sample answers) every N steps.", "Output", min=1)
+    report_to: str = _f("none", "Also log to an experiment tracker.", "Output", choices=REPORTERS)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # ----- validation
+    def errors(self) -> list[ConfigError]:
+        """Every problem in this config, one error per bad field (the UI shows each beside its field)."""
+        problems: list[ConfigError] = []
+        for f in fields(self):
+            try:
+                setattr(self, f.name, _coerce(f, getattr(self, f.name)))
+                _check_rules(f, getattr(self, f.name))
+            except ConfigError as exc:
+                problems.append(exc)
+        if problems:
+            return problems
+        return _cross_field_errors(self)
+
+    def validate(self) -> None:
+        """Raise the first problem as a `ConfigError`."""
+        problems = self.errors()
+        if problems:
+            raise problems[0]
+
+    # ----- views
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict in field order (the YAML file)."""
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        """YAML text with one key per field."""
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        """A validated copy with some fields changed."""
+        return TrainConfig.from_dict({**self.to_dict(), **changes})
+
+    @property
+    def effective_batch_size(self) -> int:
+        """Examples per optimizer step on one device."""
+        return self.per_device_train_batch_size * self.gradient_accumulation_steps
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
+        """Build from a mapping; unknown keys are refused with the closest valid key."""
+        if not isinstance(values, dict):
+            raise ConfigError(f"config: expected a mapping of key: value, got {type(values).__name__}")
+        for key in values:
+            if key not in FIELD_NAMES:
+                raise ConfigError(_unknown_key_message(str(key)), field=str(key))
+        return cls(**values)
+
+    @classmethod
+    def from_yaml(cls, text: str) -> TrainConfig:
+        """Parse YAML text (an empty document gives the defaults)."""
+        try:
+            values = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark else ""
+            raise ConfigError(f"config: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+        return cls.from_dict(values or {})
+
+    @classmethod
+    def load(cls, path: str | Path) -> TrainConfig:
+        """Read a YAML config file."""
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"--config: file not found: {p}")
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"--config: cannot read {p}: {exc}") from None
+        return cls.from_yaml(text)
+
+    def save(self, path: str | Path) -> None:
+        """Write the YAML file atomically."""
+        from finetune.atomic import write_text
+
+        write_text(Path(path), self.to_yaml())
+
+
+FIELDS = {f.name: f for f in fields(TrainConfig)}
+FIELD_NAMES = tuple(FIELDS)
+
+
+def field_help(name: str) -> str:
+    """Help text of one field."""
+    return FIELDS[name].metadata["help"]
+
+
+def field_groups() -> dict[str, list[str]]:
+    """Field names by form group, in declaration order."""
+    groups: dict[str, list[str]] = {}
+    for f in fields(TrainConfig):
+        groups.setdefault(f.metadata["group"], []).append(f.name)
+    return groups
+
+
+def parse_set_option(item: str) -> tuple[str, str]:
+    """Split a CLI `--set key=value` item."""
+    if "=" not in item:
+        raise ConfigError(f"--set: expected key=value, got {item!r}")
+    key, value = item.split("=", 1)
+    key = key.strip()
+    if key not in FIELDS:
+        raise ConfigError(f"--set: {_unknown_key_message(key)}", field=key)
+    return key, value.strip()
+
+
+def _unknown_key_message(key: str) -> str:
+    close = difflib.get_close_matches(key, FIELD_NAMES, n=1, cutoff=0.5)
+    hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys: {', '.join(FIELD_NAMES)}"
+    return f"{key}: unknown config key{hint}"
+
+
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+
+
+def _coerce(f: dataclasses.Field, value: Any) -> Any:
+    """Turn YAML / CLI / form values into the field's type, or raise a clear error."""
+    kind = f.type if isinstance(f.type, str) else f.type.__name__
+    name = f.name
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+            return value.strip().lower() in _TRUE
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        raise ConfigError(f"{name}: {value!r} is not a boolean; use true or false", field=name)
+    if kind == "int":
+        if isinstance(value, bool):
+            raise ConfigError(f"{name}: {value!r} is not a whole number", field=name)
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value.strip())
+            except ValueError:
+                pass
+        raise ConfigError(f"{name}: {value!r} is not a whole number{_range_text(f)}", field=name)
+    if kind == "float":
+        if isinstance(value, bool):
+            raise ConfigError(f"{name}: {value!r} is not a number", field=name)
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name}: {value!r} is not a number{_range_text(f)}", field=name) from None
+        if not math.isfinite(number):
+            raise ConfigError(f"{name}: {value!r} is not a finite number", field=name)
+        return number
+    # str
+    if value is None:
+        return ""
+    if isinstance(value, (list, tuple)) and name == "lora_target_modules":
+        return ",".join(str(v) for v in value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and name in ("dataset_split", "eval_split"):
+        return str(value)
+    if not isinstance(value, str):
+        raise ConfigError(f"{name}: {value!r} is not text", field=name)
+    return value.strip()
+
+
+def _range_text(f: dataclasses.Field) -> str:
+    lo, hi = f.metadata.get("min"), f.metadata.get("max")
+    if lo is not None and hi is not None:
+        return f"; allowed: {lo} to {hi}"
+    if lo is not None:
+        return f"; allowed: ≥ {lo}"
+    return ""
+
+
+def _check_rules(f: dataclasses.Field, value: Any) -> None:
+    choices = f.metadata.get("choices")
+    if choices and value not in choices:
+        close = difflib.get_close_matches(str(value), choices, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise ConfigError(f"{f.name}: {value!r} is not allowed{hint}; choose one of: {', '.join(choices)}", field=f.name)
+    lo, hi = f.metadata.get("min"), f.metadata.get("max")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise ConfigError(f"{f.name}: {value!r} is out of range{_range_text(f)}", field=f.name)
+
+
+def _cross_field_errors(c: TrainConfig) -> list[ConfigError]:
+    """Contradictions between fields; each error names the field to change."""
+    out: list[ConfigError] = []
+
+    def bad(name: str, message: str) -> None:
+        out.append(ConfigError(f"{name}: {message}", field=name))
+
+    if not c.model:
+        bad("model", "empty; give a Hub id, a local directory or " + EMBEDDED_MODEL)
+    if not c.dataset:
+        bad("dataset", f"empty; give a data file, a Hub dataset id or {BUNDLED_DATASET}")
+    if not c.lora_target_modules and c.method != "full":
+        bad("lora_target_modules", "empty; use all-linear or names like q_proj,v_proj")
+    if c.max_steps == 0:
+        bad("max_steps", "0 would train nothing; use a positive number or -1 for num_train_epochs")
+    if c.offload_param != "none" and c.zero_stage != 3:
+        bad("offload_param", f"{c.offload_param!r} needs zero_stage: 3 (parameter offload is a ZeRO-3 feature)")
+    if c.offload_optimizer != "none" and c.zero_stage == 0:
+        bad("offload_optimizer", f"{c.offload_optimizer!r} needs zero_stage 1, 2 or 3")
+    if "nvme" in (c.offload_optimizer, c.offload_param) and not c.nvme_path:
+        bad("nvme_path", "NVMe offload needs nvme_path: a directory on a fast local disk")
+    if c.backend == "deepspeed" and c.method == "qlora":
+        bad("method", "qlora is not supported with backend: deepspeed; use backend: trainer or method: lora")
+    if c.zero_stage == 3 and c.method == "qlora":
+        bad("zero_stage", "ZeRO-3 cannot shard 4-bit QLoRA weights here; use zero_stage 0-2 or method: lora")
+    if c.task == "sequence_classification" and c.packing:
+        bad("packing", "packing applies to causal_lm only; set packing: false")
+    if c.method == "qlora" and c.optim == "sgd":
+        pass  # allowed: SGD on LoRA weights works, just unusual
+    return out
