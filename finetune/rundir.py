@@ -1,0 +1,142 @@
+"""The run directory: everything needed to understand, resume, chat with and publish a run.
+
+Layout (the public contract other modules and tools read):
+  config.yaml       resolved TrainConfig (never a token)
+  status.json       {status, step, max_steps, epoch, loss, eval_loss, ..., error, started_at, updated_at, pid, owner}
+  events.jsonl      one JSON object per line: {"time", "type": "status"|"log"|"eval"|"samples"|"message", ...};
+                    "log" lines carry step and loss; "samples" carry step and [{prompt, answer}]
+  checkpoint-N/     Trainer / DeepSpeed checkpoints (complete once trainer_state.json is written)
+  adapter_config.json + adapter_model.safetensors  (LoRA / QLoRA) or model.safetensors (full), plus the tokenizer
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from finetune.atomic import read_json, write_json, write_text
+from finetune.config import TrainConfig
+
+ACTIVE = ("pending", "loading", "running", "stopping")
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Paths and small helpers for one run directory."""
+
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / "config.yaml"
+
+    @property
+    def status_path(self) -> Path:
+        return self.path / "status.json"
+
+    @property
+    def events_path(self) -> Path:
+        return self.path / "events.jsonl"
+
+    def exists(self) -> bool:
+        """True when this looks like a run (it has a config and a status)."""
+        return self.config_path.is_file() and self.status_path.is_file()
+
+    def load_config(self) -> TrainConfig:
+        """The resolved config the run was started with."""
+        return TrainConfig.load(self.config_path)
+
+    def write_config(self, config: TrainConfig) -> None:
+        write_text(self.config_path, config.to_yaml())
+
+    def read_status(self) -> dict[str, Any]:
+        return read_json(self.status_path, default={}) or {}
+
+    def write_status(self, status: dict[str, Any]) -> None:
+        write_json(self.status_path, status)
+
+    def append_event(self, event: dict[str, Any]) -> None:
+        """Append one event line; a single write() of a short line keeps lines whole for readers."""
+        line = json.dumps({"time": round(time.time(), 3), **event}, default=str) + "\n"
+        with _EVENT_LOCK, open(self.events_path, "a", encoding="utf-8") as fh:
+            fh.write(line)
+
+    def read_events(self, types: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+        """All events (optionally of some types); a torn last line is skipped."""
+        out: list[dict[str, Any]] = []
+        try:
+            text = self.events_path.read_text(encoding="utf-8")
+        except OSError:
+            return out
+        for line in text.splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if types is None or event.get("type") in types:
+                out.append(event)
+        return out
+
+    def checkpoints(self) -> list[Path]:
+        """Complete checkpoints, oldest first. A checkpoint is complete once its trainer_state.json parses."""
+        found = []
+        for child in self.path.iterdir() if self.path.is_dir() else []:
+            match = _CHECKPOINT.match(child.name)
+            if match and child.is_dir() and read_json(child / "trainer_state.json") is not None:
+                found.append((int(match.group(1)), child))
+        return [p for _, p in sorted(found)]
+
+    def last_checkpoint(self) -> Path | None:
+        cps = self.checkpoints()
+        return cps[-1] if cps else None
+
+    def has_final_model(self) -> bool:
+        """True when the final adapter or full model has been saved."""
+        return (self.path / "adapter_model.safetensors").is_file() or (self.path / "model.safetensors").is_file()
+
+    def effective_status(self) -> str:
+        """The status, with 'interrupted' for a run whose process died while it was active."""
+        status = self.read_status()
+        state = status.get("status", "unknown")
+        if state in ACTIVE and not _pid_alive(status.get("pid")):
+            return "interrupted"
+        return state
+
+
+_EVENT_LOCK = threading.Lock()
+
+
+def _pid_alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    if pid == os.getpid():
+        # Our own process: the run is alive only if a live manager in this process still owns it; callers that
+        # need that distinction (the run manager) check it themselves.
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def list_runs(root: Path) -> list[RunDir]:
+    """Run directories under `root`, newest first."""
+    if not root.is_dir():
+        return []
+    runs = [RunDir(p) for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    runs = [r for r in runs if r.exists()]
+    return sorted(runs, key=lambda r: r.status_path.stat().st_mtime, reverse=True)

@@ -1,0 +1,29 @@
+"""Shared fixtures: offline Hub, an isolated studio home, tiny models built once per session."""
+
+from __future__ import annotations
+
+import os
+
+# Tests never reach the network; set before transformers / huggingface_hub are imported.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import pytest  # noqa: E402
+
+from tests.tiny import build_llama  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A tiny random Llama + ChatML tokenizer on disk (2 layers, hidden 64)."""
+    return build_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(autouse=True)
+def studio_home(tmp_path, monkeypatch):
+    """Each test gets its own runs root, so runs never leak between tests or into ~/.cache."""
+    home = tmp_path / "studio-home"
+    monkeypatch.setenv("FINETUNE_STUDIO_HOME", str(home))
+    return home

@@ -1,0 +1,64 @@
+"""Tiny random models and tokenizers the tests build themselves (2 layers, hidden 64); nothing is downloaded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+_CORPUS = [
+    "Arr matey, the capital of France be Paris! Ahoy, what is two plus two? It be four, says the pirate.",
+    "The quick brown fox jumps over the lazy dog. Sentence one and sentence two are paraphrases.",
+    "user assistant system You are a helpful assistant. Explain why the sky is blue in one sentence.",
+]
+
+
+def build_tokenizer(path: Path):
+    """A byte-level BPE tokenizer (vocab 384) with a ChatML chat template, saved to `path`."""
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=384, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(_CORPUS * 20, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|im_end|>", bos_token="<|im_start|>"
+    )
+    fast.chat_template = CHATML
+    fast.model_max_length = 512
+    fast.save_pretrained(path)
+    return fast
+
+
+def build_llama(path: Path, vocab_size: int = 384, **overrides):
+    """A random 2-layer, hidden-64 Llama (GQA 4 heads / 2 KV heads) with its tokenizer, saved to `path`."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    tokenizer = build_tokenizer(path)
+    config = LlamaConfig(
+        vocab_size=max(vocab_size, len(tokenizer)),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        tie_word_embeddings=True,
+        **overrides,
+    )
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(path)
+    return path
