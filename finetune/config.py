@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,14 @@ OFFLOAD = ("none", "cpu", "nvme")
 
 def _f(default: Any, help: str, group: str, **rules: Any) -> Any:
     """A dataclass field with help text, a form group and validation rules (choices, min, max)."""
+    if callable(default):
+        return field(default_factory=default, metadata={"help": help, "group": group, **rules})
     return field(default=default, metadata={"help": help, "group": group, **rules})
+
+
+def _default_model() -> str:
+    # A Space sets FINETUNE_DEFAULT_MODEL to the Hub id; locally the embedded copy works offline.
+    return os.environ.get("FINETUNE_DEFAULT_MODEL") or EMBEDDED_MODEL
 
 
 @dataclass
@@ -46,7 +54,7 @@ class TrainConfig:
 
     # --- Model
     model: str = _f(
-        EMBEDDED_MODEL,
+        _default_model,
         "Base model: a Hub id (HuggingFaceTB/SmolLM2-135M-Instruct), a local directory, "
         f"or the embedded default `{EMBEDDED_MODEL}` (works offline).",
         "Model",
@@ -60,7 +68,9 @@ class TrainConfig:
         "Model",
         choices=("causal_lm", "sequence_classification"),
     )
-    num_labels: int = _f(0, "Number of classes for sequence classification; 0 = count them in the data.", "Model", min=0)
+    num_labels: int = _f(
+        0, "Number of classes for sequence classification; 0 = count them in the data.", "Model", min=0
+    )
 
     # --- Data
     dataset: str = _f(
@@ -73,8 +83,12 @@ class TrainConfig:
     eval_split: str = _f(
         "validation", "Split for evaluation loss; empty = no evaluation. Ignored if the data has no such split.", "Data"
     )
-    text_column: str = _f("", "Column with plain text (or the first sentence for classification); empty = detect.", "Data")
-    text_pair_column: str = _f("", "Second sentence column for pair classification (MRPC: sentence2); empty = detect.", "Data")
+    text_column: str = _f(
+        "", "Column with plain text (or the first sentence for classification); empty = detect.", "Data"
+    )
+    text_pair_column: str = _f(
+        "", "Second sentence column for pair classification (MRPC: sentence2); empty = detect.", "Data"
+    )
     prompt_column: str = _f("", "Column with the prompt for prompt/completion data; empty = detect.", "Data")
     completion_column: str = _f("", "Column with the answer; the loss is computed on it only. Empty = detect.", "Data")
     messages_column: str = _f("", "Column with chat messages [{role, content}]; empty = detect.", "Data")
@@ -98,15 +112,25 @@ class TrainConfig:
     lora_target_modules: str = _f(
         "all-linear", "Layers that get adapters: `all-linear` or comma-separated names (q_proj,v_proj).", "Method"
     )
-    quant_type: str = _f("nf4", "4-bit data type for QLoRA: nf4 (best for weights) or fp4.", "Method", choices=("nf4", "fp4"))
-    double_quant: bool = _f(True, "QLoRA: quantise the quantisation constants too (saves ~0.4 bit per weight).", "Method")
+    quant_type: str = _f(
+        "nf4", "4-bit data type for QLoRA: nf4 (best for weights) or fp4.", "Method", choices=("nf4", "fp4")
+    )
+    double_quant: bool = _f(
+        True, "QLoRA: quantise the quantisation constants too (saves ~0.4 bit per weight).", "Method"
+    )
 
     # --- Optimisation
     per_device_train_batch_size: int = _f(4, "Examples per step on each device (micro batch).", "Optimisation", min=1)
     gradient_accumulation_steps: int = _f(
         1, "Micro batches summed before each update: a larger effective batch at no memory cost.", "Optimisation", min=1
     )
-    learning_rate: float = _f(5e-4, "Peak learning rate. LoRA likes 1e-4..1e-3; full fine-tuning 1e-5..5e-5.", "Optimisation", min=0.0, max=1.0)
+    learning_rate: float = _f(
+        5e-4,
+        "Peak learning rate. LoRA likes 1e-4..1e-3; full fine-tuning 1e-5..5e-5.",
+        "Optimisation",
+        min=0.0,
+        max=1.0,
+    )
     weight_decay: float = _f(0.0, "Decoupled weight decay (AdamW).", "Optimisation", min=0.0, max=1.0)
     max_grad_norm: float = _f(1.0, "Clip the gradient norm to this; 0 = no clipping.", "Optimisation", min=0.0)
     optim: str = _f(
@@ -116,7 +140,9 @@ class TrainConfig:
         "Optimisation",
         choices=("adamw_torch", "adamw_8bit", "paged_adamw_8bit", "sgd"),
     )
-    lr_scheduler_type: str = _f("cosine", "How the learning rate changes over the run.", "Optimisation", choices=SCHEDULERS)
+    lr_scheduler_type: str = _f(
+        "cosine", "How the learning rate changes over the run.", "Optimisation", choices=SCHEDULERS
+    )
     warmup_steps: int = _f(2, "Steps of linear warm-up from 0 to the learning rate.", "Optimisation", min=0)
     num_train_epochs: float = _f(1.0, "Passes over the data (used when max_steps is -1).", "Optimisation", min=0.01)
     max_steps: int = _f(40, "Optimizer steps to run; -1 = run num_train_epochs.", "Optimisation", min=-1)
@@ -142,14 +168,25 @@ class TrainConfig:
         choices=("trainer", "deepspeed"),
     )
     zero_stage: int = _f(
-        0, "ZeRO stage: 0 off, 1 optimizer states, 2 + gradients, 3 + parameters sharded over GPUs.", "DeepSpeed", min=0, max=3
+        0,
+        "ZeRO stage: 0 off, 1 optimizer states, 2 + gradients, 3 + parameters sharded over GPUs.",
+        "DeepSpeed",
+        min=0,
+        max=3,
     )
-    offload_optimizer: str = _f("none", "Move optimizer states to cpu or nvme (ZeRO ≥ 1): slower, less GPU memory.", "DeepSpeed", choices=OFFLOAD)
+    offload_optimizer: str = _f(
+        "none",
+        "Move optimizer states to cpu or nvme (ZeRO ≥ 1): slower, less GPU memory.",
+        "DeepSpeed",
+        choices=OFFLOAD,
+    )
     offload_param: str = _f("none", "Move parameters to cpu or nvme (ZeRO-3 only).", "DeepSpeed", choices=OFFLOAD)
     nvme_path: str = _f("", "Directory on a fast local disk for NVMe offload.", "DeepSpeed")
 
     # --- Output
-    output_dir: str = _f("", "Run directory; empty = a new folder under the runs root named after the time and model.", "Output")
+    output_dir: str = _f(
+        "", "Run directory; empty = a new folder under the runs root named after the time and model.", "Output"
+    )
     logging_steps: int = _f(1, "Log the loss every N steps.", "Output", min=1)
     save_steps: int = _f(20, "Save a checkpoint every N steps (resume continues from the last one).", "Output", min=1)
     eval_steps: int = _f(20, "Evaluate (loss + sample answers) every N steps.", "Output", min=1)
@@ -335,7 +372,9 @@ def _check_rules(f: dataclasses.Field, value: Any) -> None:
     if choices and value not in choices:
         close = difflib.get_close_matches(str(value), choices, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise ConfigError(f"{f.name}: {value!r} is not allowed{hint}; choose one of: {', '.join(choices)}", field=f.name)
+        raise ConfigError(
+            f"{f.name}: {value!r} is not allowed{hint}; choose one of: {', '.join(choices)}", field=f.name
+        )
     lo, hi = f.metadata.get("min"), f.metadata.get("max")
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         raise ConfigError(f"{f.name}: {value!r} is out of range{_range_text(f)}", field=f.name)

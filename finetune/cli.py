@@ -1,0 +1,204 @@
+"""Command line: python -m finetune {train,estimate,chat,push,launch-command}. Bad input: one line, non-zero exit."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from finetune.config import TrainConfig, parse_set_option
+from finetune.errors import UserError
+
+# Sub-commands that live with the feature they drive; each module has register_cli(subparsers).
+PLUGINS = ("finetune.memory", "finetune.hub", "finetune.launch")
+
+
+def load_config(path: str | None, sets: list[str] | None) -> TrainConfig:
+    """The config from a YAML file (or the defaults) with `--set key=value` overrides applied."""
+    base = TrainConfig.load(path).to_dict() if path else TrainConfig().to_dict()
+    for item in sets or []:
+        key, value = parse_set_option(item)
+        base[key] = value
+    return TrainConfig.from_dict(base)
+
+
+def add_config_args(parser: argparse.ArgumentParser) -> None:
+    """--config and --set, shared by every command that takes a run configuration."""
+    parser.add_argument("--config", help="YAML run configuration (flat, one key per field); default: built-in defaults")
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config field (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m finetune", description="Finetune Studio: fine-tune language models."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser("train", help="train a model (or resume a run)")
+    add_config_args(train)
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
+    train.set_defaults(func=cmd_train)
+
+    chat = sub.add_parser("chat", help="chat with the base model or a run's adapter in the terminal")
+    add_config_args(chat)
+    chat.add_argument("run_dir", nargs="?", help="run directory (default: the base model)")
+    chat.add_argument("--max-new-tokens", type=int, default=128)
+    chat.add_argument("--prompt", help="answer this one prompt and exit")
+    chat.set_defaults(func=cmd_chat)
+
+    for name in PLUGINS:
+        if importlib.util.find_spec(name) is not None:
+            importlib.import_module(name).register_cli(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # never a traceback for the user; FINETUNE_DEBUG=1 shows it
+        if os.environ.get("FINETUNE_DEBUG"):
+            raise
+        print(
+            f"error: unexpected {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
+            "(rerun with FINETUNE_DEBUG=1 for details)",
+            file=sys.stderr,
+        )
+        return 1
+
+
+# --------------------------------------------------------------------------- train
+def cmd_train(args: Any) -> int:
+    from finetune.runs import RunManager, distributed_rank
+
+    manager = RunManager()
+    if args.resume:
+        overrides = dict(parse_set_option(item) for item in args.set or [])
+        if args.config:
+            raise UserError("--config: not used with --resume (the run's own config.yaml is used); use --set to change")
+        state = manager.resume(args.resume, owner="the command line", overrides=overrides or None)
+    else:
+        state = manager.start(load_config(args.config, args.set), owner="the command line")
+    rank, _ = distributed_rank()
+    final = follow(manager, show_bar=rank == 0 and not args.no_progress)
+    if rank == 0:
+        print(summary_line(final or state, manager))
+    return 0 if final and final.status in ("completed", "stopped") else 1
+
+
+def follow(manager: Any, show_bar: bool) -> Any:
+    """Poll the run, draw a terminal progress bar, and turn Ctrl-C into a clean stop (checkpoint saved)."""
+    from tqdm import tqdm
+
+    stops = {"n": 0}
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        stops["n"] += 1
+        if stops["n"] > 1:
+            raise KeyboardInterrupt
+        print("\nstopping after this step (saving a checkpoint); Ctrl-C again to abort", file=sys.stderr)
+        manager.stop()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    bar = None
+    seen_messages: set[str] = set()
+    try:
+        while manager.is_active():
+            state = manager.state()
+            if state and state.message and state.message not in seen_messages and show_bar:
+                seen_messages.add(state.message)
+                (bar.write if bar else print)(f"[{state.status}] {state.message}")
+            if show_bar and state and state.status == "running" and state.max_steps:
+                if bar is None:
+                    bar = tqdm(
+                        total=state.max_steps, initial=state.step, unit="step", dynamic_ncols=True, mininterval=1
+                    )
+                if bar.n != state.step:
+                    bar.set_postfix_str(_postfix(state), refresh=False)
+                    bar.update(state.step - bar.n)
+            time.sleep(0.2)
+        state = manager.state()
+        if bar is not None and state:
+            bar.set_postfix_str(_postfix(state), refresh=False)
+            bar.update(state.step - bar.n)
+            bar.close()
+        return state
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _postfix(state: Any) -> str:
+    parts = []
+    if state.loss is not None:
+        parts.append(f"loss={state.loss:.3f}")
+    if state.eval_loss is not None:
+        parts.append(f"eval={state.eval_loss:.3f}")
+    if state.tokens_per_second:
+        parts.append(f"{state.tokens_per_second:.0f} tok/s")
+    return " ".join(parts)
+
+
+def summary_line(state: Any, manager: Any) -> str:
+    """One closing line: status, steps, time, losses and where the result is."""
+    if state is None:
+        return "no run"
+    if state.status == "failed":
+        advice = f" — {state.advice}" if state.advice else ""
+        return f"failed: {state.error}{advice}"
+    took = (state.finished_at or time.time()) - (state.started_at or time.time())
+    losses = f", loss {state.loss:.4f}" if state.loss is not None else ""
+    evals = f", eval loss {state.eval_loss:.4f}" if state.eval_loss is not None else ""
+    return f"{state.status}: step {state.step}/{state.max_steps} in {took:.0f}s{losses}{evals} → {state.run_dir}"
+
+
+# --------------------------------------------------------------------------- chat
+def cmd_chat(args: Any) -> int:
+    from pathlib import Path
+
+    from finetune.inference import GenerationSettings, load_for_chat, stream_reply
+    from finetune.rundir import RunDir
+
+    if args.run_dir:
+        run = RunDir(Path(args.run_dir))
+        if not run.exists():
+            raise UserError(f"run_dir: {args.run_dir} is not a run directory")
+        config = run.load_config()
+    else:
+        config = load_config(args.config, args.set)
+    model, tokenizer = load_for_chat(config, Path(args.run_dir) if args.run_dir else None)
+    settings = GenerationSettings(max_new_tokens=args.max_new_tokens)
+    prompts = [args.prompt] if args.prompt else None
+    history: list[dict[str, str]] = []
+    while True:
+        if prompts is not None:
+            if not prompts:
+                return 0
+            prompt = prompts.pop()
+        else:
+            try:
+                prompt = input("you> ").strip()
+            except EOFError:
+                return 0
+            if not prompt:
+                continue
+        history.append({"role": "user", "content": prompt})
+        shown = ""
+        for text in stream_reply(model, tokenizer, history, settings):
+            print(text[len(shown) :], end="", flush=True)
+            shown = text
+        print()
+        history.append({"role": "assistant", "content": shown})

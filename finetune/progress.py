@@ -1,0 +1,164 @@
+"""Live training state: a thread-safe snapshot the UI polls, mirrored to status.json and events.jsonl.
+
+`Progress` is engine-neutral: the Trainer path feeds it from a `TrainerCallback`, the DeepSpeed loop calls it directly.
+Stopping is a flag that the engine reads at the end of each step: it saves a checkpoint and ends cleanly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from finetune.rundir import RunDir
+
+
+@dataclass
+class TrainingState:
+    """What the UI and the terminal show about a run."""
+
+    run_id: str = ""
+    run_dir: str = ""
+    status: str = "idle"  # idle | loading | running | stopping | stopped | completed | failed | interrupted
+    step: int = 0
+    max_steps: int = 0
+    epoch: float = 0.0
+    loss: float | None = None
+    eval_loss: float | None = None
+    learning_rate: float | None = None
+    tokens_per_second: float | None = None
+    tokens_seen: int = 0
+    eta_seconds: float | None = None
+    memory_bytes: int | None = None
+    error: str | None = None
+    advice: str | None = None
+    message: str = ""
+    owner: str = ""
+    started_at: float | None = None
+    updated_at: float | None = None
+    finished_at: float | None = None
+    pid: int = 0
+    device: str = ""
+
+    @property
+    def active(self) -> bool:
+        return self.status in ("loading", "running", "stopping")
+
+    @property
+    def fraction(self) -> float:
+        return min(1.0, self.step / self.max_steps) if self.max_steps else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def memory_in_use() -> int:
+    """Bytes in use by training: CUDA allocated memory on a GPU, else this process's resident memory."""
+    try:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            return int(torch.cuda.memory_allocated())
+    except ImportError:
+        pass
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+class Progress:
+    """Thread-safe training state for one run; writes status.json (throttled) and events.jsonl."""
+
+    STATUS_EVERY_S = 0.5
+
+    def __init__(self, run: RunDir, run_id: str, owner: str = "", write_files: bool = True) -> None:
+        self.run = run
+        self.write_files = write_files  # False on non-zero ranks of a multi-process run
+        self.stop_requested = threading.Event()
+        self._lock = threading.Lock()
+        self._state = TrainingState(run_id=run_id, run_dir=str(run.path), owner=owner, pid=os.getpid())
+        self._last_write = 0.0
+        self._rate_mark: tuple[float, int] | None = None
+
+    # ----- reading
+    def snapshot(self) -> TrainingState:
+        with self._lock:
+            return dataclasses.replace(self._state)
+
+    # ----- writing
+    def update(self, force: bool = False, **changes: Any) -> None:
+        """Change fields; status.json follows at most every half second (always on status changes)."""
+        with self._lock:
+            status_changed = "status" in changes and changes["status"] != self._state.status
+            for key, value in changes.items():
+                setattr(self._state, key, value)
+            self._state.updated_at = time.time()
+            due = force or status_changed or time.time() - self._last_write > self.STATUS_EVERY_S
+            state = dataclasses.replace(self._state) if due else None
+            if due:
+                self._last_write = time.time()
+        if state is not None and self.write_files:
+            self.run.write_status(state.to_dict())
+            if status_changed:
+                self.run.append_event(
+                    {"type": "status", "status": state.status, "step": state.step, "error": state.error}
+                )
+
+    def event(self, kind: str, **fields: Any) -> None:
+        """Append one event to events.jsonl."""
+        if self.write_files:
+            self.run.append_event({"type": kind, **fields})
+
+    def message(self, text: str) -> None:
+        """A line for the log tail and the events file."""
+        self.update(message=text)
+        self.event("message", text=text)
+
+    def set_status(self, status: str, **changes: Any) -> None:
+        self.update(force=True, status=status, **changes)
+
+    def on_step(self, step: int, max_steps: int, epoch: float, tokens_seen: int | None) -> None:
+        """After each optimizer step: step counters, tokens/s, ETA and memory."""
+        now = time.time()
+        changes: dict[str, Any] = {
+            "step": step,
+            "max_steps": max_steps,
+            "epoch": epoch,
+            "memory_bytes": memory_in_use(),
+        }
+        if tokens_seen is not None:
+            changes["tokens_seen"] = tokens_seen
+            if self._rate_mark is None:
+                self._rate_mark = (now, tokens_seen, step)
+            else:
+                t0, n0, s0 = self._rate_mark
+                if now > t0 and step > s0:
+                    changes["tokens_per_second"] = (tokens_seen - n0) / (now - t0)
+                    changes["eta_seconds"] = (now - t0) / (step - s0) * max(0, max_steps - step)
+        self.update(**changes)
+
+    def on_log(self, step: int, logs: dict[str, Any]) -> None:
+        """Loss / eval loss lines: kept in the state and written to events.jsonl."""
+        if "loss" in logs:
+            self.update(loss=float(logs["loss"]), learning_rate=_float(logs.get("learning_rate")))
+            self.event(
+                "log",
+                step=step,
+                loss=float(logs["loss"]),
+                learning_rate=_float(logs.get("learning_rate")),
+                grad_norm=_float(logs.get("grad_norm")),
+                epoch=_float(logs.get("epoch")),
+            )
+        if "eval_loss" in logs:
+            self.update(eval_loss=float(logs["eval_loss"]))
+            self.event("eval", step=step, eval_loss=float(logs["eval_loss"]))
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,371 @@
+"""Starting, stopping and resuming runs: one run at a time per device, in a background thread or in the foreground.
+
+A run directory is created only after the config and its inputs pass the cheap checks, and is removed again if the
+run fails before its first step, so a failed start never leaves something that looks like a run.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import gc
+import json
+import os
+import re
+import shutil
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from finetune import paths
+from finetune.config import TrainConfig
+from finetune.errors import BusyError, ConfigError, UserError
+from finetune.progress import Progress, TrainingState
+from finetune.rundir import ACTIVE, RunDir, list_runs
+
+
+def distributed_rank() -> tuple[int, int]:
+    """(rank, world size) under torchrun / deepspeed launchers; (0, 1) otherwise."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+class DeviceLock:
+    """A lock file that one process at a time holds while it trains (the CLI and the app share it)."""
+
+    def __init__(self, root: Path) -> None:
+        self.path = root / ".device.lock"
+        self._fh: Any = None
+
+    def acquire(self, holder: dict[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(self.path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            info = _parse(fh.read())
+            fh.close()
+            raise BusyError(busy_message(info)) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(json.dumps(holder))
+        fh.flush()
+        self._fh = fh
+
+    def release(self) -> None:
+        if self._fh is not None:
+            self._fh.truncate(0)
+            fcntl.flock(self._fh, fcntl.LOCK_UN)
+            self._fh.close()
+            self._fh = None
+
+
+def _parse(text: str) -> dict[str, Any]:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return {}
+
+
+def busy_message(info: dict[str, Any]) -> str:
+    """'busy: run X, started by Y at Z, is training …' — who holds the device and since when."""
+    when = time.strftime("%H:%M:%S", time.localtime(info["started_at"])) if info.get("started_at") else "?"
+    who = info.get("owner") or "another process"
+    return (
+        f"busy: run {info.get('run_id', '?')} started by {who} at {when} is using the device; "
+        "stop it or wait for it to finish"
+    )
+
+
+@dataclass
+class ActiveRun:
+    progress: Progress
+    thread: threading.Thread | None
+    config: TrainConfig
+
+
+class RunManager:
+    """Owns the one active run of this process and the runs root."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = Path(root) if root else paths.runs_root()
+        self._lock = threading.Lock()
+        self._active: ActiveRun | None = None
+        self._last: TrainingState | None = None
+        self._device_lock = DeviceLock(self.root)
+
+    # ----------------------------------------------------------------- queries
+    def state(self) -> TrainingState | None:
+        """The live state of the active run, or the final state of the last one."""
+        with self._lock:
+            if self._active is not None:
+                return self._active.progress.snapshot()
+            return self._last
+
+    def is_active(self) -> bool:
+        with self._lock:
+            return self._active is not None
+
+    def runs(self) -> list[dict[str, Any]]:
+        """Summaries of every run under the root, newest first, with interrupted runs marked so."""
+        active = self.state()
+        out = []
+        for run in list_runs(self.root):
+            status = run.read_status()
+            effective = run.effective_status()
+            if effective in ACTIVE and not (active and active.active and active.run_dir == str(run.path)):
+                effective = "interrupted"  # ours by pid, but no thread of this process runs it (app restarted)
+            out.append(
+                {
+                    **status,
+                    "run_id": run.name,
+                    "run_dir": str(run.path),
+                    "status": effective,
+                    "resumable": effective in ("stopped", "interrupted", "failed") and bool(run.last_checkpoint()),
+                }
+            )
+        return out
+
+    # ----------------------------------------------------------------- starting
+    def start(
+        self, config: TrainConfig, owner: str = "", confine: bool = False, background: bool = True
+    ) -> TrainingState:
+        """Start a new run. `confine` keeps output_dir under the runs root (the web UI)."""
+        config.validate()
+        preflight(config)
+        rank, world = distributed_rank()
+        run = RunDir(self._new_run_path(config, confine, world))
+        if rank == 0 and run.exists():
+            raise ConfigError(f"output_dir: {run.path} already holds a run; resume it or choose another", "output_dir")
+        return self._launch(config, run, owner, resume_from=None, background=background)
+
+    def resume(
+        self, run_dir: str | Path, owner: str = "", background: bool = True, overrides: dict[str, Any] | None = None
+    ) -> TrainingState:
+        """Continue a stopped, interrupted or failed run from its last complete checkpoint, same step numbering."""
+        run = self._find_run(run_dir)
+        config = run.load_config()
+        if overrides:
+            config = config.replace(**overrides)
+        checkpoint = run.last_checkpoint()
+        if checkpoint is None:
+            raise UserError(f"resume: {run.name} has no complete checkpoint yet; start a new run instead", "resume")
+        if run.read_status().get("status") == "completed" and not overrides:
+            raise UserError(f"resume: {run.name} already completed; raise max_steps to train further", "resume")
+        return self._launch(config, run, owner, resume_from=checkpoint, background=background)
+
+    def _find_run(self, run_dir: str | Path) -> RunDir:
+        path = Path(run_dir).expanduser()
+        if not path.is_absolute() and not path.exists():
+            path = self.root / path
+        run = RunDir(path)
+        if not run.exists():
+            raise UserError(f"resume: {run_dir} is not a run directory (no config.yaml and status.json)", "resume")
+        return run
+
+    def _new_run_path(self, config: TrainConfig, confine: bool, world: int) -> Path:
+        if config.output_dir:
+            path = Path(config.output_dir).expanduser()
+            if confine:
+                path = confined_path(self.root, config.output_dir)
+            return path.resolve()
+        if world > 1:
+            job = os.environ.get("TORCHELASTIC_RUN_ID", "")
+            if not job or job == "none":
+                raise ConfigError("output_dir: set it when running under a multi-process launcher", "output_dir")
+            return self.root / f"run-{job}"
+        return unique_run_path(self.root, config)
+
+    def _launch(
+        self, config: TrainConfig, run: RunDir, owner: str, resume_from: Path | None, background: bool
+    ) -> TrainingState:
+        rank, _ = distributed_rank()
+        progress = Progress(run, run.name, owner=owner, write_files=rank == 0)
+        with self._lock:
+            if self._active is not None:
+                state = self._active.progress.snapshot()
+                raise BusyError(
+                    busy_message({"run_id": state.run_id, "owner": state.owner, "started_at": state.started_at})
+                )
+            if rank == 0:
+                started = time.time()
+                self._device_lock.acquire(
+                    {
+                        "run_id": run.name,
+                        "owner": owner or "the command line",
+                        "started_at": started,
+                        "pid": os.getpid(),
+                    }
+                )
+            self._active = ActiveRun(progress, None, config)
+        fresh = resume_from is None
+        if rank == 0:
+            run.path.mkdir(parents=True, exist_ok=True)
+            run.write_config(config)
+            progress.set_status(
+                "loading",
+                started_at=time.time(),
+                max_steps=config.max_steps,
+                message="resuming from " + resume_from.name if resume_from else "starting",
+            )
+        if not background:
+            self._run(config, progress, resume_from, fresh)
+            return progress.snapshot()
+        thread = threading.Thread(
+            target=self._run, args=(config, progress, resume_from, fresh), name=f"train-{run.name}", daemon=True
+        )
+        with self._lock:
+            self._active = ActiveRun(progress, thread, config)
+        thread.start()
+        return progress.snapshot()
+
+    # ----------------------------------------------------------------- the run itself
+    def _run(self, config: TrainConfig, progress: Progress, resume_from: Path | None, fresh: bool) -> None:
+        from finetune.engines import run_engine
+
+        try:
+            final = run_engine(config, progress, resume_from)
+            progress.set_status(
+                final,
+                finished_at=time.time(),
+                eta_seconds=0 if final == "completed" else None,
+                message=f"run {final} at step {progress.snapshot().step}",
+            )
+        except BaseException as exc:  # every failure becomes a status the user can read, never a dead thread
+            self._fail(config, progress, exc, fresh)
+        finally:
+            release_memory()
+            with self._lock:
+                self._last = progress.snapshot()
+                self._active = None
+                self._device_lock.release()
+
+    def _fail(self, config: TrainConfig, progress: Progress, exc: BaseException, fresh: bool) -> None:
+        message, advice = plain_error(exc, config, progress.snapshot().step)
+        state = progress.snapshot()
+        never_trained = fresh and state.step == 0 and not RunDir(progress.run.path).checkpoints()
+        if progress.write_files:
+            progress.event("traceback", text="".join(traceback.format_exception(exc))[-8000:])
+        progress.set_status("failed", error=message, advice=advice, finished_at=time.time())
+        if never_trained and progress.write_files:
+            # Nothing worth keeping: remove the directory so it is not listed as a run.
+            shutil.rmtree(progress.run.path, ignore_errors=True)
+
+    def stop(self) -> bool:
+        """Ask the active run to save a checkpoint and stop; False when nothing runs."""
+        with self._lock:
+            if self._active is None:
+                return False
+            self._active.progress.stop_requested.set()
+            progress = self._active.progress
+        progress.update(message="stop requested: finishing the current step and saving a checkpoint")
+        return True
+
+    def wait(self, timeout: float | None = None) -> TrainingState | None:
+        """Block until the active run (if any) ends."""
+        with self._lock:
+            thread = self._active.thread if self._active else None
+        if thread is not None:
+            thread.join(timeout)
+        return self.state()
+
+
+def plain_error(exc: BaseException, config: TrainConfig, step: int) -> tuple[str, str | None]:
+    """A one-line message for the user and, for out-of-memory, the estimator's advice."""
+    if isinstance(exc, UserError):
+        return str(exc), None
+    if is_out_of_memory(exc):
+        try:
+            from finetune.memory import advice_text
+
+            advice = advice_text(config)
+        except Exception:  # the advice is a help, never a second failure
+            advice = "Try gradient_checkpointing: true, a smaller per_device_train_batch_size, or method: qlora."
+        return f"out of memory at step {step}: the run needs more memory than the device has", advice
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted by the user (Ctrl-C)", None
+    first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+    return f"training failed at step {step}: {type(exc).__name__}{': ' + first if first else ''}", None
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """torch's OOM error, or an allocator message that says the same."""
+    try:
+        import torch
+
+        if isinstance(exc, torch.OutOfMemoryError):
+            return True
+    except ImportError:
+        pass
+    return isinstance(exc, (MemoryError, RuntimeError)) and "out of memory" in str(exc).lower()
+
+
+def release_memory() -> None:
+    """Give memory back after a run so the next one in this process starts clean."""
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except ImportError:
+        pass
+
+
+def preflight(config: TrainConfig) -> None:
+    """Cheap checks before a run directory exists: the model and data can be found, the options suit the machine."""
+    from finetune import models
+    from finetune.config import EMBEDDED_MODEL
+    from finetune.data import BUNDLED_DIR, FILE_TYPES
+
+    if config.model == EMBEDDED_MODEL:
+        models.embedded_gguf_path()
+    else:
+        models.resolve_model_path(config.model)
+    if config.dataset.startswith("bundled:"):
+        if not (BUNDLED_DIR / config.dataset.split(":", 1)[1]).is_dir():
+            raise UserError(f"dataset: {config.dataset!r} is not bundled; use bundled:pirate", field="dataset")
+    else:
+        path = Path(config.dataset).expanduser()
+        if path.suffix.lower() in FILE_TYPES or path.exists():
+            if not path.is_file():
+                raise UserError(f"dataset: file not found: {config.dataset}", field="dataset")
+    if config.report_to not in ("none",):
+        import importlib.util
+
+        if importlib.util.find_spec(config.report_to) is None:
+            raise ConfigError(f"report_to: {config.report_to} is not installed; use none or install it", "report_to")
+    gpu_only(config)
+
+
+def gpu_only(config: TrainConfig) -> None:
+    """Options that only make sense with a GPU are refused on a CPU machine with a clear reason."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    if "nvme" in (config.offload_optimizer, config.offload_param):
+        raise ConfigError("offload_optimizer: NVMe offload needs a GPU; this machine has none", "offload_optimizer")
+
+
+def confined_path(root: Path, value: str) -> Path:
+    """A run directory chosen in the UI: a plain name under the runs root (no absolute paths, no `..`)."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", value) or ".." in value:
+        raise ConfigError(
+            f"output_dir: {value!r} must be a plain run name (letters, digits, . _ -) inside the runs folder",
+            field="output_dir",
+        )
+    return root / value
+
+
+def unique_run_path(root: Path, config: TrainConfig) -> Path:
+    """A new run folder named after the time, the model and the method."""
+    model = re.sub(r"[^A-Za-z0-9]+", "-", Path(config.model.split(":")[-1]).name).strip("-").lower()[:40] or "model"
+    base = f"{time.strftime('%Y%m%d-%H%M%S')}-{model}-{config.method}"
+    path, n = root / base, 1
+    while path.exists():
+        n += 1
+        path = root / f"{base}-{n}"
+    return path
