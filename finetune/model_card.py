@@ -349,19 +349,19 @@ def _body(s: RunSummary, repo_id: str, *, merged: bool, license: str | None, los
     c = s.config
     base = s.base
     assert base is not None and s.dataset is not None
-    kind = {
-        "lora": "a LoRA adapter",
-        "qlora": "a QLoRA adapter (LoRA trained on a 4-bit base)",
-        "full": "a fully fine-tuned model",
+    what = {
+        "lora": f"a LoRA adapter for {base.description}",
+        "qlora": f"a QLoRA adapter (LoRA trained on a 4-bit base) for {base.description}",
+        "full": f"a full fine-tune of {base.description}",
     }[c.method]
     if merged:
-        kind = f"a {c.method.upper()} adapter merged into its base model (a full model)"
+        what = f"{base.description} with a LoRA adapter merged into its weights (a full model)"
     title = repo_id.split("/")[-1]
     lines = [
         f"# {title}",
         "",
-        f"This is {kind}, fine-tuned from {base.description} on {s.dataset.description} "
-        "with Finetune Studio (LoRA / QLoRA fine-tuning in a browser).",
+        f"This is {what}, trained with Finetune Studio (LoRA / QLoRA fine-tuning in a browser) on "
+        f"{s.dataset.description}.",
     ]
     if base.note:
         lines += ["", f"> {base.note}"]
@@ -379,7 +379,7 @@ def _body(s: RunSummary, repo_id: str, *, merged: bool, license: str | None, los
         ("Final training loss", _fmt(s.final_loss)),
         ("Best training loss", _at_step(s.best_loss)),
         ("Best eval loss", _at_step(s.best_eval_loss) if s.evals else "no evaluation"),
-        ("Runtime", _duration(s.status.get("runtime_s"))),
+        ("Runtime", _duration(_runtime_s(s.status))),
         ("Hardware", _hardware(s.status)),
         ("Status", str(s.status.get("status", "unknown"))),
     ]
@@ -466,6 +466,17 @@ def _at_step(pair: tuple[int, float] | None) -> str:
     return "not logged" if pair is None else f"{pair[1]:.4f} (step {pair[0]})"
 
 
+def _runtime_s(status: dict[str, Any]) -> float | None:
+    """Seconds the run took: `runtime_s` if recorded, else finished_at (or updated_at) minus started_at."""
+    if _is_number(status.get("runtime_s")):
+        return float(status["runtime_s"])
+    start = status.get("started_at")
+    end = status.get("finished_at") or status.get("updated_at")
+    if _is_number(start) and _is_number(end) and end >= start:
+        return float(end) - float(start)
+    return None
+
+
 def _duration(seconds: Any) -> str:
     if not _is_number(seconds):
         return "not recorded"
@@ -512,21 +523,21 @@ def _samples_section(s: RunSummary) -> list[str]:
                 answers[prompt] = {}
             answers[prompt][label] = str(sample.get("answer", ""))
     if before and after:
-        intro = f"Greedy answers to the same prompts at step {before[0]} (before) and step {after[0]} (after training)."
+        intro = f"Answers to the same prompts at step {before[0]} (before) and at step {after[0]} (after training)."
     else:
         only = before or after
         assert only is not None
         intro = f"Answers sampled at step {only[0]}."
     out = [intro]
     for prompt in order[:8]:
-        out += ["", f"**Prompt:** {' '.join(prompt.split())}", ""]
+        out += ["", f"**Prompt:** {' '.join(prompt.split())}"]
         for label, entry in (("before", before), ("after", after)):
             if entry is None or label not in answers[prompt]:
                 continue
             text = answers[prompt][label]
             fence = _fence(text)
             caption = f"Step {entry[0]}" + (f" ({label})" if before and after else "")
-            out += [f"{caption}:", "", f"{fence}text", text.strip("\n") or "(empty)", fence, ""]
+            out += ["", f"{caption}:", "", f"{fence}text", text.strip("\n") or "(empty)", fence]
     return out
 
 
