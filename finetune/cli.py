@@ -95,6 +95,8 @@ def cmd_train(args: Any) -> int:
         state = manager.start(load_config(args.config, args.set), owner="the command line")
     rank, _ = distributed_rank()
     final = follow(manager, show_bar=rank == 0 and not args.no_progress)
+    if final and final.status == "failed" and final.user_error:
+        raise UserError(final.error or "training failed")
     if rank == 0:
         print(summary_line(final or state, manager))
     return 0 if final and final.status in ("completed", "stopped") else 1

@@ -401,8 +401,22 @@ def _cross_field_errors(c: TrainConfig) -> list[ConfigError]:
         bad("offload_optimizer", f"{c.offload_optimizer!r} needs zero_stage 1, 2 or 3")
     if "nvme" in (c.offload_optimizer, c.offload_param) and not c.nvme_path:
         bad("nvme_path", "NVMe offload needs nvme_path: a directory on a fast local disk")
+    if c.offload_optimizer == "nvme" and c.zero_stage in (1, 2):
+        bad("offload_optimizer", "'nvme' needs zero_stage: 3 (ZeRO 1-2 offload the optimizer to cpu only)")
+    if c.offload_optimizer != "none" and c.optim != "adamw_torch":
+        bad("optim", f"{c.optim!r} cannot be offloaded; offload_optimizer runs DeepSpeed's CPU AdamW: use adamw_torch")
     if c.backend == "deepspeed" and c.method == "qlora":
         bad("method", "qlora is not supported with backend: deepspeed; use backend: trainer or method: lora")
+    if c.backend == "deepspeed" and c.optim != "adamw_torch":
+        bad("optim", f"{c.optim!r} is not available with backend: deepspeed (it runs AdamW); use adamw_torch")
+    if c.backend == "deepspeed":
+        from finetune.deepspeed_config import SCHEDULERS
+
+        if c.lr_scheduler_type not in SCHEDULERS:
+            bad(
+                "lr_scheduler_type",
+                f"{c.lr_scheduler_type!r} is not available with backend: deepspeed; use {', '.join(SCHEDULERS)}",
+            )
     if c.zero_stage == 3 and c.method == "qlora":
         bad("zero_stage", "ZeRO-3 cannot shard 4-bit QLoRA weights here; use zero_stage 0-2 or method: lora")
     if c.task == "sequence_classification" and c.packing:

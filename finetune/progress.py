@@ -34,6 +34,7 @@ class TrainingState:
     eta_seconds: float | None = None
     memory_bytes: int | None = None
     error: str | None = None
+    user_error: bool = False  # the error is bad input the user can fix (not a crash)
     advice: str | None = None
     message: str = ""
     owner: str = ""

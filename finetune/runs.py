@@ -248,7 +248,9 @@ class RunManager:
         never_trained = fresh and state.step == 0 and not RunDir(progress.run.path).checkpoints()
         if progress.write_files:
             progress.event("traceback", text="".join(traceback.format_exception(exc))[-8000:])
-        progress.set_status("failed", error=message, advice=advice, finished_at=time.time())
+        progress.set_status(
+            "failed", error=message, advice=advice, finished_at=time.time(), user_error=isinstance(exc, UserError)
+        )
         if never_trained and progress.write_files:
             # Nothing worth keeping: remove the directory so it is not listed as a run.
             shutil.rmtree(progress.run.path, ignore_errors=True)
@@ -316,22 +318,23 @@ def release_memory() -> None:
 
 def preflight(config: TrainConfig) -> None:
     """Cheap checks before a run directory exists: the model and data can be found, the options suit the machine."""
-    from finetune import models
+    from finetune import data, models
     from finetune.config import EMBEDDED_MODEL
-    from finetune.data import BUNDLED_DIR, FILE_TYPES
+    from finetune.data import FILE_TYPES
 
     if config.model == EMBEDDED_MODEL:
         models.embedded_gguf_path()
     else:
         models.resolve_model_path(config.model)
-    if config.dataset.startswith("bundled:"):
-        if not (BUNDLED_DIR / config.dataset.split(":", 1)[1]).is_dir():
-            raise UserError(f"dataset: {config.dataset!r} is not bundled; use bundled:pirate", field="dataset")
-    else:
-        path = Path(config.dataset).expanduser()
-        if path.suffix.lower() in FILE_TYPES or path.exists():
-            if not path.is_file():
-                raise UserError(f"dataset: file not found: {config.dataset}", field="dataset")
+    path = Path(config.dataset).expanduser()
+    if config.dataset.startswith("bundled:") or path.suffix.lower() in FILE_TYPES or path.exists():
+        # Local data is small enough to read now: a bad file is refused before any run directory exists.
+        train_raw, _ = data.load_raw(config)
+        data.detect_format(list(train_raw.column_names), config)
+    if config.model != EMBEDDED_MODEL or models.embedded_cache_dir().is_dir():
+        from finetune.engines.common import check_sequence_length
+
+        check_sequence_length(config)
     if config.report_to not in ("none",):
         import importlib.util
 

@@ -67,7 +67,9 @@ class Studio:
         return TrainConfig.from_yaml(text)
 
     # ----------------------------------------------------------------- memory, data, commands
-    def estimate(self, values: dict[str, Any], device: str = "cuda", gpus: int = 1, gpu_gib: float | None = None) -> Any:
+    def estimate(
+        self, values: dict[str, Any], device: str = "cuda", gpus: int = 1, gpu_gib: float | None = None
+    ) -> Any:
         """The memory estimate (breakdown, fit verdict, advice) for these settings."""
         from finetune import memory
 
@@ -130,8 +132,9 @@ class Studio:
                 sources.append((f"{run['run_id']} (checkpoint {step}, {run['status']})", run["run_id"]))
         return sources
 
-    def chat(self, source: str, messages: list[dict[str, str]], settings: Any, base_values: dict | None = None
-             ) -> Iterator[str]:
+    def chat(
+        self, source: str, messages: list[dict[str, str]], settings: Any, base_values: dict | None = None
+    ) -> Iterator[str]:
         """Stream a reply from the base model or a run's weights; yields the text so far."""
         from finetune.inference import stream_reply
 
