@@ -248,6 +248,9 @@ class RunManager:
         never_trained = fresh and state.step == 0 and not RunDir(progress.run.path).checkpoints()
         if progress.write_files:
             progress.event("traceback", text="".join(traceback.format_exception(exc))[-8000:])
+        # The traceback's frames hold the model, optimizer and batches: drop them so the memory can be freed.
+        traceback.clear_frames(exc.__traceback__)
+        exc.__traceback__ = None
         progress.set_status(
             "failed", error=message, advice=advice, finished_at=time.time(), user_error=isinstance(exc, UserError)
         )

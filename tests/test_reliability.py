@@ -1,0 +1,149 @@
+"""Faults and concurrency: failures become plain statuses, memory is released, the next run works, one run at a time."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import Trainer
+
+from finetune import models
+from finetune.errors import BusyError
+from finetune.rundir import RunDir
+from finetune.runs import RunManager
+from finetune.studio import Studio
+from tests.helpers import tiny_config
+
+
+def fail_at_step(monkeypatch, step: int, error: BaseException) -> list:
+    """Make the Trainer's step raise `error` on its `step`-th call; returns weak references to loaded models."""
+    calls = {"n": 0}
+    original = Trainer.training_step
+    loaded: list = []
+    original_load = models.load_model
+
+    def training_step(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == step:
+            raise error
+        return original(self, *args, **kwargs)
+
+    def load_model(*args, **kwargs):
+        model = original_load(*args, **kwargs)
+        loaded.append(weakref.ref(model))
+        return model
+
+    monkeypatch.setattr(Trainer, "training_step", training_step)
+    monkeypatch.setattr(models, "load_model", load_model)
+    return loaded
+
+
+@pytest.mark.parametrize(
+    ("error", "expected", "has_advice"),
+    [
+        (RuntimeError("boom in the step"), "training failed at step 3: RuntimeError: boom in the step", False),
+        (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"), "out of memory at step 3", True),
+    ],
+    ids=["exception", "oom"],
+)
+def test_a_failing_step_marks_the_run_failed_releases_the_model_and_the_next_run_works(
+    tiny_model_dir, monkeypatch, error, expected, has_advice
+):
+    loaded = fail_at_step(monkeypatch, 4, error)
+    manager = RunManager()
+    state = manager.start(tiny_config(tiny_model_dir, max_steps=10, save_steps=2), background=False)
+    assert state.status == "failed" and state.error.startswith(expected), state.error
+    assert "\n" not in state.error
+    assert bool(state.advice) is has_advice
+    run = RunDir(Path(state.run_dir))
+    assert run.read_status()["status"] == "failed" and run.last_checkpoint() is not None  # kept: it can resume
+    gc.collect()
+    assert all(ref() is None for ref in loaded), "the failed run's model is still referenced"
+
+    monkeypatch.undo()
+    again = manager.start(tiny_config(tiny_model_dir, max_steps=3), background=False)
+    assert again.status == "completed"
+    resumed = manager.resume(run.path, background=False)  # and the failed run resumes from its checkpoint
+    assert resumed.status == "completed" and resumed.step == 10
+
+
+def test_a_failure_before_the_first_step_leaves_no_run_directory(tiny_model_dir, monkeypatch):
+    fail_at_step(monkeypatch, 1, RuntimeError("dies at once"))
+    manager = RunManager()
+    state = manager.start(tiny_config(tiny_model_dir), background=False)
+    assert state.status == "failed" and "dies at once" in state.error
+    assert not Path(state.run_dir).exists() and manager.runs() == []
+
+
+def test_two_clients_starting_at_the_same_moment_exactly_one_starts(tiny_model_dir):
+    manager = RunManager()
+    barrier = threading.Barrier(2)
+    results: list[str] = []
+
+    def client(name: str) -> None:
+        barrier.wait()
+        try:
+            manager.start(tiny_config(tiny_model_dir, max_steps=30), owner=name)
+            results.append("started")
+        except BusyError as exc:
+            results.append(str(exc))
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in ("alice", "bob")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    manager.wait(60)
+    assert sorted(r == "started" for r in results) == [False, True]
+    assert next(r for r in results if r != "started").startswith("busy: run ")
+
+
+def test_status_and_chat_keep_working_while_a_run_trains(tiny_model_dir):
+    from finetune.inference import GenerationSettings
+
+    studio = Studio()
+    values = tiny_config(tiny_model_dir, max_steps=60).to_dict()
+    studio.start(values, owner="alice")
+    try:
+        assert studio.state().status in ("loading", "running")
+        reply = list(
+            studio.chat(
+                "base", [{"role": "user", "content": "hi"}], GenerationSettings(max_new_tokens=5), base_values=values
+            )
+        )
+        assert reply and isinstance(reply[-1], str)
+        assert studio.state().active  # chatting did not stop or block the run
+    finally:
+        studio.stop()
+        studio.manager.wait(60)
+    assert studio.state().status == "stopped"
+
+
+def test_after_a_restart_an_interrupted_run_is_listed_as_such_and_resumes(tiny_model_dir):
+    manager = RunManager()
+    state = manager.start(tiny_config(tiny_model_dir, max_steps=8, save_steps=4), background=False)
+    run = RunDir(Path(state.run_dir))
+    # Make it look like the app died mid-run: status says running, written by a process that no longer exists.
+    status = run.read_status()
+    run.write_status({**status, "status": "running", "step": 4, "max_steps": 12, "pid": 2**22 + 12345})
+    (run.path / "adapter_model.safetensors").unlink()
+    restarted = RunManager()
+    listed = {r["run_id"]: r for r in restarted.runs()}[run.name]
+    assert listed["status"] == "interrupted" and listed["resumable"]
+    resumed = restarted.resume(run.path, background=False, overrides={"max_steps": 12})
+    assert resumed.status == "completed" and resumed.step == 12
+
+
+def test_run_names_from_the_ui_are_confined_to_the_runs_root(tiny_model_dir):
+    from finetune.errors import ConfigError
+
+    studio = Studio()
+    for bad in ("../escape", "/etc/passwd", "a/../../b", "~root", ".hidden"):
+        with pytest.raises(ConfigError, match="output_dir: .* must be a plain run name"):
+            studio.start(tiny_config(tiny_model_dir, output_dir=bad).to_dict())
+    with pytest.raises(Exception, match="is not a run in"):
+        studio.events("../../etc")
