@@ -423,6 +423,26 @@ def preview(config: TrainConfig, tokenizer: Any, n: int = 3) -> dict[str, Any]:
     }
 
 
+def fingerprint(config: TrainConfig, train_raw: Any = None) -> dict[str, str]:
+    """What identifies the exact data: sha256 of a local (or bundled) file, or the Hub dataset's revision."""
+    import hashlib
+
+    if config.dataset.startswith("bundled:"):
+        path = BUNDLED_DIR / config.dataset.split(":", 1)[1] / f"{config.dataset_split}.jsonl"
+    else:
+        path = Path(config.dataset).expanduser()
+    if path.is_file():
+        digest = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+        return {"dataset_sha256": digest.hexdigest()}
+    info = getattr(train_raw, "info", None)
+    revision = getattr(info, "version", None) if info is not None else None
+    fingerprint_ = getattr(train_raw, "_fingerprint", None)
+    return {"dataset_revision": str(revision or fingerprint_ or "unknown")}
+
+
 def heldout_prompts(config: TrainConfig, limit: int = 5) -> list[str]:
     """Prompts answered at step 0 and at each evaluation, so the user sees the tuning take hold."""
     if config.task != "causal_lm":

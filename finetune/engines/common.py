@@ -40,6 +40,7 @@ def prepare_run(config: TrainConfig, progress: Progress) -> Prepared:
         f"data: {prepared_data.format.describe()}, {len(prepared_data.train)} training rows"
         + (f", {len(prepared_data.eval)} eval rows" if prepared_data.eval is not None else ", no eval split")
     )
+    progress.event("dataset", dataset=config.dataset, **data.fingerprint(config))
     for note in prepared_data.notes:
         progress.message(note)
     progress.message(f"loading the model ({config.method}, {precision}) on {device}")
