@@ -32,6 +32,8 @@ def prepare_run(config: TrainConfig, progress: Progress) -> Prepared:
         progress.message(f"precision: {config.precision} needs a GPU; none found, so this run uses fp32")
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     progress.update(device=device)
+    if config.trust_remote_code:
+        progress.message("warning: trust_remote_code is on: Python code from the model repository runs on this machine")
     progress.set_status("loading", message="loading the tokenizer and data")
     tokenizer = models.load_tokenizer(config)
     check_sequence_length(config)
