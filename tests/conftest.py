@@ -27,3 +27,15 @@ def studio_home(tmp_path, monkeypatch):
     home = tmp_path / "studio-home"
     monkeypatch.setenv("FINETUNE_STUDIO_HOME", str(home))
     return home
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests run only where CUDA is available (the lent GPU machine); here they are skipped with a reason."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU; run on the lent GPU machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
