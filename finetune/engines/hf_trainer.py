@@ -107,6 +107,16 @@ class ProgressCallback(TrainerCallback):
 
 def train(config: TrainConfig, progress: Progress, resume_from: Path | None = None) -> str:
     """Train to the end (or until stopped); returns the final status: completed or stopped."""
+    if config.zero_stage > 0:
+        # DeepSpeed needs a process group: a world of size 1 without a launcher, torn down after the run.
+        from finetune.engines.deepspeed_engine import trainer_world
+
+        with trainer_world():
+            return _train(config, progress, resume_from)
+    return _train(config, progress, resume_from)
+
+
+def _train(config: TrainConfig, progress: Progress, resume_from: Path | None = None) -> str:
     prepared = prepare_run(config, progress)
     if progress.stop_requested.is_set():
         return "stopped"
