@@ -3,6 +3,9 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The venv's tools (torchrun, deepspeed, its ninja) come first, so DeepSpeed's JIT-built ops are not rebuilt
+# whenever a different ninja happens to be on PATH.
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: run test lint install
 
