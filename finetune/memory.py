@@ -1,0 +1,591 @@
+"""Memory estimator: will this run fit? A breakdown in bytes, a fit verdict for a GPU, and ranked advice.
+
+How: the model is built from its config on fake tensors (no weights, no memory) and one steady training step is
+replayed exactly as the engine runs it (Trainer + PEFT + bitsandbytes), counting live tensor storages
+(`finetune.memory_trace`). That peak is `tensor_bytes`. The analytic model (`finetune.memory_analytic`) explains it
+component by component, prices the advice, and is the fallback where a replay cannot run (DeepSpeed ZeRO, offload).
+For a GPU, the CUDA context and the caching allocator's slack are added on top (`overheads`).
+
+Light to import: torch and transformers are imported only when an estimate is computed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from finetune.config import TrainConfig, parse_set_option
+from finetune.errors import UserError
+
+GiB = 2**30
+MiB = 2**20
+
+# Memory a process can allocate on common cards, in GiB (torch.cuda.get_device_properties().total_memory; the
+# marketing size in the name is decimal GB and includes memory the driver keeps).
+GPU_CARDS: dict[str, float] = {
+    "T4 (16 GB)": 14.7,
+    "V100 (16 GB)": 15.8,
+    "V100 (32 GB)": 31.7,
+    "L4 (24 GB)": 22.0,
+    "A10G (24 GB)": 22.0,
+    "RTX 3090 (24 GB)": 23.7,
+    "RTX 4090 (24 GB)": 23.6,
+    "L40S (48 GB)": 44.4,
+    "A6000 (48 GB)": 47.5,
+    "A100 (40 GB)": 39.4,
+    "A100 (80 GB)": 79.1,
+    "H100 (80 GB)": 79.1,
+    "H200 (141 GB)": 139.8,
+}
+
+CUDA_CONTEXT = 500 * MiB  # CUDA runtime + cuBLAS/cuDNN kernels loaded by a PyTorch training process
+ALLOCATOR_FIXED = 64 * MiB  # cuBLAS workspaces and the allocator's smallest pools
+ALLOCATOR_SLACK = 0.07  # reserved but unallocated memory (block rounding, fragmentation) as a share of tensors
+
+COMPONENT_ORDER = (
+    "weights", "quant_constants", "lora", "master_weights", "optimizer", "gradients", "ddp_buckets",
+    "activations", "logits_loss", "backward_temporaries", "optimizer_temporaries",
+)  # fmt: skip
+PHASE_NAMES = {
+    "forward": "end of the forward pass",
+    "forward_head": "end of the forward pass (logits and loss)",
+    "backward_head": "start of backward (logits and loss gradients)",
+    "backward_top_block": "backward through the last block",
+    "backward_blocks": "backward through the blocks",
+    "backward_bottom_block": "backward through the first block",
+    "backward_tail": "end of backward (embedding gradients)",
+    "optimizer": "optimizer step",
+}
+
+
+@dataclass
+class Advice:
+    """One change that makes the run use less memory, keeping the effective batch size."""
+
+    title: str
+    changes: dict[str, Any]
+    new_total_bytes: int
+    cost: str
+    fits: bool | None = None
+    kind: str = ""  # checkpointing, optim8bit, microbatch, lora, zero, qlora, offload, shorter, combine
+
+
+@dataclass
+class MemoryEstimate:
+    """Peak memory of one training step on one device, explained."""
+
+    components: dict[str, int]  # what is live at the peak, by kind (sums to tensor_bytes)
+    tensor_bytes: int  # peak of live tensors
+    overheads: dict[str, int]  # cuda_context, allocator (GPU only)
+    total_bytes: int  # tensor_bytes + overheads: what the device must hold
+    comparisons: dict[str, int]  # rule_of_thumb, accelerate (other ways of estimating; not used)
+    gpu_gib: float | None = None
+    fits: bool | None = None
+    headroom_bytes: int | None = None
+    advice: list[Advice] = field(default_factory=list)
+    sizes: dict[str, int] = field(default_factory=dict)  # each component's full size (analytic), live or not
+    method: str = "traced"  # traced: fake-tensor replay; analytic: formulas only
+    peak_phase: str = ""
+    analytic_tensor_bytes: int = 0
+    device: str = "cuda"
+    gpus: int = 1
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict (advice as dicts)."""
+        return asdict(self)
+
+    def render_text(self) -> str:
+        """A readable table for the terminal."""
+        where = f"{self.device}" + (f" x {self.gpus} GPUs (per GPU)" if self.gpus > 1 else "")
+        lines = [f"Memory estimate ({where}; {self.method}; peak at the {self.peak_phase})", ""]
+        lines.append(f"  {'component':<24}{'at peak':>12}{'full size':>12}")
+        for name in [n for n in COMPONENT_ORDER if self.components.get(n) or self.sizes.get(n)]:
+            lines.append(f"  {name:<24}{_size(self.components.get(name, 0)):>12}{_size(self.sizes.get(name, 0)):>12}")
+        lines.append(f"  {'tensors at peak':<24}{_size(self.tensor_bytes):>12}")
+        for name, value in self.overheads.items():
+            lines.append(f"  {name + ' (overhead)':<24}{_size(value):>12}")
+        lines.append(f"  {'total':<24}{_size(self.total_bytes):>12}")
+        if self.comparisons:
+            others = ", ".join(f"{k.replace('_', ' ')} {_size(v)}" for k, v in self.comparisons.items())
+            lines += ["", f"For comparison (not used): {others}"]
+        if self.gpu_gib:
+            verdict = "fits" if self.fits else "does NOT fit"
+            lines += [
+                "",
+                f"On {self.gpu_gib:g} GiB: {verdict} (headroom {_size(self.headroom_bytes or 0, signed=True)})",
+            ]
+        for i, a in enumerate(self.advice, start=1):
+            changes = ", ".join(f"{k}={v}" for k, v in a.changes.items())
+            lines.append(f"  {i}. {a.title}: {changes} -> {_size(a.new_total_bytes)} ({a.cost})")
+        lines += [f"Note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _size(n: int | float, signed: bool = False) -> str:
+    """Bytes as GiB / MiB text."""
+    sign = "-" if n < 0 else ("+" if signed else "")
+    n = abs(n)
+    return f"{sign}{n / GiB:.2f} GiB" if n >= GiB else f"{sign}{n / MiB:.1f} MiB"
+
+
+# ----------------------------------------------------------------------------- the estimate
+
+
+def estimate(config: TrainConfig, device: str = "cuda", gpus: int = 1, gpu_gib: float | None = None) -> MemoryEstimate:
+    """Peak memory per device of a training step of `config`, with the fit verdict and advice for `gpu_gib`."""
+    _check_args(device, gpus, gpu_gib)
+    est = _estimate_core(config, device, gpus)
+    if gpu_gib:
+        capacity = int(gpu_gib * GiB)
+        est.gpu_gib, est.fits, est.headroom_bytes = (
+            float(gpu_gib),
+            est.total_bytes <= capacity,
+            capacity - est.total_bytes,
+        )
+        if not est.fits:
+            est.advice = _advise(config, device, gpus, capacity, est)
+    return est
+
+
+def _check_args(device: str, gpus: int, gpu_gib: float | None) -> None:
+    """Refuse bad arguments with one clear line."""
+    if device not in ("cpu", "cuda"):
+        raise UserError(f"device: {device!r} is not allowed; choose cpu or cuda", field="device")
+    if not isinstance(gpus, int) or gpus < 1:
+        raise UserError(f"gpus: {gpus!r} must be a whole number >= 1", field="gpus")
+    if gpu_gib is not None and not (isinstance(gpu_gib, (int, float)) and math.isfinite(gpu_gib) and gpu_gib > 0):
+        raise UserError(f"gpu_gib: {gpu_gib!r} must be a positive number of GiB", field="gpu_gib")
+
+
+def _estimate_core(config: TrainConfig, device: str, gpus: int, trace_it: bool = True) -> MemoryEstimate:
+    """The breakdown and totals (no fit verdict)."""
+    from finetune import memory_analytic as ma
+
+    model_config = model_config_of(config)
+    shape, census = ma.shape_of(model_config), _census(config, model_config)
+    settings = ma.settings_for(config, device, gpus)
+    analytic = ma.analyse(shape, census, settings)
+    notes: list[str] = []
+    traced = _traced(config, model_config, device, census, notes) if trace_it and _traceable(config) else None
+    if traced is not None:
+        tensor_bytes, split, phase = traced
+        method = "traced"
+    else:
+        tensor_bytes, phase, method = analytic.peak, analytic.peak_phase, "analytic"
+        split = _analytic_split(analytic)
+        if settings.deepspeed:
+            notes.append("DeepSpeed ZeRO / offload is estimated with formulas (a replay covers one process only)")
+    extra = analytic.components.get("ddp_buckets", 0) if method == "traced" else 0
+    if extra:
+        split["ddp_buckets"] = extra
+        tensor_bytes += extra
+    if device == "cuda" and config.optim == "paged_adamw_8bit":
+        notes.append("paged_adamw_8bit: optimizer states can move to CPU RAM when the GPU runs short")
+    overheads = _overheads(tensor_bytes) if device == "cuda" else {}
+    components = {name: int(split.get(name, 0)) for name in COMPONENT_ORDER}
+    return MemoryEstimate(
+        components=components,
+        tensor_bytes=int(tensor_bytes),
+        overheads=overheads,
+        total_bytes=int(tensor_bytes + sum(overheads.values())),
+        comparisons=_comparisons(census, settings),
+        sizes={k: int(v) for k, v in analytic.components.items()},
+        method=method,
+        peak_phase=PHASE_NAMES.get(phase, phase),
+        analytic_tensor_bytes=int(analytic.peak),
+        device=device,
+        gpus=gpus,
+        notes=notes,
+    )
+
+
+def _overheads(tensor_bytes: int) -> dict[str, int]:
+    """What a GPU needs beyond live tensors: the CUDA context, and the caching allocator's slack."""
+    return {"cuda_context": CUDA_CONTEXT, "allocator": int(ALLOCATOR_FIXED + ALLOCATOR_SLACK * tensor_bytes)}
+
+
+def _traceable(config: TrainConfig) -> bool:
+    """A single-process step we can replay: no DeepSpeed sharding or offload."""
+    return config.zero_stage == 0 and config.backend == "trainer"
+
+
+_TRACE_CACHE: dict[tuple, tuple[int, dict[str, int], str]] = {}
+CACHE_SIZE = 256  # entries per cache (the UI re-estimates the same few configs)
+
+
+def _traced(
+    config: TrainConfig, model_config: Any, device: str, census: Any, notes: list[str]
+) -> tuple[int, dict[str, int], str] | None:
+    """Replay the step on fake tensors: (peak bytes, live bytes by component at the peak, phase); None on failure."""
+    from finetune import memory_analytic as ma
+    from finetune import memory_trace as mt
+
+    plan = mt.plan_for(config, device)
+    key = (_model_key(config), repr(plan))
+    if key not in _TRACE_CACHE:
+        try:
+            result = mt.trace(model_config, plan, trust_remote_code=config.trust_remote_code)
+        except Exception as exc:  # noqa: BLE001 - an architecture the replay cannot run: formulas instead
+            notes.append(f"replay failed ({type(exc).__name__}: {str(exc)[:120]}); using the formulas")
+            return None
+        peaks = dict(result.phase_peak)
+        splits = {p: dict(s) for p, s in result.phase_split.items()}
+        if device == "cpu" and config.optim in ("adamw_8bit", "paged_adamw_8bit") and "optimizer" in peaks:
+            extra = ma.cpu_8bit_temporaries(census)  # inside one bitsandbytes CPU kernel: invisible to a replay
+            peaks["optimizer"] += extra
+            splits["optimizer"]["optimizer_temporaries"] = splits["optimizer"].get("optimizer_temporaries", 0) + extra
+        phase = max(peaks, key=peaks.get)
+        _bounded(_TRACE_CACHE)[key] = (peaks[phase], _merge_split(splits[phase]), phase)
+    peak, split, phase = _TRACE_CACHE[key]
+    return peak, dict(split), phase
+
+
+def _merge_split(split: dict[str, int]) -> dict[str, int]:
+    """Trace categories as component names."""
+    out: dict[str, int] = {}
+    for cat, v in split.items():
+        name = {"other": "activations"}.get(cat, cat)
+        out[name] = out.get(name, 0) + max(0, int(v))
+    return out
+
+
+def _analytic_split(a: Any) -> dict[str, int]:
+    """What the formulas say is live at their peak phase."""
+    c = a.components
+    live = {
+        k: c.get(k, 0) for k in ("weights", "quant_constants", "lora", "optimizer", "master_weights", "ddp_buckets")
+    }
+    phase = a.peak_phase
+    if phase == "optimizer step":
+        live["gradients"] = c["gradients"]
+        live["optimizer_temporaries"] = c["optimizer_temporaries"]
+        return live
+    live["activations"] = c["activations"]
+    live["gradients"] = c["gradients"] if a.phases[phase] - sum(live.values()) >= c["gradients"] > 0 else 0
+    rest = a.phases[phase] - sum(live.values())
+    live["logits_loss" if phase.startswith("start of backward") else "backward_temporaries"] = max(0, rest)
+    return live
+
+
+def _comparisons(census: Any, s: Any) -> dict[str, int]:
+    """The rule of thumb (about 5x the model's size) and accelerate's estimate-memory training figure."""
+    from finetune import memory_analytic as ma
+
+    model_bytes = ma.weights_bytes(census, s) + ma.quant_constants_bytes(census, s)
+    out = {"rule_of_thumb": 5 * model_bytes}
+    try:
+        from accelerate.commands.estimate import estimate_training_usage
+
+        usage = estimate_training_usage(4 * census.total, "bfloat16" if s.amp else "float32")
+        out["accelerate"] = int(max(usage.values()))
+    except Exception:  # noqa: BLE001 - accelerate missing or changed: leave the comparison out
+        pass
+    return out
+
+
+# ----------------------------------------------------------------------------- model config + census (cached)
+
+_CONFIG_CACHE: dict[tuple, Any] = {}
+_CENSUS_CACHE: dict[tuple, Any] = {}
+
+
+def model_config_of(config: TrainConfig) -> Any:
+    """The model's transformers config (no weights): local dir, Hub id or the embedded default."""
+    key = _model_key(config)
+    if key not in _CONFIG_CACHE:
+        try:
+            from finetune.models import load_model_config
+        except ImportError:  # models.py not there yet: a local directory still works
+            from transformers import AutoConfig
+
+            def load_model_config(name: str, trust_remote_code: bool = False) -> Any:
+                return AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code)
+
+        _bounded(_CONFIG_CACHE)[key] = load_model_config(config.model, trust_remote_code=config.trust_remote_code)
+    return _CONFIG_CACHE[key]
+
+
+def _bounded(cache: dict) -> dict:
+    """The cache, emptied first when it is full."""
+    if len(cache) >= CACHE_SIZE:
+        cache.clear()
+    return cache
+
+
+def _model_key(config: TrainConfig) -> tuple:
+    """What identifies the model's shape (a local directory's config.json may be rewritten: its mtime counts)."""
+    import os
+
+    try:
+        stamp = os.stat(os.path.join(config.model, "config.json")).st_mtime_ns
+    except OSError:
+        stamp = 0
+    return (config.model, config.trust_remote_code, stamp)
+
+
+def _census(config: TrainConfig, model_config: Any) -> Any:
+    """Parameter counts for the method (cached: the UI estimates the same model many times)."""
+    from finetune import memory_analytic as ma
+
+    key = (_model_key(config), config.method, config.lora_r, config.lora_target_modules, config.task, config.num_labels)
+    if key not in _CENSUS_CACHE:
+        try:
+            _bounded(_CENSUS_CACHE)[key] = ma.census(model_config, config, config.trust_remote_code)
+        except ValueError as exc:
+            if "target_modules" in str(exc) or "not found" in str(exc):
+                raise UserError(
+                    f"lora_target_modules: {config.lora_target_modules!r} matches no layer of this model; "
+                    "use all-linear or names such as q_proj,v_proj",
+                    field="lora_target_modules",
+                ) from None
+            raise
+    return _CENSUS_CACHE[key]
+
+
+# ----------------------------------------------------------------------------- advice
+
+# (cost rank, title, cost text) per kind of change; lower rank = cheaper, suggested first.
+KINDS = {
+    "checkpointing": (1, "Turn on gradient checkpointing", "about 20-30% slower: activations are recomputed"),
+    "optim8bit": (2, "Use the 8-bit AdamW optimizer", "8-bit optimizer states: a tiny accuracy cost"),
+    "microbatch": (3, "Smaller micro batch, more accumulation", "same effective batch; less parallel work, slower"),
+    "lora": (4, "LoRA instead of full fine-tuning", "trains small adapters only: usually a little below full quality"),
+    "zero": (5, "Shard with DeepSpeed ZeRO over the GPUs", "more communication between GPUs"),
+    "qlora": (6, "QLoRA: a 4-bit base model", "4-bit base: slightly less accurate, about 20-40% slower"),
+    "offload": (7, "Offload optimizer states to CPU RAM (ZeRO)", "much slower steps (states cross PCIe)"),
+    "shorter": (8, "Shorter sequences", "longer examples are cut: the model sees less of them"),
+}
+
+
+def _candidates(config: TrainConfig, device: str, gpus: int) -> list[tuple[str, dict[str, Any]]]:
+    """Single changes that use less memory and keep per_device_train_batch_size x gradient_accumulation_steps."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    if not config.gradient_checkpointing:
+        out.append(("checkpointing", {"gradient_checkpointing": True}))
+    if config.optim == "adamw_torch":
+        out.append(("optim8bit", {"optim": "adamw_8bit"}))
+    b, eff = config.per_device_train_batch_size, config.effective_batch_size
+    for smaller in [d for d in range(b - 1, 0, -1) if eff % d == 0]:
+        out.append(
+            ("microbatch", {"per_device_train_batch_size": smaller, "gradient_accumulation_steps": eff // smaller})
+        )
+    if config.method == "full":
+        out.append(("lora", {"method": "lora"}))
+    if config.method != "qlora" and config.backend == "trainer" and config.zero_stage == 0:
+        out.append(("qlora", {"method": "qlora"}))
+    if config.method != "qlora" and gpus > 1:
+        for stage in (s for s in (2, 3) if s > config.zero_stage):
+            out.append(("zero", {"zero_stage": stage}))
+    if config.method != "qlora" and config.offload_optimizer == "none" and device == "cuda":
+        out.append(("offload", {"zero_stage": max(2, config.zero_stage), "offload_optimizer": "cpu"}))
+    seq = config.max_seq_length
+    while seq // 2 >= 64:
+        seq //= 2
+        out.append(("shorter", {"max_seq_length": seq}))
+    return out
+
+
+def _advise(config: TrainConfig, device: str, gpus: int, capacity: int, base: MemoryEstimate) -> list[Advice]:
+    """Ranked changes that make the run fit (cheapest first); a combination when no single change is enough."""
+    ratio = min(1.25, max(0.8, base.tensor_bytes / max(1, base.analytic_tensor_bytes)))
+    priced: list[tuple[str, dict[str, Any], int]] = []
+    for kind, changes in _candidates(config, device, gpus):
+        total = _price(config, changes, device, gpus, ratio)
+        if total is not None:
+            priced.append((kind, changes, total))
+    fitting: dict[str, tuple[dict[str, Any], int]] = {}
+    for kind, changes, total in priced:  # per kind keep the mildest change that fits (largest batch / sequence)
+        if total <= capacity and kind not in fitting:
+            fitting[kind] = (changes, total)
+    advice = [_advice(kind, changes, total, capacity) for kind, (changes, total) in fitting.items()]
+    advice.sort(key=lambda a: (KINDS[a.kind][0], a.new_total_bytes))
+    advice = _confirmed(config, device, gpus, capacity, advice)
+    if not advice:
+        combo = _combine(config, device, gpus, capacity, ratio, priced)
+        if combo is not None:
+            advice = _confirmed(config, device, gpus, capacity, [combo])
+    return advice[:6]
+
+
+def _advice(kind: str, changes: dict[str, Any], total: int, capacity: int) -> Advice:
+    """An Advice for one kind of change."""
+    _, title, cost = KINDS[kind]
+    if kind == "microbatch":
+        title = f"{title} ({changes['per_device_train_batch_size']} x {changes['gradient_accumulation_steps']})"
+    if kind == "shorter":
+        title = f"{title} ({changes['max_seq_length']} tokens)"
+    return Advice(title, changes, int(total), cost, total <= capacity, kind)
+
+
+def _price(config: TrainConfig, changes: dict[str, Any], device: str, gpus: int, ratio: float) -> int | None:
+    """Total bytes after a change: the formulas, scaled by how far they were from the replay for this config."""
+    try:
+        new = config.replace(**changes)
+    except UserError:
+        return None
+    est = _estimate_core(new, device, gpus, trace_it=False)
+    tensors = int(est.analytic_tensor_bytes * (ratio if _traceable(new) else 1.0))
+    return tensors + sum(_overheads(tensors).values()) if device == "cuda" else tensors
+
+
+def _combine(config: TrainConfig, device: str, gpus: int, capacity: int, ratio: float, priced: list) -> Advice | None:
+    """Greedy: keep adding the change that saves the most until the run fits."""
+    changes: dict[str, Any] = {}
+    kinds: list[str] = []
+    for _ in range(6):
+        options = []
+        for kind, c, _ in priced:
+            if kind in kinds:
+                continue
+            trial = {**changes, **c}
+            total = _price(config, trial, device, gpus, ratio)
+            if total is not None:
+                options.append((total, kind, trial))
+        if not options:
+            return None
+        fit = [o for o in options if o[0] <= capacity]
+        best_total, kind, changes = min(fit, key=lambda o: KINDS[o[1]][0]) if fit else min(options)
+        kinds.append(kind)
+        if best_total <= capacity:
+            titles = " + ".join(KINDS[k][1].lower() for k in kinds)
+            costs = "; ".join(KINDS[k][2] for k in kinds)
+            return Advice(f"Combine: {titles}", changes, int(best_total), costs, True, "combine")
+    return None
+
+
+def _confirmed(config: TrainConfig, device: str, gpus: int, capacity: int, advice: list[Advice]) -> list[Advice]:
+    """Replay suggestions in rank order until one is confirmed to fit (its figure becomes the exact one); drop the
+    ones the replay shows do not fit. Suggestions after the first confirmed one keep their formula figure."""
+    out: list[Advice] = []
+    replays = 0
+    for a in advice:
+        new = config.replace(**a.changes)
+        if replays < 2 and _traceable(new) and not any(x.fits for x in out):
+            replays += 1
+            est = _estimate_core(new, device, gpus)
+            a.new_total_bytes, a.fits = est.total_bytes, est.total_bytes <= capacity
+            if not a.fits:
+                continue
+        out.append(a)
+    return out
+
+
+# ----------------------------------------------------------------------------- after an out-of-memory error
+
+
+def advice_text(config: TrainConfig, gpus: int = 1) -> str:
+    """A short paragraph for an out-of-memory failure: how much the run needs and what to change first."""
+    device, capacity = _this_device()
+    try:
+        est = _estimate_core(config, device, gpus)
+    except Exception as exc:  # noqa: BLE001 - never hide the OOM behind an estimator problem
+        return f"Out of memory. (The memory estimate could not be computed: {exc}.) Try gradient_checkpointing: true."
+    where = f"this {'GPU' if device == 'cuda' else 'machine'}"
+    need = f"This run needs about {_size(est.total_bytes)} at the {est.peak_phase}"
+    if capacity:
+        need += f"; {where} has {_size(capacity)}"
+    target = capacity if capacity and est.total_bytes > capacity else int(0.75 * est.total_bytes)
+    advice = _advise(config, device, gpus, target, est)
+    if not advice:
+        return f"Out of memory. {need}. Reduce max_seq_length or per_device_train_batch_size."
+    first = advice[0]
+    lines = [
+        f"Out of memory. {need}.",
+        f"Change first: {first.title.lower()} ({_changes(first.changes)}), about {_size(first.new_total_bytes)}; "
+        f"cost: {first.cost}.",
+    ]
+    if len(advice) > 1:
+        lines.append(
+            "Also possible: " + "; ".join(f"{a.title.lower()} ({_changes(a.changes)})" for a in advice[1:3]) + "."
+        )
+    lines.append("Each keeps your effective batch size. Estimate others with: python -m finetune estimate --config ...")
+    return " ".join(lines)
+
+
+def _changes(changes: dict[str, Any]) -> str:
+    """`key: value` text of changes."""
+    return ", ".join(f"{k}: {str(v).lower() if isinstance(v, bool) else v}" for k, v in changes.items())
+
+
+def _this_device() -> tuple[str, int | None]:
+    """The device a failed run used: the first GPU if any (with its memory), else the CPU (with RAM)."""
+    import os
+
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda", int(torch.cuda.get_device_properties(0).total_memory)
+    try:
+        return "cpu", int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return "cpu", None
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def register_cli(subparsers: Any) -> None:
+    """Add `estimate` to the `python -m finetune` sub-commands."""
+    p = subparsers.add_parser(
+        "estimate",
+        help="estimate peak memory of a run, check it against a GPU, and suggest changes",
+        description="Peak memory per device of one training step (replayed on fake tensors: no download of "
+        "weights), with a breakdown, a fit verdict for --gpu-gib and ranked suggestions.",
+    )
+    p.add_argument("--config", help="YAML run configuration (flat, one key per field); default: built-in defaults")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one config field")
+    p.add_argument("--device", default="cuda", help="cuda (default: a GPU run, bf16 unless fp32) or cpu (fp32)")
+    p.add_argument("--gpus", default="1", help="GPUs per node (DDP replicas, or ZeRO shards)")
+    p.add_argument("--gpu-gib", default=None, help=f"GPU memory in GiB, or a card: {', '.join(GPU_CARDS)}")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.set_defaults(func=run_cli)
+
+
+def run_cli(args: Any) -> int:
+    """Handle `python -m finetune estimate`; returns the exit code (bad input raises UserError)."""
+    config = TrainConfig.load(args.config) if getattr(args, "config", None) else TrainConfig()
+    changes = dict(parse_set_option(item) for item in (getattr(args, "set", None) or []))
+    if changes:
+        config = config.replace(**changes)
+    device = str(getattr(args, "device", "cuda") or "cuda").lower()
+    gpus = _parse_int(getattr(args, "gpus", 1), "--gpus")
+    gib = _parse_gib(getattr(args, "gpu_gib", None))
+    if device not in ("cpu", "cuda"):
+        raise UserError(f"--device: {device!r} is not allowed; choose cpu or cuda", field="device")
+    est = estimate(config, device=device, gpus=gpus, gpu_gib=gib)
+    print(json.dumps(est.to_dict(), indent=2) if getattr(args, "json", False) else est.render_text())
+    return 0
+
+
+def _parse_int(value: Any, flag: str) -> int:
+    """A whole number >= 1 from the command line."""
+    try:
+        n = int(str(value))
+    except ValueError:
+        raise UserError(f"{flag}: {value!r} is not a whole number") from None
+    if n < 1:
+        raise UserError(f"{flag}: must be 1 or more")
+    return n
+
+
+def _parse_gib(value: Any) -> float | None:
+    """--gpu-gib: a positive number of GiB, or the name of a card in GPU_CARDS (case and spaces ignored)."""
+    if value in (None, ""):
+        return None
+    text = str(value).strip()
+    try:
+        gib = float(text)
+    except ValueError:
+        wanted = text.lower().replace(" ", "")
+        for name, size in GPU_CARDS.items():
+            if name.lower().replace(" ", "").startswith(wanted):
+                return size
+        raise UserError(
+            f"--gpu-gib: {text!r} is not a number of GiB or a known card ({', '.join(GPU_CARDS)})"
+        ) from None
+    if not math.isfinite(gib) or gib <= 0:
+        raise UserError(f"--gpu-gib: {text!r} must be a positive number of GiB")
+    return gib

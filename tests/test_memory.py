@@ -1,0 +1,285 @@
+"""Memory estimator: components against hand-computed values, the replay against a measured CPU step, advice, CLI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from finetune import memory
+from finetune import memory_analytic as ma
+from finetune.config import TrainConfig
+from finetune.errors import UserError
+
+# The tiny test Llama (tests/tiny.py): hidden 64, MLP 128, 2 layers, 4 heads of 16, 2 KV heads, vocab 384, tied.
+H, MLP, LAYERS, HEADS, KV, V = 64, 128, 2, 4, 2, 384
+KV_DIM = KV * (H // HEADS)  # 32
+LAYER_LINEARS = [H * H, H * KV_DIM, H * KV_DIM, H * H, H * MLP, H * MLP, MLP * H]  # q k v o gate up down
+PARAMS = V * H + LAYERS * (sum(LAYER_LINEARS) + 2 * H) + H  # embeddings (tied head) + blocks + final norm
+LORA_PER_LAYER = 8 * ((H + H) + 2 * (H + KV_DIM) + (H + H) + 2 * (H + MLP) + (MLP + H))  # r * (in + out) per module
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The tiny model directory (built once for this module)."""
+    from tests.tiny import build_llama
+
+    return build_llama(tmp_path_factory.mktemp("mem-tiny"))
+
+
+def cfg(tiny: Path, **kw) -> TrainConfig:
+    """A TrainConfig on the tiny model (batch 4 x 256 tokens unless changed)."""
+    return TrainConfig(model=str(tiny), **kw)
+
+
+def parts(tiny: Path, device: str = "cpu", **kw):
+    """(shape, census, settings) for a config."""
+    c = cfg(tiny, **kw)
+    mc = memory.model_config_of(c)
+    return ma.shape_of(mc), ma.census(mc, c), ma.settings_for(c, device)
+
+
+# ----------------------------------------------------------------------------- light import
+
+
+def test_import_does_not_load_torch():
+    code = "import sys, finetune.memory; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
+# ----------------------------------------------------------------------------- components by hand
+
+
+def test_shape_and_parameter_census(tiny):
+    sh, c, _ = parts(tiny, method="full")
+    assert (sh.hidden, sh.intermediate, sh.layers, sh.heads, sh.kv_heads, sh.vocab) == (H, MLP, LAYERS, HEADS, KV, V)
+    assert c.total == PARAMS == 98624
+    assert sum(c.trainable) == PARAMS
+    assert sorted(c.quantized) == sorted(LAYER_LINEARS * LAYERS)  # tied embedding / head stays unquantised
+
+
+def test_weights_lora_gradients_optimizer(tiny):
+    _, full, s_full = parts(tiny, method="full")
+    assert ma.weights_bytes(full, s_full) == 4 * PARAMS
+    assert ma.gradients_bytes(full, s_full) == 4 * PARAMS
+    assert ma.optimizer_bytes(full, s_full) == 8 * PARAMS + 4 * len(full.trainable)
+    _, lora, s_lora = parts(tiny, method="lora", lora_r=8)
+    assert sum(lora.trainable) == LAYERS * LORA_PER_LAYER == 16384
+    assert ma.lora_bytes(lora, s_lora) == 4 * 16384
+    assert ma.gradients_bytes(lora, s_lora) == 4 * 16384
+    assert ma.optimizer_bytes(lora, s_lora) == 8 * 16384 + 4 * 28  # 7 modules x (A, B) x 2 layers step counters
+    # LoRA on a GPU keeps a 16-bit base under fp32 adapters
+    _, _, s_gpu = parts(tiny, device="cuda", method="lora")
+    assert ma.weights_bytes(lora, s_gpu) == 2 * PARAMS
+
+
+def test_optimizer_variants_by_hand():
+    c = ma.Census(total=10100, trainable=[10000, 100])
+    s = ma.Settings(optim="adamw_8bit")
+    assert ma.optimizer_bytes(c, s) == (2 * 10000 + 8 * math.ceil(10000 / 256)) + 8 * 100  # small tensors stay fp32
+    assert ma.optimizer_bytes(c, ma.Settings(optim="paged_adamw_8bit")) == ma.optimizer_bytes(c, s)
+    assert ma.optimizer_bytes(c, ma.Settings(optim="sgd")) == 0
+    assert ma.optimizer_bytes(c, ma.Settings(optim="sgd"), momentum=True) == 4 * 10100
+    assert ma.optimizer_bytes(c, ma.Settings(optim="adamw_torch")) == 8 * 10100 + 4 * 2
+    c.no_decay = 100
+    assert ma.optimizer_temporaries_bytes(c, ma.Settings(device="cuda")) == 4 * 10000  # foreach: the decay group
+    assert ma.optimizer_temporaries_bytes(c, ma.Settings(device="cpu")) == 8 * 10000  # one tensor at a time
+
+
+def test_qlora_weights_and_quant_constants(tiny):
+    _, c, s = parts(tiny, method="qlora")
+    quantized = LAYERS * sum(LAYER_LINEARS)
+    assert ma.weights_bytes(c, s) == quantized // 2 + 4 * (PARAMS - quantized)
+    blocks = [n // 64 for n in LAYER_LINEARS]
+    per_linear_dq = [b + 4 * 1 + 256 * 4 + 4 + 64 for b in blocks]  # 8-bit absmax, nested fp32, code books, offset
+    assert ma.quant_constants_bytes(c, s) == LAYERS * sum(per_linear_dq) == 16496
+    _, c, s = parts(tiny, method="qlora", double_quant=False)
+    assert ma.quant_constants_bytes(c, s) == LAYERS * sum(4 * b + 64 for b in blocks) == 5504
+
+
+def test_activations_by_hand(tiny):
+    sh, c, s = parts(tiny, method="full")  # CPU: fp32, sdpa, no dropout
+    norms = 2 * (4 * H + 4 + 4 * H)  # fp32 input, 1/rms, x/rms (the norm weight trains)
+    attention = 4 * (2 * H + 2 * KV_DIM) + 4 * HEADS  # q, k after RoPE, v, output; log-sum-exp
+    mlp = 3 * 4 * MLP  # gate, silu(gate), up
+    linear_inputs = 4 * H + 4 * H + 4 * MLP  # q/k/v input, gate/up input, down input (o's is attention's output)
+    assert ma.layer_activation_bytes(sh, c, s) == norms + attention + mlp + linear_inputs == 4376
+    tokens = 4 * 256
+    head = 4 * H + 4 + 8 + 4 * H + 4 * H  # final norm input, 1/rms, ids, x/rms, lm_head input
+    assert ma.activations_bytes(sh, c, s) == tokens * (LAYERS * 4376 + head)
+    assert ma.logits_loss_bytes(sh, c, s) == 12 * tokens * V
+    s_ckpt = ma.settings_for(cfg(tiny, method="full", gradient_checkpointing=True), "cpu")
+    assert ma.activations_bytes(sh, c, s_ckpt) == tokens * (LAYERS * 4 * H + head)  # only block inputs kept
+
+
+def test_lora_dropout_costs_per_adapter(tiny):
+    sh, c, s = parts(tiny, method="lora", lora_dropout=0.05)
+    _, _, s0 = parts(tiny, method="lora", lora_dropout=0.0)
+    adapters_in = 3 * H + H + 2 * H + MLP  # q k v read the normed input, o, gate up, down
+    shared_inputs = H + H + MLP  # with no dropout the adapters read inputs that are kept once
+    assert ma.layer_activation_bytes(sh, c, s) - ma.layer_activation_bytes(sh, c, s0) == 4 * (
+        2 * adapters_in - shared_inputs
+    )  # CPU dropout keeps an fp32 noise tensor and its output per adapter
+
+
+def test_zero_sharding_by_hand():
+    c = ma.Census(total=1000, trainable=[1000])
+    s = ma.Settings(method="full", half=2, deepspeed=True, zero_stage=1, gpus=4)
+    z = ma.zero_split(c, s)
+    assert z == {"weights": 2000, "master_weights": 1000, "optimizer": (8 * 1000 + 4) // 4, "gradients": 2000}
+    c10 = ma.Census(total=1000, trainable=[100] * 10)
+    s3 = ma.Settings(method="full", half=2, deepspeed=True, zero_stage=3, gpus=4, offload_optimizer=True)
+    z3 = ma.zero_split(c10, s3)
+    assert z3 == {"weights": 2000 // 4 + 2 * 100 * 2, "master_weights": 0, "optimizer": 0, "gradients": 500 + 400}
+
+
+# ----------------------------------------------------------------------------- replay vs formulas vs a real step
+
+
+@pytest.mark.parametrize("method", ["full", "lora", "qlora"])
+def test_replay_agrees_with_formulas(tiny, method):
+    est = memory.estimate(cfg(tiny, method=method), device="cpu")
+    assert est.method == "traced"
+    assert sum(est.components.values()) == est.tensor_bytes
+    assert abs(est.analytic_tensor_bytes - est.tensor_bytes) / est.tensor_bytes < 0.05
+    assert est.components["weights"] > 0 and est.components["logits_loss"] > 0
+    if method == "qlora":
+        assert est.components["quant_constants"] == est.sizes["quant_constants"]
+
+
+def test_deep_models_are_extrapolated_exactly(tiny):
+    from transformers import LlamaConfig
+
+    from finetune import memory_trace as mt
+
+    config = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=7,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+    )
+    plan = mt.plan_for(cfg(tiny, method="lora", max_seq_length=64), "cpu")
+    deep, shallow = mt.trace_once(config, plan), mt.trace(config, plan)
+    assert shallow.layers_traced < 7
+    assert abs(shallow.peak - deep.peak) <= 0.001 * deep.peak
+
+
+def test_estimate_matches_a_measured_cpu_step(tiny):
+    """Three real Trainer steps as the engine runs them, live tensor storages counted: within 3%, never under 2%."""
+    import torch
+    from transformers import Trainer, default_data_collator
+
+    from finetune import models
+    from finetune.engines.hf_trainer import training_arguments
+    from finetune.memory_trace import LiveBytes
+
+    config = cfg(tiny, method="lora", per_device_train_batch_size=2, max_seq_length=128, max_steps=2, eval_split="")
+    model = models.load_model(config)
+    ids = torch.randint(3, 300, (4, 128), generator=torch.Generator().manual_seed(0))
+    rows = [{"input_ids": r, "attention_mask": torch.ones_like(r), "labels": r.clone()} for r in ids]
+    with tempfile.TemporaryDirectory() as out:
+        args = training_arguments(config, Path(out), "fp32", has_eval=False)
+        args.logging_strategy, args.save_strategy = "no", "no"
+        trainer = Trainer(model=model, args=args, train_dataset=rows, data_collator=default_data_collator)
+        counter = LiveBytes()
+        for t in [*model.parameters(), *model.buffers()]:
+            counter.track(t)
+        counter.reset("train")
+        with counter:
+            trainer.train()
+    measured = counter.peak
+    est = memory.estimate(config, device="cpu")
+    err = (est.tensor_bytes - measured) / measured
+    assert -0.02 <= err <= 0.03, (est.tensor_bytes, measured)
+
+
+# ----------------------------------------------------------------------------- GPU figures, fit and advice
+
+
+def test_gpu_estimate_adds_overheads_and_verdict(tiny):
+    est = memory.estimate(cfg(tiny, method="lora"), device="cuda", gpu_gib=80)
+    assert est.overheads["cuda_context"] > 0 and est.overheads["allocator"] > 0
+    assert est.total_bytes == est.tensor_bytes + sum(est.overheads.values())
+    assert est.fits is True and est.headroom_bytes == int(80 * memory.GiB) - est.total_bytes and est.advice == []
+    cpu = memory.estimate(cfg(tiny, method="lora"), device="cpu")
+    assert cpu.overheads == {} and cpu.fits is None and cpu.total_bytes == cpu.tensor_bytes
+    assert set(cpu.comparisons) == {"rule_of_thumb", "accelerate"}
+    assert all(v > 0 for v in memory.GPU_CARDS.values()) and any("T4" in k for k in memory.GPU_CARDS)
+
+
+def test_advice_keeps_effective_batch_and_fits(tiny):
+    config = cfg(tiny, method="full", per_device_train_batch_size=8, gradient_accumulation_steps=2, max_seq_length=512)
+    base = memory.estimate(config, device="cpu")
+    capacity_gib = 0.6 * base.total_bytes / memory.GiB
+    est = memory.estimate(config, device="cpu", gpu_gib=capacity_gib)
+    assert est.fits is False and est.advice
+    ranks = [memory.KINDS[a.kind][0] for a in est.advice]
+    assert ranks == sorted(ranks)  # cheapest kind of change first
+    for a in est.advice:
+        new = config.replace(**a.changes)
+        assert new.effective_batch_size == config.effective_batch_size
+        assert a.new_total_bytes < base.total_bytes and a.fits
+        assert a.cost and a.title
+    first = est.advice[0]
+    exact = memory.estimate(config.replace(**first.changes), device="cpu")
+    assert first.new_total_bytes == exact.total_bytes  # the top suggestion is replayed, not guessed
+
+
+def test_advice_text_names_a_change(tiny):
+    text = memory.advice_text(cfg(tiny, method="full"))
+    assert text.startswith("Out of memory.") and "Change first:" in text
+
+
+def test_bad_arguments_are_user_errors(tiny):
+    with pytest.raises(UserError):
+        memory.estimate(cfg(tiny), device="tpu")
+    with pytest.raises(UserError):
+        memory.estimate(cfg(tiny), gpus=0)
+    with pytest.raises(UserError):
+        memory.estimate(cfg(tiny), gpu_gib=-1)
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def run(argv: list[str]) -> int:
+    """Parse like `python -m finetune` does, with only the estimate sub-command."""
+    parser = argparse.ArgumentParser(prog="finetune")
+    memory.register_cli(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_cli_json_has_the_keys(tiny, capsys):
+    assert run(["estimate", "--set", f"model={tiny}", "--set", "method=qlora", "--device", "cpu", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {"components", "tensor_bytes", "total_bytes", "advice", "overheads", "comparisons"} <= set(data)
+    assert data["components"]["weights"] > 0 and data["tensor_bytes"] == sum(data["components"].values())
+
+
+def test_cli_text_with_a_card_and_config_file(tiny, capsys, tmp_path):
+    path = tmp_path / "run.yaml"
+    cfg(tiny, method="full", max_seq_length=512).save(path)
+    assert run(["estimate", "--config", str(path), "--gpu-gib", "t4"]) == 0
+    out = capsys.readouterr().out
+    assert "On 14.7 GiB: fits" in out and "cuda_context" in out and "total" in out
+    assert run(["estimate", "--config", str(path), "--gpu-gib", "0.25"]) == 0
+    assert "does NOT fit" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--gpus", "0"], ["--gpu-gib", "lots"], ["--device", "tpu"], ["--set", "no_such_key=1"], ["--config", "nope.yml"]],
+)
+def test_cli_bad_input_is_one_user_error(tiny, argv):
+    with pytest.raises(UserError):
+        run(["estimate", "--set", f"model={tiny}", *argv])
