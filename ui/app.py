@@ -1,0 +1,121 @@
+"""The whole page: a title, one line on how it works, and five tabs (Memory, Configure, Train, Chat, Publish).
+
+`build_app(studio)` only builds the Blocks (tests use it without launching); `launch(...)` starts the server.
+Each tab module builds its components, then its `wire` connects its events; the Configure form is the one form the
+tabs share.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+from ui import chat_tab, config_tab, memory_tab, publish_tab, train_tab
+
+TITLE = "Finetune Studio"
+TAB_NAMES = ("Memory", "Configure", "Train", "Chat", "Publish")
+HEADER = (
+    "# Finetune Studio\n"
+    "Fine-tune a language model in your browser. **How it works:** check it fits in **Memory** → choose the model, "
+    "data and method in **Configure** (the defaults work: a small model learns to talk like a pirate) → "
+    "**Train** and watch the loss fall → **Chat** with the tuned model beside the original → **Publish** it to the "
+    "Hugging Face Hub."
+)
+UPLOAD_LIMIT = "200mb"  # largest upload the server accepts (the data file); handlers check type and size again
+
+CSS = """
+.fs-field-error, .fs-field-error p { color: #dc2626 !important; font-size: 0.9em; margin-top: -4px; }
+.fs-summary p { color: #b91c1c; font-weight: 600; }
+.fs-problem p { color: #b91c1c; }
+.fs-note p { color: #6b7280; font-size: 0.9em; }
+.fs-progress { border: 1px solid var(--border-color-primary); border-radius: 8px; padding: 10px 14px; }
+.fs-progress-head { display: flex; justify-content: space-between; gap: 12px; flex-wrap: wrap; }
+.fs-status { font-weight: 700; font-size: 1.1em; }
+.fs-run { color: var(--body-text-color-subdued); font-size: 0.9em; }
+.fs-bar { height: 14px; background: var(--background-fill-secondary); border-radius: 7px; overflow: hidden;
+          margin: 8px 0; }
+.fs-bar-fill { height: 100%; border-radius: 7px; transition: width 0.4s ease; }
+.fs-bar-loading { opacity: 0.35; animation: fs-pulse 1.2s ease-in-out infinite; }
+@keyframes fs-pulse { 50% { opacity: 0.1; } }
+.fs-facts { font-variant-numeric: tabular-nums; }
+.fs-message { color: var(--body-text-color-subdued); font-size: 0.9em; margin-top: 4px; }
+.fs-preview .fs-example { border: 1px solid var(--border-color-primary); border-radius: 6px; margin: 8px 0;
+                          padding: 6px 10px; }
+.fs-example-head { font-size: 0.85em; color: var(--body-text-color-subdued); }
+.fs-example-text { white-space: pre-wrap; font-size: 0.9em; margin: 4px 0; background: none; }
+.fs-trained { background: #fde68a; color: #111827; border-radius: 3px; }
+.fs-masked { color: #9ca3af; }
+"""
+
+
+@dataclass
+class AppUI:
+    """The tabs' component bundles and handlers (tests call the handlers directly)."""
+
+    studio: Any
+    memory: memory_tab.MemoryTab
+    config: config_tab.ConfigTab
+    train: train_tab.TrainTab
+    chat: chat_tab.ChatTab
+    publish: publish_tab.PublishTab
+    tabs: dict[str, Any]
+
+
+def build_app(studio: Any = None) -> gr.Blocks:
+    """The Blocks for one backend `Studio` (a default one when not given). `demo.studio_ui` holds the tabs."""
+    if studio is None:
+        from finetune.studio import Studio
+
+        studio = Studio()
+    tabs: dict[str, Any] = {}
+    with gr.Blocks(title=TITLE) as demo:
+        gr.Markdown(HEADER, elem_id="fs-header")
+        # The form as kept in this browser; outside the tabs, so the page reads it on load whichever tab is open.
+        saved = gr.BrowserState({}, storage_key="finetune-studio-form")
+        with gr.Tabs(elem_id="fs-tabs"):
+            with gr.Tab("Memory", id="memory", elem_id="tab-memory") as tabs["Memory"]:
+                memory = memory_tab.build(studio)
+            with gr.Tab("Configure", id="configure", elem_id="tab-configure") as tabs["Configure"]:
+                config = config_tab.build(studio)
+            with gr.Tab("Train", id="train", elem_id="tab-train") as tabs["Train"]:
+                train = train_tab.build(studio)
+            with gr.Tab("Chat", id="chat", elem_id="tab-chat") as tabs["Chat"]:
+                chat = chat_tab.build(studio)
+            with gr.Tab("Publish", id="publish", elem_id="tab-publish") as tabs["Publish"]:
+                publish = publish_tab.build(studio)
+        config.saved = saved
+        config_tab.wire(config)
+        memory_tab.wire(memory, config, demo)
+        train_tab.wire(train, config, demo)
+        chat_tab.wire(chat, config, demo, tabs["Chat"])
+        publish_tab.wire(publish, demo, tabs["Publish"])
+    demo.studio_ui = AppUI(studio, memory, config, train, chat, publish, tabs)
+    return demo
+
+
+def launch(
+    demo: gr.Blocks,
+    host: str = "127.0.0.1",
+    port: int = 7860,
+    auth: tuple[str, str] | None = None,
+    block: bool = True,
+    **kwargs: Any,
+) -> Any:
+    """Start the server with a queue (chat requests wait their turn; status polls never wait behind them)."""
+    demo.queue(default_concurrency_limit=1)
+    return demo.launch(
+        server_name=host,
+        server_port=port,
+        auth=auth,
+        auth_message="Finetune Studio on a shared machine: log in with the user and password you were given."
+        if auth
+        else None,
+        max_file_size=UPLOAD_LIMIT,
+        theme=gr.themes.Soft(primary_hue="orange"),
+        css=CSS,
+        prevent_thread_lock=not block,
+        footer_links=["api", "gradio"],
+        **kwargs,
+    )

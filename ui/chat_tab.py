@@ -1,0 +1,188 @@
+"""Chat tab: talk to the base model, a finished run's adapter, or the running run's latest checkpoint; optionally
+side by side with the base model, the same prompt sent to both.
+
+Replies stream. The first message to a model loads it (shown as "loading" in the reply bubble); requests queue, one
+generation at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+from finetune.errors import UserError
+from ui.config_tab import ConfigTab, form_values, warn
+from ui.formatting import one_line, plain
+
+BASE = "base"
+LOADING = "Loading the model (first use of it takes a few seconds)…"
+EMPTY = "(the model answered with nothing: it ended its reply at once)"
+
+
+@dataclass
+class ChatTab:
+    studio: Any
+    config: ConfigTab | None = None
+    source: Any = None
+    refresh_btn: Any = None
+    compare: Any = None
+    chatbot: Any = None
+    base_chatbot: Any = None
+    textbox: Any = None
+    send_btn: Any = None
+    clear_btn: Any = None
+    max_new_tokens: Any = None
+    temperature: Any = None
+    top_p: Any = None
+    system_prompt: Any = None
+
+    def sources(self, current: str | None = None) -> dict:
+        """The source choices, keeping the current one if it still exists (else the newest tuned run, else base)."""
+        choices = self.studio.chat_sources()
+        values = [v for _, v in choices]
+        if current not in values:
+            current = BASE
+        return gr.update(choices=choices, value=current)
+
+    def respond(
+        self,
+        message: str,
+        history: list | None,
+        base_history: list | None,
+        source: str | None,
+        compare: bool,
+        max_new_tokens: float,
+        temperature: float,
+        top_p: float,
+        system_prompt: str,
+        *values: Any,
+    ) -> Iterator[list]:
+        """Stream replies: yields [textbox, chatbot, base chatbot] as the text grows."""
+        from finetune.inference import GenerationSettings
+
+        history, base_history = list(history or []), list(base_history or [])
+        message = (message or "").strip()
+        if not message:
+            yield [gr.skip(), gr.skip(), gr.skip()]
+            return
+        source = source or BASE
+        settings = GenerationSettings(
+            max_new_tokens=int(max_new_tokens or 128),
+            temperature=float(temperature or 0.0),
+            top_p=float(top_p or 1.0),
+            system_prompt=(system_prompt or "").strip(),
+        )
+        form = form_values(values)
+        targets = [(history, source, form)]
+        if compare and source != BASE:
+            # The comparison is with the model this run started from, whatever the form says now.
+            try:
+                run_base = self.studio.run_config(source).to_dict()
+            except UserError:
+                run_base = form
+            targets.append((base_history, BASE, run_base))
+        for target, _, _ in targets:
+            target.append({"role": "user", "content": message})
+        for target, which, base_values in targets:
+            conversation = [{"role": m["role"], "content": _text(m["content"])} for m in target]
+            target.append({"role": "assistant", "content": LOADING})
+            yield ["", [*history], [*base_history]]
+            try:
+                for text in self.studio.chat(which, conversation, settings, base_values):
+                    target[-1] = {"role": "assistant", "content": text}
+                    yield ["", [*history], [*base_history]]
+            except UserError as exc:
+                warn(str(exc))
+                target[-1] = {"role": "assistant", "content": f"⚠ {plain(str(exc))}"}
+                yield ["", [*history], [*base_history]]
+                continue
+            except Exception as exc:  # a model that fails to load or generate: one line, never a traceback
+                target[-1] = {"role": "assistant", "content": f"⚠ {plain(one_line(exc))}"}
+                yield ["", [*history], [*base_history]]
+                continue
+            if not str(target[-1]["content"]).strip() or target[-1]["content"] == LOADING:
+                target[-1] = {"role": "assistant", "content": EMPTY}
+                yield ["", [*history], [*base_history]]
+
+    def toggle_compare(self, compare: bool, source: str | None) -> list:
+        both = bool(compare) and (source or BASE) != BASE
+        return [gr.update(visible=both), gr.update(label=_label(source, both))]
+
+
+BASE_LABEL = "Base model: the run's model before tuning"
+
+
+def _label(source: str | None, both: bool) -> str:
+    if (source or BASE) == BASE:
+        return "Base model"
+    return f"Tuned: {source}" if both else f"Chat with {source}"
+
+
+def _text(content: Any) -> str:
+    """Chatbot messages may come back as a list of parts; the model needs plain text."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
+    if isinstance(content, dict):
+        return str(content.get("text", ""))
+    return str(content)
+
+
+# ----------------------------------------------------------------------------------------------- layout
+def build(studio: Any) -> ChatTab:
+    tab = ChatTab(studio)
+    gr.Markdown(
+        "Talk to a model. **Base model** is the model set in *Configure*, untuned; each finished run adds its tuned "
+        "version, and a running run offers its latest checkpoint. Tick *side by side* to send the same message to "
+        "the run's model before tuning as well."
+    )
+    with gr.Row():
+        tab.source = gr.Dropdown(choices=[("Base model", BASE)], value=BASE, label="Model", elem_id="chat-source",
+                                 scale=3)
+        tab.refresh_btn = gr.Button("Refresh list", elem_id="chat-refresh", scale=0, min_width=130)
+        tab.compare = gr.Checkbox(value=False, label="Side by side with the base model", elem_id="chat-compare",
+                                  scale=1)
+    with gr.Row(equal_height=True):
+        tab.chatbot = gr.Chatbot(label="Base model", elem_id="chat-main", height=380, buttons=["copy"],
+                                 placeholder="Ask anything, e.g. *What is the capital of Japan?*")
+        tab.base_chatbot = gr.Chatbot(label=BASE_LABEL, elem_id="chat-base", height=380, visible=False,
+                                      buttons=["copy"])
+    with gr.Row():
+        tab.textbox = gr.Textbox(placeholder="Type a message and press Enter", show_label=False, scale=5,
+                                 elem_id="chat-input", autofocus=False)
+        tab.send_btn = gr.Button("Send", variant="primary", elem_id="chat-send", scale=0, min_width=100)
+        tab.clear_btn = gr.Button("Clear", elem_id="chat-clear", scale=0, min_width=100)
+    with gr.Accordion("Generation settings", open=False, elem_id="chat-settings"):
+        with gr.Row():
+            tab.max_new_tokens = gr.Slider(1, 1024, value=128, step=1, label="max new tokens",
+                                           info="Longest reply, in tokens.")
+            tab.temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="temperature",
+                                        info="0 = always the most likely word (same answer every time).")
+            tab.top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="top-p",
+                                  info="With temperature > 0: sample only from the most likely words.")
+        tab.system_prompt = gr.Textbox(label="system prompt", placeholder="e.g. You are a concise assistant.",
+                                       lines=2)
+    return tab
+
+
+# ----------------------------------------------------------------------------------------------- events
+def wire(tab: ChatTab, config: ConfigTab, demo: gr.Blocks, chat_tab: Any) -> None:
+    tab.config = config
+    inputs = [tab.textbox, tab.chatbot, tab.base_chatbot, tab.source, tab.compare, tab.max_new_tokens,
+              tab.temperature, tab.top_p, tab.system_prompt, *config.inputs]
+    outputs = [tab.textbox, tab.chatbot, tab.base_chatbot]
+    streaming = {"show_progress": "minimal", "concurrency_id": "chat", "concurrency_limit": 1}
+    tab.send_btn.click(tab.respond, inputs, outputs, api_name="chat", **streaming)
+    tab.textbox.submit(tab.respond, inputs, outputs, api_visibility="undocumented", **streaming)
+    tab.clear_btn.click(lambda: [[], []], None, [tab.chatbot, tab.base_chatbot], queue=False,
+                        api_visibility="undocumented")
+    for trigger in (tab.refresh_btn.click, chat_tab.select):
+        trigger(tab.sources, tab.source, tab.source, api_visibility="undocumented", show_progress="hidden")
+    for trigger in (tab.compare.change, tab.source.change):
+        trigger(tab.toggle_compare, [tab.compare, tab.source], [tab.base_chatbot, tab.chatbot],
+                api_visibility="undocumented", show_progress="hidden", queue=False)
+    demo.load(tab.sources, tab.source, tab.source, api_visibility="undocumented", show_progress="hidden")

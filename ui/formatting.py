@@ -1,0 +1,340 @@
+"""Small pure helpers the tabs share: sizes, durations, HTML snippets and tables built from backend data.
+
+Nothing here talks to the backend or to gradio; every function takes plain data and returns plain data, so the
+tabs stay short and these are easy to test.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from typing import Any
+
+GIB = 1024**3
+MIB = 1024**2
+
+
+def size(n: float | None) -> str:
+    """Bytes as a short human figure: '1.23 GiB', '512 MiB'."""
+    if n is None:
+        return "–"
+    n = float(n)
+    if abs(n) >= GIB:
+        return f"{n / GIB:.2f} GiB"
+    if abs(n) >= MIB:
+        return f"{n / MIB:.0f} MiB"
+    if abs(n) >= 1024:
+        return f"{n / 1024:.0f} KiB"
+    return f"{n:.0f} bytes"
+
+
+def duration(seconds: float | None) -> str:
+    """Seconds as '45 s', '3 min 05 s', '2 h 10 min'."""
+    if seconds is None:
+        return "–"
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+def clock(timestamp: float | None) -> str:
+    """A timestamp as 'YYYY-MM-DD HH:MM' (local time)."""
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(timestamp)) if timestamp else "–"
+
+
+def number(value: float | None, digits: int = 4) -> str:
+    return "–" if value is None else f"{value:.{digits}g}"
+
+
+def esc(text: Any) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def plain(text: Any) -> str:
+    """User or backend text for Markdown / toasts: HTML special characters neutralised, quotes kept readable."""
+    return html.escape(str(text), quote=False)
+
+
+def one_line(exc: BaseException) -> str:
+    """An unexpected exception as one line for the page (its type and first line; never a traceback)."""
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def pick(obj: Any, name: str, default: Any = None) -> Any:
+    """A field of a dataclass-like object or of a dict (backend results come as either)."""
+    if isinstance(obj, dict):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+# ----------------------------------------------------------------------------------------------- training progress
+STATUS_WORDS = {
+    "idle": ("No run yet", "#6b7280"),
+    "pending": ("Starting", "#6b7280"),
+    "loading": ("Loading the model and data", "#2563eb"),
+    "running": ("Training", "#2563eb"),
+    "stopping": ("Stopping: saving a checkpoint", "#d97706"),
+    "stopped": ("Stopped", "#d97706"),
+    "completed": ("Finished", "#16a34a"),
+    "failed": ("Failed", "#dc2626"),
+    "interrupted": ("Interrupted (the app stopped during the run)", "#d97706"),
+}
+
+
+def progress_html(state: dict[str, Any] | None) -> str:
+    """The progress bar with step, epoch, tokens/s, ETA and memory, as one block of HTML."""
+    if not state:
+        return (
+            '<div class="fs-progress"><b>No run yet.</b> Press <b>Start training</b> to train with the settings '
+            "from Configure (the defaults give a short demo).</div>"
+        )
+    status = state.get("status") or "idle"
+    word, colour = STATUS_WORDS.get(status, (status, "#6b7280"))
+    step, max_steps = int(state.get("step") or 0), int(state.get("max_steps") or 0)
+    fraction = min(1.0, step / max_steps) if max_steps > 0 else 0.0
+    loading = status in ("loading", "pending")
+    bar_style = "fs-bar-fill fs-bar-loading" if loading else "fs-bar-fill"
+    width = 100 if loading else round(fraction * 100, 1)
+    facts = [
+        f"step <b>{step}</b> / {max_steps if max_steps > 0 else '?'}",
+        f"epoch {float(state.get('epoch') or 0):.2f}",
+        f"loss {number(state.get('loss'))}",
+    ]
+    if state.get("eval_loss") is not None:
+        facts.append(f"eval loss {number(state.get('eval_loss'))}")
+    if state.get("tokens_per_second"):
+        facts.append(f"{state['tokens_per_second']:.0f} tokens/s")
+    if status in ("running", "loading") and state.get("eta_seconds") is not None:
+        facts.append(f"ETA {duration(state['eta_seconds'])}")
+    if state.get("memory_bytes"):
+        facts.append(f"memory {size(state['memory_bytes'])}")
+    who = ""
+    if state.get("owner") or state.get("started_at"):
+        who = f" · started by {esc(state.get('owner') or '?')} at {clock(state.get('started_at'))}"
+    return (
+        f'<div class="fs-progress" data-status="{esc(status)}" data-step="{step}">'
+        f'<div class="fs-progress-head"><span class="fs-status" style="color:{colour}">{esc(word)}</span>'
+        f'<span class="fs-run">run <code>{esc(state.get("run_id", ""))}</code>{who}</span></div>'
+        f'<div class="fs-bar"><div class="{bar_style}" style="width:{width}%;background:{colour}"></div></div>'
+        f'<div class="fs-facts">{" · ".join(facts)}</div>'
+        + (f'<div class="fs-message">{esc(state["message"])}</div>' if state.get("message") else "")
+        + "</div>"
+    )
+
+
+def problem_markdown(state: dict[str, Any] | None) -> str:
+    """Plain words for a failed, stopped or interrupted run (with the estimator's advice after an OOM)."""
+    if not state:
+        return ""
+    status = state.get("status")
+    if status == "failed":
+        text = f"**The run failed.** {state.get('error') or 'No reason was recorded.'}"
+        if state.get("advice"):
+            text += f"\n\n**What to try:** {state['advice']}"
+        return text
+    if status in ("stopped", "interrupted"):
+        how = "Select it under *Runs* and press **Resume** to continue from its last checkpoint."
+        return f"**Run {status} at step {state.get('step', 0)}.** {how}"
+    return ""
+
+
+def loss_rows(events: list[dict[str, Any]], max_points: int = 600) -> list[dict[str, Any]]:
+    """Points for the loss plot: {step, loss, series} for train ("log") and eval events. A long run's train curve
+    is thinned to about `max_points` (every k-th point and the last), which keeps each refresh small."""
+    train, evals = [], []
+    for e in events:
+        if e.get("type") == "log" and e.get("loss") is not None:
+            train.append({"step": int(e.get("step", 0)), "loss": float(e["loss"]), "series": "train"})
+        elif e.get("type") == "eval" and e.get("eval_loss") is not None:
+            evals.append({"step": int(e.get("step", 0)), "loss": float(e["eval_loss"]), "series": "eval"})
+    if len(train) > max_points:
+        every = -(-len(train) // max_points)
+        train = train[::every] + ([train[-1]] if (len(train) - 1) % every else [])
+    return train + evals
+
+
+def log_lines(events: list[dict[str, Any]], limit: int = 14, recent_steps: int = 4) -> str:
+    """The tail of the run's log as plain text, newest last. Only the latest few per-step loss lines are kept (the
+    plot has them all), so messages, evaluations and checkpoints stay in view."""
+    logs = [i for i, e in enumerate(events) if e.get("type") == "log"]
+    events = [e for i, e in enumerate(events) if e.get("type") != "log" or i in set(logs[-recent_steps:])]
+    lines = []
+    for e in events:
+        kind, when = e.get("type"), time.strftime("%H:%M:%S", time.localtime(e.get("time") or 0))
+        if kind == "message":
+            lines.append(f"{when}  {e.get('text', '')}")
+        elif kind == "status":
+            extra = f": {e['error']}" if e.get("error") else ""
+            lines.append(f"{when}  status → {e.get('status')} (step {e.get('step', 0)}){extra}")
+        elif kind == "log":
+            lr = f" · lr {e['learning_rate']:.2e}" if e.get("learning_rate") is not None else ""
+            lines.append(f"{when}  step {e.get('step')} · loss {number(e.get('loss'))}{lr}")
+        elif kind == "eval":
+            lines.append(f"{when}  step {e.get('step')} · eval loss {number(e.get('eval_loss'))}")
+        elif kind == "checkpoint":
+            lines.append(f"{when}  saved {e.get('path', 'a checkpoint')}")
+        elif kind == "samples":
+            lines.append(f"{when}  answered {len(e.get('samples') or [])} held-out prompts at step {e.get('step')}")
+        elif kind == "saved":
+            lines.append(f"{when}  saved the final weights")
+    return "\n".join(lines[-limit:])
+
+
+def sample_rows(events: list[dict[str, Any]], active: bool = True) -> tuple[list[str], list[list[str]]]:
+    """(headers, rows): each held-out prompt with its answer at step 0 and at the latest evaluation."""
+    samples = [e for e in events if e.get("type") == "samples"]
+    if not samples:
+        return ["Held-out prompt", "Answer before training", "Answer now"], []
+    first, last = samples[0], samples[-1]
+    if last is not first:
+        now, waiting = f"Answer at step {last.get('step')}", ""
+    elif active:
+        now, waiting = "Answer now", "… (answered again at the next evaluation)"
+    else:
+        now, waiting = "Answer now", "(no evaluation ran: answers are refreshed at each evaluation, every eval_steps)"
+    headers = ["Held-out prompt", f"Answer before training (step {first.get('step', 0)})", now]
+    latest = {s["prompt"]: s.get("answer", "") for s in last.get("samples") or []}
+    rows = []
+    for s in first.get("samples") or []:
+        after = latest.get(s["prompt"], "") if last is not first else waiting
+        rows.append([s["prompt"], s.get("answer") or "(empty answer)", after or "(empty answer)"])
+    return headers, rows
+
+
+RUN_HEADERS = ["Run", "Status", "Step", "Loss", "Eval loss", "Started", "Resumable"]
+
+
+def run_rows(runs: list[dict[str, Any]]) -> list[list[Any]]:
+    """The runs table: one row per run, newest first."""
+    return [
+        [
+            r.get("run_id", ""),
+            r.get("status", ""),
+            f"{r.get('step') or 0} / {r.get('max_steps') or '?'}",
+            number(r.get("loss")),
+            number(r.get("eval_loss")),
+            clock(r.get("started_at")),
+            "yes" if r.get("resumable") else "",
+        ]
+        for r in runs
+    ]
+
+
+# ----------------------------------------------------------------------------------------------- data preview
+def preview_html(preview: dict[str, Any]) -> str:
+    """The first examples as the model sees them: trained text highlighted, masked text greyed, token counts."""
+    head = (
+        f"<p><b>Format:</b> {esc(preview.get('format', '?'))} · <b>{preview.get('rows', 0)}</b> training rows · "
+        f"<b>{preview.get('eval_rows', 0)}</b> evaluation rows</p>"
+        '<p class="fs-legend"><span class="fs-trained">highlighted text</span> is what the model learns to write '
+        '(counted in the loss); <span class="fs-masked">grey text</span> is the prompt and chat markup, '
+        "masked from the loss.</p>"
+    )
+    parts = []
+    for i, ex in enumerate(preview.get("examples") or [], start=1):
+        spans = "".join(
+            f'<span class="{"fs-trained" if trained else "fs-masked"}">{esc(text)}</span>'
+            for text, trained in ex.get("segments") or []
+        )
+        counts = f"{ex.get('tokens', '?')} tokens"
+        if ex.get("trained_tokens") is not None:
+            counts += f", {ex['trained_tokens']} trained"
+        if ex.get("label") is not None:
+            counts += f", label {esc(ex['label'])}"
+        parts.append(f'<div class="fs-example"><div class="fs-example-head">Example {i} · {counts}</div>'
+                     f'<pre class="fs-example-text">{spans}</pre></div>')
+    return f'<div class="fs-preview">{head}{"".join(parts)}</div>'
+
+
+# ----------------------------------------------------------------------------------------------- memory estimate
+def pretty_name(name: str) -> str:
+    return str(name).replace("_", " ")
+
+
+def breakdown_rows(estimate: Any) -> list[tuple[str, float, float]]:
+    """(component, bytes, share of the total) rows: live tensors at the peak (largest first), then device overheads.
+    Components with nothing live at the peak are left out."""
+    components = {n: v for n, v in dict(pick(estimate, "components") or {}).items() if v}
+    overheads = {n: v for n, v in dict(pick(estimate, "overheads") or {}).items() if v}
+    total = float(pick(estimate, "total_bytes") or 0) or float(sum(components.values()) + sum(overheads.values())) or 1
+    rows = [(pretty_name(n), float(v), float(v) / total)
+            for n, v in sorted(components.items(), key=lambda kv: -float(kv[1]))]
+    rows += [(f"{pretty_name(n)} (overhead)", float(v), float(v) / total) for n, v in overheads.items()]
+    return rows
+
+
+def breakdown_table(rows: list[tuple[str, float, float]]) -> list[list[str]]:
+    return [[name, size(value), f"{100 * share:.0f}%"] for name, value, share in rows]
+
+
+def changes_text(changes: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={_yaml_word(v)}" for k, v in (changes or {}).items())
+
+
+def _yaml_word(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def advice_rows(estimate: Any) -> list[list[Any]]:
+    """[rank, suggestion, settings, new total, fits?, cost] for each ranked suggestion."""
+    return [
+        [
+            i,
+            pick(a, "title", ""),
+            changes_text(pick(a, "changes") or {}),
+            size(pick(a, "new_total_bytes")),
+            {True: "yes", False: "no"}.get(pick(a, "fits"), ""),
+            pick(a, "cost", ""),
+        ]
+        for i, a in enumerate(pick(estimate, "advice") or [], start=1)
+    ]
+
+
+def verdict_markdown(estimate: Any, card: str, capacity_gib: float | None, gpus: int) -> str:
+    """A clear fit / does-not-fit sentence with the headroom."""
+    total = pick(estimate, "total_bytes")
+    fits, headroom = pick(estimate, "fits"), pick(estimate, "headroom_bytes")
+    where = f"{card}" + (f" · {capacity_gib:g} GiB" if capacity_gib else "") + (f" × {gpus} GPUs" if gpus > 1 else "")
+    per = " per GPU" if gpus > 1 else ""
+    if fits is True:
+        spare = f", {size(headroom)} to spare" if headroom is not None else ""
+        return f"### ✓ Fits on {where}\nNeeds about **{size(total)}**{per}{spare}."
+    if fits is False:
+        short = f"; {size(-float(headroom))} short" if headroom is not None else ""
+        return (
+            f"### ✗ Does not fit on {where}\nNeeds about **{size(total)}**{per}{short}. "
+            "The suggestions below keep your effective batch size; pick one and press **Apply**."
+        )
+    return f"### Estimated peak: about **{size(total)}**{per}"
+
+
+def details_markdown(estimate: Any) -> str:
+    """How the figure was made (replayed step or formulas, where the peak falls), notes, and other estimators."""
+    parts = []
+    method, phase = pick(estimate, "method"), pick(estimate, "peak_phase")
+    if method == "traced":
+        parts.append("Measured by replaying one training step on fake tensors (no weights are downloaded).")
+    elif method == "analytic":
+        parts.append("Estimated with formulas.")
+    if phase:
+        parts.append(f"The peak is at the {phase}.")
+    parts += [f"{note[0].upper()}{note[1:]}." for note in pick(estimate, "notes") or [] if note]
+    comparisons = pick(estimate, "comparisons") or {}
+    if isinstance(comparisons, dict):
+        items = list(comparisons.items())
+    else:
+        items = [
+            (pick(c, "name", pick(c, "title", "?")), pick(c, "total_bytes", pick(c, "bytes")))
+            for c in comparisons
+        ]
+    if items:
+        others = " · ".join(
+            f"{pretty_name(name)}: {size(value) if isinstance(value, (int, float)) else plain(value)}"
+            for name, value in items
+        )
+        parts.append(f"Other ways of estimating, for comparison (they miss activations or guess): {others}.")
+    return " ".join(parts)

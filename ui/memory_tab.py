@@ -1,0 +1,273 @@
+"""Memory tab: will this run fit on my GPU? The breakdown as a table and a bar chart, a fit verdict with headroom,
+ranked suggestions, and "Apply", which copies a suggestion into the shared form (the Configure tab).
+
+Its fields mirror the same fields of the Configure tab: editing one here edits it there and back, and an estimate
+uses the Configure form with these values on top.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from finetune.config import FIELD_NAMES
+from finetune.errors import UserError
+from ui.config_tab import ConfigTab, error_update, field_error_md, form_values, make_field, warn
+from ui.formatting import (
+    GIB,
+    advice_rows,
+    breakdown_rows,
+    breakdown_table,
+    changes_text,
+    details_markdown,
+    one_line,
+    pick,
+    plain,
+    verdict_markdown,
+)
+
+MEMORY_FIELDS = (
+    "model",
+    "method",
+    "precision",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "max_seq_length",
+    "gradient_checkpointing",
+    "optim",
+    "lora_r",
+    "backend",
+    "zero_stage",
+    "offload_optimizer",
+)
+CUSTOM = "custom"
+DEFAULT_CARD_GIB = 24.0
+PREFERRED_CARDS = ("A10G", "L4", "24 GB")  # a common first guess (the GPU of many Spaces)
+ADVICE_HEADERS = ["#", "Suggestion", "Settings it changes", "New estimate", "Fits", "Cost"]
+BREAKDOWN_HEADERS = ["Component", "Memory", "Share"]
+
+
+def gpu_cards() -> dict[str, float]:
+    """Common cards (name → GiB) from the estimator; empty when the estimator is not installed."""
+    try:
+        from finetune.memory import GPU_CARDS
+    except ImportError:
+        return {}
+    return {str(k): float(v) for k, v in dict(GPU_CARDS).items()}
+
+
+def card_choices(cards: dict[str, float]) -> list[tuple[str, str]]:
+    return [(f"{name} · {gib:g} GiB usable", name) for name, gib in cards.items()] + [("Custom size (GiB)", CUSTOM)]
+
+
+def default_card(cards: dict[str, float]) -> str:
+    """A common 24 GB card if listed (a good first guess), else the first one."""
+    for hint in PREFERRED_CARDS:
+        for name in cards:
+            if hint in name:
+                return name
+    return next(iter(cards), CUSTOM)
+
+
+@dataclass
+class MemoryTab:
+    studio: Any
+    config: ConfigTab | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
+    errors: dict[str, Any] = field(default_factory=dict)
+    device: Any = None
+    card: Any = None
+    custom_gib: Any = None
+    gpus: Any = None
+    estimate_btn: Any = None
+    verdict: Any = None
+    chart: Any = None
+    table: Any = None
+    comparisons: Any = None
+    advice_table: Any = None
+    advice_pick: Any = None
+    apply_btn: Any = None
+    applied: Any = None
+    advice_state: Any = None
+    cards_cache: dict[str, float] | None = None
+
+    def cards(self) -> dict[str, float]:
+        if self.cards_cache is None:
+            self.cards_cache = gpu_cards()
+        return self.cards_cache
+
+    # ----- handlers
+    def estimate(self, device: str, card: str, custom_gib: float | None, gpus: float | None, *values: Any) -> list:
+        """The estimate for the Configure form with this tab's fields on top.
+
+        Returns updates for: verdict, chart, breakdown table, comparisons, advice table, advice choice, apply button,
+        advice state, this tab's field errors (in MEMORY_FIELDS order).
+        """
+        mine = dict(zip(MEMORY_FIELDS, values[: len(MEMORY_FIELDS)], strict=True))
+        form = {**form_values(values[len(MEMORY_FIELDS) :]), **mine}
+        blank = [gr.update()] * 8
+        _, problems = self.studio.check(form)
+        if problems:
+            return self._fail(blank, problems)
+        on_gpu = device != "CPU"
+        try:
+            gpu_count = int(gpus or 1)
+            if gpu_count < 1:
+                raise UserError("gpus: must be 1 or more", field="gpus")
+            gib = self._capacity(card, custom_gib) if on_gpu else None
+            result = self.studio.estimate(
+                form, device="cuda" if on_gpu else "cpu", gpus=gpu_count if on_gpu else 1, gpu_gib=gib
+            )
+        except ImportError:
+            warn("The memory estimator is not available in this build.")
+            return ["The memory estimator is not available in this build.", *blank[1:], *self._errors({})]
+        except UserError as exc:
+            return self._fail(blank, {getattr(exc, "field", None) or "model": str(exc)})
+        except Exception as exc:  # e.g. a model config that cannot be read: one line, never a traceback
+            return self._fail(blank, {"model": f"model: cannot estimate this model: {one_line(exc)}"})
+        where = card if on_gpu and card != CUSTOM else ("a custom GPU" if on_gpu else "this machine's memory (CPU)")
+        verdict = verdict_markdown(result, where, gib, gpu_count if on_gpu else 1)
+        rows = breakdown_rows(result)
+        chart = pd.DataFrame([{"component": name, "GiB": round(value / GIB, 3)} for name, value, _ in rows])
+        advice = list(pick(result, "advice") or [])
+        choices = [(f"{i}. {pick(a, 'title', '')}", i - 1) for i, a in enumerate(advice, start=1)]
+        return [
+            verdict,
+            gr.update(value=chart, visible=True),
+            gr.update(value=pd.DataFrame(breakdown_table(rows), columns=BREAKDOWN_HEADERS), visible=True),
+            details_markdown(result),
+            gr.update(value=pd.DataFrame(advice_rows(result), columns=ADVICE_HEADERS), visible=bool(advice)),
+            gr.update(choices=choices, value=0 if choices else None, visible=bool(advice)),
+            gr.update(visible=bool(advice)),
+            [dict(pick(a, "changes") or {}) for a in advice],
+            *self._errors({}),
+        ]
+
+    def _capacity(self, card: str, custom_gib: float | None) -> float:
+        if card == CUSTOM or card not in self.cards():
+            if custom_gib is None or float(custom_gib) <= 0:
+                raise UserError("custom GPU memory: give the card's memory in GiB, e.g. 24", field="gpu_gib")
+            return float(custom_gib)
+        return self.cards()[card]
+
+    def _errors(self, problems: dict[str, str]) -> list:
+        return [error_update(problems.get(n)) for n in MEMORY_FIELDS]
+
+    def _fail(self, blank: list, problems: dict[str, str]) -> list:
+        first = next(iter(problems.values()))
+        shown = {n: m for n, m in problems.items() if n in MEMORY_FIELDS}
+        # Problems in fields this tab does not show are named in the verdict line instead.
+        verdict = f"⚠ {plain(first)}" + ("" if shown else " (change it in the Configure tab)")
+        return [verdict, *blank[1:], *self._errors(shown)]
+
+    def restore(self, saved: dict[str, Any] | None) -> list:
+        """On page load: the settings kept in this browser for the Configure form, then for this tab's fields."""
+        values = dict(zip(FIELD_NAMES, self.config.restore(saved), strict=True))
+        return [*values.values(), *(values[n] for n in MEMORY_FIELDS)]
+
+    def apply(self, index: int | None, suggestions: list[dict[str, Any]] | None, *values: Any) -> list:
+        """Copy a suggestion into the shared form: updates for every Configure field, this tab's fields, a message."""
+        mine = dict(zip(MEMORY_FIELDS, values[: len(MEMORY_FIELDS)], strict=True))
+        form = {**form_values(values[len(MEMORY_FIELDS) :]), **mine}
+        if index is None or not suggestions or not 0 <= int(index) < len(suggestions):
+            warn("Estimate first, then pick a suggestion to apply.")
+            return [gr.update()] * (len(FIELD_NAMES) + len(MEMORY_FIELDS)) + ["Nothing applied."]
+        changes = suggestions[int(index)]
+        form.update(changes)
+        message = (
+            f"✓ Applied: `{changes_text(changes)}`. The Configure tab now has these settings; the estimate below "
+            "is for them."
+        )
+        return [form[n] for n in FIELD_NAMES] + [form[n] for n in MEMORY_FIELDS] + [message]
+
+
+# ----------------------------------------------------------------------------------------------- layout
+def build(studio: Any) -> MemoryTab:
+    tab = MemoryTab(studio)
+    defaults = studio.default_values()
+    gr.Markdown(
+        "**Will it fit?** Pick the GPU you will train on and press **Estimate memory**. The estimate counts "
+        "the weights, the LoRA parameters, gradients, optimizer state and activations for your batch and sequence "
+        "length. These fields are the same as in *Configure*: change them in either place."
+    )
+    with gr.Row():
+        with gr.Column(scale=3):
+            for row in (MEMORY_FIELDS[i : i + 3] for i in range(0, len(MEMORY_FIELDS), 3)):
+                with gr.Row(equal_height=False):
+                    for name in row:
+                        with gr.Column(min_width=200):
+                            tab.fields[name] = make_field(name, defaults[name], prefix="mem")
+                            tab.errors[name] = field_error_md(name, prefix="mem")
+        with gr.Column(scale=1, min_width=260):
+            tab.device = gr.Radio(
+                ["GPU", "CPU"], value="GPU", label="Train on", elem_id="mem-device",
+                info="GPU: check against a card's memory. CPU: the estimate of a CPU run.",
+            )
+            cards = tab.cards()
+            tab.card = gr.Dropdown(
+                choices=card_choices(cards), value=default_card(cards), label="GPU", elem_id="mem-card",
+                info="Common cards (the memory a program can use), or a custom size.",
+            )
+            tab.custom_gib = gr.Number(value=DEFAULT_CARD_GIB, label="Custom GPU memory (GiB)", elem_id="mem-gib",
+                                       visible=default_card(cards) == CUSTOM)
+            tab.gpus = gr.Number(value=1, precision=0, label="Number of GPUs", elem_id="mem-gpus",
+                                 info="With ZeRO (zero_stage ≥ 1) the states are split over them.")
+            tab.estimate_btn = gr.Button("Estimate memory", variant="primary", elem_id="mem-estimate")
+    tab.verdict = gr.Markdown("Press **Estimate memory** to see whether these settings fit.", elem_id="mem-verdict")
+    with gr.Row(equal_height=False):
+        tab.chart = gr.BarPlot(
+            pd.DataFrame({"component": [], "GiB": []}), x="component", y="GiB", title="Where the memory goes",
+            x_title=" ", y_title="GiB", sort="-y", x_label_angle=-30, elem_id="mem-chart", height=320, visible=False,
+        )
+        tab.table = gr.Dataframe(headers=BREAKDOWN_HEADERS, label="Breakdown", interactive=False, elem_id="mem-table",
+                                 wrap=True, visible=False)
+    tab.comparisons = gr.Markdown("", elem_id="mem-comparisons", elem_classes=["fs-note"])
+    tab.advice_table = gr.Dataframe(
+        headers=ADVICE_HEADERS, label="Ways to use less memory (cheapest first)", interactive=False, visible=False,
+        elem_id="mem-advice", wrap=True, column_widths=["5%", "28%", "28%", "12%", "7%", "20%"],
+    )
+    with gr.Row():
+        tab.advice_pick = gr.Dropdown(choices=[], label="Suggestion to apply", visible=False, elem_id="mem-pick",
+                                      scale=3)
+        tab.apply_btn = gr.Button("Apply", elem_id="mem-apply", scale=1, min_width=120, visible=False)
+    tab.applied = gr.Markdown("", elem_id="mem-applied")
+    tab.advice_state = gr.State([])
+    return tab
+
+
+# ----------------------------------------------------------------------------------------------- events
+def _same(value: Any) -> Any:
+    return value
+
+
+def wire(tab: MemoryTab, config: ConfigTab, demo: gr.Blocks) -> None:
+    tab.config = config
+    mine = [tab.fields[n] for n in MEMORY_FIELDS]
+    errors = [tab.errors[n] for n in MEMORY_FIELDS]
+    # One form: a user edit on either side is copied to the other (user edits only, so the copy cannot echo back).
+    # A server call, not a browser-only function: the other tab is not in the page until it is opened.
+    mirror = {"queue": False, "show_progress": "hidden", "api_visibility": "private"}
+    for name in MEMORY_FIELDS:
+        for source, target in ((tab.fields[name], config.fields[name]), (config.fields[name], tab.fields[name])):
+            edited = source.blur if isinstance(source, (gr.Textbox, gr.Number)) else source.input
+            copied = edited(_same, source, target, **mirror)
+            if source is tab.fields[name]:  # then check (and keep) the form, as an edit in Configure does
+                copied.then(config.check_quiet, config.inputs, [*config.error_outputs, config.saved], **mirror)
+    tab.device.change(lambda d: [gr.update(visible=d == "GPU")] * 3, tab.device, [tab.card, tab.custom_gib, tab.gpus],
+                      queue=False, show_progress="hidden", api_visibility="undocumented")
+    tab.card.change(lambda c: gr.update(visible=c == CUSTOM), tab.card, tab.custom_gib, queue=False,
+                    show_progress="hidden", api_visibility="undocumented")
+    outputs = [tab.verdict, tab.chart, tab.table, tab.comparisons, tab.advice_table, tab.advice_pick, tab.apply_btn,
+               tab.advice_state, *errors]
+    inputs = [tab.device, tab.card, tab.custom_gib, tab.gpus, *mine, *config.inputs]
+    tab.estimate_btn.click(tab.estimate, inputs, outputs, api_name="estimate", show_progress_on=[tab.verdict])
+    # A page reload brings back the settings kept in this browser, on both tabs.
+    demo.load(tab.restore, config.saved, [*config.inputs, *mine], api_visibility="undocumented",
+              show_progress="hidden")
+    tab.apply_btn.click(
+        tab.apply, [tab.advice_pick, tab.advice_state, *mine, *config.inputs], [*config.inputs, *mine, tab.applied],
+        api_visibility="undocumented",
+    ).then(tab.estimate, inputs, outputs, api_visibility="undocumented", show_progress_on=[tab.verdict])
