@@ -23,6 +23,7 @@ from finetune.runs import busy_message
 from finetune.studio import Studio
 from tests.run_fixtures import build_run
 from ui.app import TAB_NAMES, build_app
+from ui.chat_tab import ERROR_PREFIX, LOADING
 from ui.config_tab import ConfigTab
 from ui.memory_tab import MEMORY_FIELDS
 
@@ -422,7 +423,7 @@ def test_chat_streams_a_reply_and_compares_with_the_base_model(ui, studio, monke
     monkeypatch.setattr(studio, "chat", fake_chat)
     monkeypatch.setattr(studio, "run_config", lambda run_id: TrainConfig(model="the-run-base"))
     steps = list(ui.chat.respond("Hello?", [], [], "run-a", True, 64, 0.0, 1.0, "Be brief.", *form()))
-    assert steps[0][1][-1]["content"].startswith("Loading the model")  # visible loading state before the first token
+    assert steps[0][1][-1]["content"] == LOADING  # visible loading state before the first token
     text, history, base_history = steps[-1]
     assert text == "" and history == [{"role": "user", "content": "Hello?"},
                                       {"role": "assistant", "content": "Arr from run-a"}]
@@ -442,7 +443,7 @@ def test_chat_errors_are_one_line_in_the_conversation(ui, studio, monkeypatch):
 
     monkeypatch.setattr(studio, "chat", broken)
     _, history, _ = drain(ui.chat.respond("Hi", [], [], "gone", False, 8, 0, 1, "", *form()))
-    assert history[-1]["content"].startswith("⚠ run:") and "\n" not in history[-1]["content"]
+    assert history[-1]["content"].startswith(ERROR_PREFIX + "run:") and "\n" not in history[-1]["content"]
 
     def crash(source, messages, settings, base_values=None):
         yield "par"
@@ -450,7 +451,7 @@ def test_chat_errors_are_one_line_in_the_conversation(ui, studio, monkeypatch):
 
     monkeypatch.setattr(studio, "chat", crash)
     _, history, _ = drain(ui.chat.respond("Hi", [], [], "base", False, 8, 0, 1, "", *form()))
-    assert history[-1]["content"] == "⚠ RuntimeError: CUDA error: device-side assert"
+    assert history[-1]["content"] == ERROR_PREFIX + "RuntimeError: CUDA error: device-side assert"
 
     monkeypatch.setattr(studio, "chat", lambda *a, **k: iter(["  "]))
     _, history, _ = drain(ui.chat.respond("Hi", [], [], "base", False, 8, 0, 1, "", *form()))

@@ -18,7 +18,9 @@ from ui.config_tab import ConfigTab, form_values, warn
 from ui.formatting import one_line, plain
 
 BASE = "base"
-LOADING = "Loading the model (first use of it takes a few seconds)…"
+# Markers other code relies on (bench/ui_latency.py tells the loading bubble and errors from reply text by them).
+LOADING = "⏳ Loading the model (first use of it takes a few seconds)…"
+ERROR_PREFIX = "⚠️ "
 EMPTY = "(the model answered with nothing: it ended its reply at once)"
 
 
@@ -96,11 +98,11 @@ class ChatTab:
                     yield ["", [*history], [*base_history]]
             except UserError as exc:
                 warn(str(exc))
-                target[-1] = {"role": "assistant", "content": f"⚠ {plain(str(exc))}"}
+                target[-1] = {"role": "assistant", "content": ERROR_PREFIX + plain(str(exc))}
                 yield ["", [*history], [*base_history]]
                 continue
             except Exception as exc:  # a model that fails to load or generate: one line, never a traceback
-                target[-1] = {"role": "assistant", "content": f"⚠ {plain(one_line(exc))}"}
+                target[-1] = {"role": "assistant", "content": ERROR_PREFIX + plain(one_line(exc))}
                 yield ["", [*history], [*base_history]]
                 continue
             if not str(target[-1]["content"]).strip() or target[-1]["content"] == LOADING:
