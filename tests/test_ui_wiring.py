@@ -501,3 +501,35 @@ def test_a_long_run_plot_is_thinned_but_keeps_its_ends():
     train = [r for r in rows if r["series"] == "train"]
     assert 500 <= len(train) <= 601 and train[0]["step"] == 1 and train[-1]["step"] == 10_000
     assert len(rows) - len(train) == 10
+
+
+def test_stop_then_resume_from_the_train_tab(ui, studio, tiny_model_dir, tmp_path):
+    values = form(model=str(tiny_model_dir), dataset=str(tiny_data(tmp_path)), eval_split="", max_steps=40,
+                  max_seq_length=32, save_steps=2, learning_rate=0.03, warmup_steps=0)
+    _, run_id, _, *_ = ui.train.start(None, *values)
+    deadline = time.time() + 120
+    while (studio.state().step < 2 or studio.state().status != "running") and time.time() < deadline:
+        time.sleep(0.05)
+    assert ui.train.stop().startswith("■ Stopping")
+    studio.manager.wait(timeout=120)
+    page = ui.train.select(run_id)
+    assert 'data-status="stopped"' in page[2] and "Resume" in page[3]
+    run = next(r for r in studio.runs() if r["run_id"] == run_id)
+    assert run["status"] == "stopped" and run["resumable"], run
+    message, viewing, _ = ui.train.resume(None, run_id)
+    assert message.startswith("▶ Resuming") and viewing == run_id
+    studio.manager.wait(timeout=120)
+    assert 'data-status="completed"' in ui.train.select(run_id)[2] and studio.state().step == 40
+
+
+def test_a_run_that_fails_says_why_in_plain_words(ui, studio, tiny_model_dir, tmp_path):
+    bad = tmp_path / "wrong-columns.jsonl"
+    bad.write_text("".join(json.dumps({"foo": i, "bar": "x"}) + "\n" for i in range(8)), encoding="utf-8")
+    message, run_id, *_ = ui.train.start(None, *form(model=str(tiny_model_dir), dataset=str(bad), eval_split=""))
+    if message.startswith("⚠ Not started"):  # refused before a run began: the reason is named at once
+        assert "dataset" in message or "column" in message
+        return
+    studio.manager.wait(timeout=120)
+    page = ui.train.select(run_id)
+    assert 'data-status="failed"' in page[2] and page[3].startswith("**The run failed.**")
+    assert "Traceback" not in page[3] and "\n\n**What to try" not in page[3]
