@@ -14,14 +14,26 @@ from pathlib import Path
 def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None) -> argparse.Namespace:
     env = os.environ if env is None else env
     parser = argparse.ArgumentParser(description="Finetune Studio: fine-tune a language model in your browser.")
-    parser.add_argument("--host", default=env.get("GRADIO_SERVER_NAME") or "127.0.0.1",
-                        help="address to listen on (default 127.0.0.1: this machine only; env GRADIO_SERVER_NAME)")
-    parser.add_argument("--port", type=int, default=int(env.get("GRADIO_SERVER_PORT") or 7860),
-                        help="port (default 7860; env GRADIO_SERVER_PORT)")
-    parser.add_argument("--auth", default=env.get("FINETUNE_AUTH") or None, metavar="USER:PASSWORD",
-                        help="require this login (for a shared machine; env FINETUNE_AUTH)")
-    parser.add_argument("--runs-root", type=Path, default=None,
-                        help="folder that holds the runs (default $FINETUNE_STUDIO_HOME/runs)")
+    parser.add_argument(
+        "--host",
+        default=env.get("GRADIO_SERVER_NAME") or "127.0.0.1",
+        help="address to listen on (default 127.0.0.1: this machine only; env GRADIO_SERVER_NAME)",
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=int(env.get("GRADIO_SERVER_PORT") or 7860),
+        help="port (default 7860; env GRADIO_SERVER_PORT)",
+    )
+    parser.add_argument(
+        "--auth",
+        default=env.get("FINETUNE_AUTH") or None,
+        metavar="USER:PASSWORD",
+        help="require this login (for a shared machine; env FINETUNE_AUTH)",
+    )
+    parser.add_argument(
+        "--runs-root", type=Path, default=None, help="folder that holds the runs (default $FINETUNE_STUDIO_HOME/runs)"
+    )
     args = parser.parse_args(argv)
     if args.auth is not None:
         user, sep, password = args.auth.partition(":")

@@ -51,10 +51,18 @@ def files(tmp_path_factory):
     """Tiny prompt/completion training and evaluation files."""
     folder = tmp_path_factory.mktemp("ui-data")
     train, val = folder / "pirate-train.jsonl", folder / "pirate-val.jsonl"
-    train.write_text("".join(json.dumps({"prompt": f"Question {i}?", "completion": "Arr, matey! Yo-ho-ho!"}) + "\n"
-                             for i in range(48)), encoding="utf-8")
-    val.write_text("".join(json.dumps({"prompt": f"What be {i}?", "completion": "Arr, matey! Yo-ho-ho!"}) + "\n"
-                           for i in range(4)), encoding="utf-8")
+    train.write_text(
+        "".join(
+            json.dumps({"prompt": f"Question {i}?", "completion": "Arr, matey! Yo-ho-ho!"}) + "\n" for i in range(48)
+        ),
+        encoding="utf-8",
+    )
+    val.write_text(
+        "".join(
+            json.dumps({"prompt": f"What be {i}?", "completion": "Arr, matey! Yo-ho-ho!"}) + "\n" for i in range(4)
+        ),
+        encoding="utf-8",
+    )
     return {"train": train, "val": val}
 
 
@@ -178,8 +186,9 @@ def test_memory_shows_an_estimate(page, tiny_model_dir):
     tab(page, "Memory")
     fill(page, "mem-model", tiny_model_dir)  # the same field as Configure's: the edit is mirrored there
     page.locator("#mem-estimate").click()
-    expect(page.locator("#mem-verdict")).to_contain_text(re.compile(r"Fits|Does not fit|Estimated peak"),
-                                                         timeout=60_000)
+    expect(page.locator("#mem-verdict")).to_contain_text(
+        re.compile(r"Fits|Does not fit|Estimated peak"), timeout=60_000
+    )
     expect(page.locator("#mem-table")).to_contain_text(re.compile(r"weights.*\d+ (GiB|MiB|KiB)", re.S))
     shot(page, "02-memory-estimate")
     tab(page, "Configure")
@@ -201,8 +210,13 @@ def test_configure_loads_tiny_data_and_previews_it(page, files):
     fill(page, "cfg-eval_split", files["val"])
     fill(page, "cfg-max_seq_length", 48)
     open_group(page, "Output", "eval_steps")
-    for elem_id, value in (("cfg-learning_rate", 0.03), ("cfg-warmup_steps", 0), ("cfg-eval_steps", 40),
-                           ("cfg-save_steps", 40), ("cfg-gradient_accumulation_steps", 2)):
+    for elem_id, value in (
+        ("cfg-learning_rate", 0.03),
+        ("cfg-warmup_steps", 0),
+        ("cfg-eval_steps", 40),
+        ("cfg-save_steps", 40),
+        ("cfg-gradient_accumulation_steps", 2),
+    ):
         fill(page, elem_id, value)
     page.locator("#cfg-check").click()
     expect(page.locator("#cfg-summary")).to_contain_text("All settings are valid")

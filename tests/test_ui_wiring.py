@@ -95,8 +95,12 @@ class FakeEstimate:
     advice: list = field(
         default_factory=lambda: [
             Suggestion("Turn on gradient checkpointing", {"gradient_checkpointing": True}, 12 << 30, "≈30% slower"),
-            Suggestion("Micro batch 1 × accumulation 4", {"per_device_train_batch_size": 1,
-                                                           "gradient_accumulation_steps": 4}, 14 << 30, "slower"),
+            Suggestion(
+                "Micro batch 1 × accumulation 4",
+                {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 4},
+                14 << 30,
+                "slower",
+            ),
         ]
     )
 
@@ -126,8 +130,15 @@ def test_every_config_field_has_a_component_with_help_in_configure(ui):
         assert component.label == name
         group = next(g for g, names in field_groups().items() if name in names)
         assert _inside(component, ui.config.groups[group]), f"{name} not in group {group}"
-    assert list(ui.config.groups) == ["Model", "Data", "Method", "Optimisation", "Precision & memory", "DeepSpeed",
-                                      "Output"]
+    assert list(ui.config.groups) == [
+        "Model",
+        "Data",
+        "Method",
+        "Optimisation",
+        "Precision & memory",
+        "DeepSpeed",
+        "Output",
+    ]
 
 
 def test_events_are_wired_with_stable_api_names(demo):
@@ -285,15 +296,18 @@ def test_memory_estimate_shows_verdict_breakdown_and_ranked_suggestions(ui, stud
     assert "rule of thumb: 10.00 GiB" in comparisons
     assert advice["visible"] and advice["value"].iloc[0, 1] == "Turn on gradient checkpointing"
     assert pick["choices"][0] == ("1. Turn on gradient checkpointing", 0) and apply_btn["visible"]
-    assert state == [{"gradient_checkpointing": True},
-                     {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 4}]
+    assert state == [
+        {"gradient_checkpointing": True},
+        {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 4},
+    ]
     assert not any(e["visible"] for e in errors)
 
 
 def test_memory_estimate_on_cpu_and_custom_gpu(ui, studio, monkeypatch):
     calls = []
-    monkeypatch.setattr(studio, "estimate", lambda values, **kw: calls.append(kw) or FakeEstimate(fits=True,
-                                                                                                  headroom_bytes=1))
+    monkeypatch.setattr(
+        studio, "estimate", lambda values, **kw: calls.append(kw) or FakeEstimate(fits=True, headroom_bytes=1)
+    )
     verdict = ui.memory.estimate("CPU", "custom", None, 1, *memory_form(), *form())[0]
     assert calls[-1] == {"device": "cpu", "gpus": 1, "gpu_gib": None} and "Fits" in verdict
     ui.memory.estimate("GPU", "custom", 80, 4, *memory_form(), *form())
@@ -313,8 +327,10 @@ def test_memory_field_errors_appear_beside_the_memory_field(ui):
 
 
 def test_apply_copies_a_suggestion_into_the_shared_form(ui):
-    suggestions = [{"gradient_checkpointing": True}, {"per_device_train_batch_size": 1,
-                                                      "gradient_accumulation_steps": 4}]
+    suggestions = [
+        {"gradient_checkpointing": True},
+        {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 4},
+    ]
     out = ui.memory.apply(1, suggestions, *memory_form(max_seq_length=512), *form(learning_rate=0.001))
     config_values = dict(zip(FIELD_NAMES, out[: len(FIELD_NAMES)], strict=True))
     memory_values = dict(zip(MEMORY_FIELDS, out[len(FIELD_NAMES) : -1], strict=True))
@@ -366,7 +382,7 @@ def test_runs_list_progress_loss_plot_and_samples_for_a_past_run(ui, studio, tin
     assert list(samples.columns) == ["Held-out prompt", "Answer before training (step 0)", "Answer at step 10"]
     assert samples.iloc[0, 1].startswith("I do not know") and "Paris" in samples.iloc[0, 2]
     assert "step 10 · loss" in log and "eval loss" in log
-    assert list(runs.iloc[0]) [:3] == ["run-a", "completed", "10 / 10"]
+    assert list(runs.iloc[0])[:3] == ["run-a", "completed", "10 / 10"]
     assert pick["value"] == "run-a" and start["interactive"] and not stop["interactive"]
 
     again = ui.train.tick(viewing, shown)
@@ -376,8 +392,10 @@ def test_runs_list_progress_loss_plot_and_samples_for_a_past_run(ui, studio, tin
 def test_a_failed_run_shows_its_error_and_the_advice(ui, studio, tiny_model_dir):
     run = build_run(studio.manager.root / "run-oom", tiny_model_dir, status="failed", steps=3)
     status = json.loads((run / "status.json").read_text())
-    status.update(error="out of memory at step 3: the run needs more memory than the device has",
-                  advice="Turn on gradient_checkpointing: true (−60% activations).")
+    status.update(
+        error="out of memory at step 3: the run needs more memory than the device has",
+        advice="Turn on gradient_checkpointing: true (−60% activations).",
+    )
     (run / "status.json").write_text(json.dumps(status))
     problem = ui.train.select("run-oom")[3]
     assert "The run failed." in problem and "out of memory at step 3" in problem
@@ -392,8 +410,16 @@ def test_resume_of_a_completed_run_is_refused_in_one_line(ui, studio, tiny_model
 
 
 def test_a_short_real_run_through_the_handlers(ui, studio, tiny_model_dir, tmp_path):
-    values = form(model=str(tiny_model_dir), dataset=str(tiny_data(tmp_path)), eval_split="", max_steps=3,
-                  max_seq_length=32, save_steps=3, learning_rate=0.03, warmup_steps=0)
+    values = form(
+        model=str(tiny_model_dir),
+        dataset=str(tiny_data(tmp_path)),
+        eval_split="",
+        max_steps=3,
+        max_seq_length=32,
+        save_steps=3,
+        learning_rate=0.03,
+        warmup_steps=0,
+    )
     message, viewing, shown, *_ = ui.train.start(None, *values)
     assert message.startswith("▶ Started run") and viewing
     busy = ui.train.start(None, *values)[0]
@@ -425,8 +451,10 @@ def test_chat_streams_a_reply_and_compares_with_the_base_model(ui, studio, monke
     steps = list(ui.chat.respond("Hello?", [], [], "run-a", True, 64, 0.0, 1.0, "Be brief.", *form()))
     assert steps[0][1][-1]["content"] == LOADING  # visible loading state before the first token
     text, history, base_history = steps[-1]
-    assert text == "" and history == [{"role": "user", "content": "Hello?"},
-                                      {"role": "assistant", "content": "Arr from run-a"}]
+    assert text == "" and history == [
+        {"role": "user", "content": "Hello?"},
+        {"role": "assistant", "content": "Arr from run-a"},
+    ]
     assert base_history[-1] == {"role": "assistant", "content": "Arr from base"}
     assert [c[0] for c in calls] == ["run-a", "base"]
     assert calls[1][3]["model"] == "the-run-base"  # compared with the run's own base model, not the form's
@@ -504,8 +532,16 @@ def test_a_long_run_plot_is_thinned_but_keeps_its_ends():
 
 
 def test_stop_then_resume_from_the_train_tab(ui, studio, tiny_model_dir, tmp_path):
-    values = form(model=str(tiny_model_dir), dataset=str(tiny_data(tmp_path)), eval_split="", max_steps=40,
-                  max_seq_length=32, save_steps=2, learning_rate=0.03, warmup_steps=0)
+    values = form(
+        model=str(tiny_model_dir),
+        dataset=str(tiny_data(tmp_path)),
+        eval_split="",
+        max_steps=40,
+        max_seq_length=32,
+        save_steps=2,
+        learning_rate=0.03,
+        warmup_steps=0,
+    )
     _, run_id, _, *_ = ui.train.start(None, *values)
     deadline = time.time() + 120
     while (studio.state().step < 2 or studio.state().status != "running") and time.time() < deadline:

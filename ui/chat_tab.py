@@ -143,48 +143,90 @@ def build(studio: Any) -> ChatTab:
         "the run's model before tuning as well."
     )
     with gr.Row():
-        tab.source = gr.Dropdown(choices=[("Base model", BASE)], value=BASE, label="Model", elem_id="chat-source",
-                                 scale=3)
+        tab.source = gr.Dropdown(
+            choices=[("Base model", BASE)], value=BASE, label="Model", elem_id="chat-source", scale=3
+        )
         tab.refresh_btn = gr.Button("Refresh list", elem_id="chat-refresh", scale=0, min_width=130)
-        tab.compare = gr.Checkbox(value=False, label="Side by side with the base model", elem_id="chat-compare",
-                                  scale=1)
+        tab.compare = gr.Checkbox(
+            value=False, label="Side by side with the base model", elem_id="chat-compare", scale=1
+        )
     with gr.Row(equal_height=True):
-        tab.chatbot = gr.Chatbot(label="Base model", elem_id="chat-main", height=380, buttons=["copy"],
-                                 placeholder="Ask anything, e.g. *What is the capital of Japan?*")
-        tab.base_chatbot = gr.Chatbot(label=BASE_LABEL, elem_id="chat-base", height=380, visible=False,
-                                      buttons=["copy"])
+        tab.chatbot = gr.Chatbot(
+            label="Base model",
+            elem_id="chat-main",
+            height=380,
+            buttons=["copy"],
+            placeholder="Ask anything, e.g. *What is the capital of Japan?*",
+        )
+        tab.base_chatbot = gr.Chatbot(
+            label=BASE_LABEL, elem_id="chat-base", height=380, visible=False, buttons=["copy"]
+        )
     with gr.Row():
-        tab.textbox = gr.Textbox(placeholder="Type a message and press Enter", show_label=False, scale=5,
-                                 elem_id="chat-input", autofocus=False)
+        tab.textbox = gr.Textbox(
+            placeholder="Type a message and press Enter",
+            show_label=False,
+            scale=5,
+            elem_id="chat-input",
+            autofocus=False,
+        )
         tab.send_btn = gr.Button("Send", variant="primary", elem_id="chat-send", scale=0, min_width=100)
         tab.clear_btn = gr.Button("Clear", elem_id="chat-clear", scale=0, min_width=100)
     with gr.Accordion("Generation settings", open=False, elem_id="chat-settings"):
         with gr.Row():
-            tab.max_new_tokens = gr.Slider(1, 1024, value=128, step=1, label="max new tokens",
-                                           info="Longest reply, in tokens.")
-            tab.temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="temperature",
-                                        info="0 = always the most likely word (same answer every time).")
-            tab.top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="top-p",
-                                  info="With temperature > 0: sample only from the most likely words.")
-        tab.system_prompt = gr.Textbox(label="system prompt", placeholder="e.g. You are a concise assistant.",
-                                       lines=2)
+            tab.max_new_tokens = gr.Slider(
+                1, 1024, value=128, step=1, label="max new tokens", info="Longest reply, in tokens."
+            )
+            tab.temperature = gr.Slider(
+                0.0,
+                2.0,
+                value=0.0,
+                step=0.05,
+                label="temperature",
+                info="0 = always the most likely word (same answer every time).",
+            )
+            tab.top_p = gr.Slider(
+                0.05,
+                1.0,
+                value=1.0,
+                step=0.05,
+                label="top-p",
+                info="With temperature > 0: sample only from the most likely words.",
+            )
+        tab.system_prompt = gr.Textbox(label="system prompt", placeholder="e.g. You are a concise assistant.", lines=2)
     return tab
 
 
 # ----------------------------------------------------------------------------------------------- events
 def wire(tab: ChatTab, config: ConfigTab, demo: gr.Blocks, chat_tab: Any) -> None:
     tab.config = config
-    inputs = [tab.textbox, tab.chatbot, tab.base_chatbot, tab.source, tab.compare, tab.max_new_tokens,
-              tab.temperature, tab.top_p, tab.system_prompt, *config.inputs]
+    inputs = [
+        tab.textbox,
+        tab.chatbot,
+        tab.base_chatbot,
+        tab.source,
+        tab.compare,
+        tab.max_new_tokens,
+        tab.temperature,
+        tab.top_p,
+        tab.system_prompt,
+        *config.inputs,
+    ]
     outputs = [tab.textbox, tab.chatbot, tab.base_chatbot]
     streaming = {"show_progress": "minimal", "concurrency_id": "chat", "concurrency_limit": 1}
     tab.send_btn.click(tab.respond, inputs, outputs, api_name="chat", **streaming)
     tab.textbox.submit(tab.respond, inputs, outputs, api_visibility="undocumented", **streaming)
-    tab.clear_btn.click(lambda: [[], []], None, [tab.chatbot, tab.base_chatbot], queue=False,
-                        api_visibility="undocumented")
+    tab.clear_btn.click(
+        lambda: [[], []], None, [tab.chatbot, tab.base_chatbot], queue=False, api_visibility="undocumented"
+    )
     for trigger in (tab.refresh_btn.click, chat_tab.select):
         trigger(tab.sources, tab.source, tab.source, api_visibility="undocumented", show_progress="hidden")
     for trigger in (tab.compare.change, tab.source.change):
-        trigger(tab.toggle_compare, [tab.compare, tab.source], [tab.base_chatbot, tab.chatbot],
-                api_visibility="undocumented", show_progress="hidden", queue=False)
+        trigger(
+            tab.toggle_compare,
+            [tab.compare, tab.source],
+            [tab.base_chatbot, tab.chatbot],
+            api_visibility="undocumented",
+            show_progress="hidden",
+            queue=False,
+        )
     demo.load(tab.sources, tab.source, tab.source, api_visibility="undocumented", show_progress="hidden")

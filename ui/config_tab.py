@@ -179,8 +179,10 @@ class ConfigTab:
         folder = Path(tempfile.mkdtemp(prefix="finetune-config-"))
         path = folder / f"finetune-{time.strftime('%Y%m%d-%H%M%S')}.yaml"
         path.write_text(config.to_yaml(), encoding="utf-8")
-        return [gr.update(value=str(path), visible=True),
-                *self.problem_updates({}, ok_text=f"Your settings are ready to download as `{path.name}`.")]
+        return [
+            gr.update(value=str(path), visible=True),
+            *self.problem_updates({}, ok_text=f"Your settings are ready to download as `{path.name}`."),
+        ]
 
     def load(self, file: Any, *values: Any) -> list:
         """Fill the form from an uploaded YAML file (size- and type-checked); a bad file changes nothing."""
@@ -282,7 +284,10 @@ def build(studio: Any) -> ConfigTab:
         tab.reset_btn = gr.Button("Reset to defaults", elem_id="cfg-reset", scale=1, min_width=120)
     tab.yaml_file = gr.File(label="Your settings as YAML", visible=False, elem_id="cfg-yaml-file", interactive=False)
     tab.commands = gr.Code(
-        label="Run the same settings from a terminal", language="shell", visible=False, elem_id="cfg-commands",
+        label="Run the same settings from a terminal",
+        language="shell",
+        visible=False,
+        elem_id="cfg-commands",
         interactive=False,
     )
     for group, names in field_groups().items():
@@ -326,14 +331,17 @@ def wire(tab: ConfigTab) -> None:
         typed = isinstance(component, (gr.Textbox, gr.Number))
         for trigger in (component.blur, component.submit) if typed else (component.input,):
             trigger(tab.check_quiet, form, [*problems, tab.saved], **quiet)
-    tab.fields["trust_remote_code"].input(tab.remote_code_warning, tab.fields["trust_remote_code"], None,
-                                          api_visibility="undocumented")
+    tab.fields["trust_remote_code"].input(
+        tab.remote_code_warning, tab.fields["trust_remote_code"], None, api_visibility="undocumented"
+    )
     tab.reset_btn.click(tab.reset, None, form + problems, api_visibility="undocumented")
     tab.preview_btn.click(tab.show_preview, form, [tab.preview, *problems], api_name="preview_data")
     tab.save_yaml.click(tab.save, form, [tab.yaml_file, *problems], api_visibility="undocumented")
     tab.upload_yaml.upload(tab.load, [tab.upload_yaml, *form], form + problems, api_visibility="undocumented")
     tab.upload_data.upload(
-        tab.use_data_file, tab.upload_data, [tab.fields["dataset"], tab.errors["dataset"], tab.summary],
+        tab.use_data_file,
+        tab.upload_data,
+        [tab.fields["dataset"], tab.errors["dataset"], tab.summary],
         api_visibility="undocumented",
     )
     tab.command_btn.click(tab.show_commands, form, [tab.commands, *problems], api_name="commands")

@@ -245,8 +245,10 @@ def preview_html(preview: dict[str, Any]) -> str:
             counts += f", {ex['trained_tokens']} trained"
         if ex.get("label") is not None:
             counts += f", label {esc(ex['label'])}"
-        parts.append(f'<div class="fs-example"><div class="fs-example-head">Example {i} · {counts}</div>'
-                     f'<pre class="fs-example-text">{spans}</pre></div>')
+        parts.append(
+            f'<div class="fs-example"><div class="fs-example-head">Example {i} · {counts}</div>'
+            f'<pre class="fs-example-text">{spans}</pre></div>'
+        )
     return f'<div class="fs-preview">{head}{"".join(parts)}</div>'
 
 
@@ -261,8 +263,10 @@ def breakdown_rows(estimate: Any) -> list[tuple[str, float, float]]:
     components = {n: v for n, v in dict(pick(estimate, "components") or {}).items() if v}
     overheads = {n: v for n, v in dict(pick(estimate, "overheads") or {}).items() if v}
     total = float(pick(estimate, "total_bytes") or 0) or float(sum(components.values()) + sum(overheads.values())) or 1
-    rows = [(pretty_name(n), float(v), float(v) / total)
-            for n, v in sorted(components.items(), key=lambda kv: -float(kv[1]))]
+    rows = [
+        (pretty_name(n), float(v), float(v) / total)
+        for n, v in sorted(components.items(), key=lambda kv: -float(kv[1]))
+    ]
     rows += [(f"{pretty_name(n)} (overhead)", float(v), float(v) / total) for n, v in overheads.items()]
     return rows
 
@@ -328,8 +332,7 @@ def details_markdown(estimate: Any) -> str:
         items = list(comparisons.items())
     else:
         items = [
-            (pick(c, "name", pick(c, "title", "?")), pick(c, "total_bytes", pick(c, "bytes")))
-            for c in comparisons
+            (pick(c, "name", pick(c, "title", "?")), pick(c, "total_bytes", pick(c, "bytes"))) for c in comparisons
         ]
     if items:
         others = " · ".join(

@@ -203,35 +203,71 @@ def build(studio: Any) -> MemoryTab:
                             tab.errors[name] = field_error_md(name, prefix="mem")
         with gr.Column(scale=1, min_width=260):
             tab.device = gr.Radio(
-                ["GPU", "CPU"], value="GPU", label="Train on", elem_id="mem-device",
+                ["GPU", "CPU"],
+                value="GPU",
+                label="Train on",
+                elem_id="mem-device",
                 info="GPU: check against a card's memory. CPU: the estimate of a CPU run.",
             )
             cards = tab.cards()
             tab.card = gr.Dropdown(
-                choices=card_choices(cards), value=default_card(cards), label="GPU", elem_id="mem-card",
+                choices=card_choices(cards),
+                value=default_card(cards),
+                label="GPU",
+                elem_id="mem-card",
                 info="Common cards (the memory a program can use), or a custom size.",
             )
-            tab.custom_gib = gr.Number(value=DEFAULT_CARD_GIB, label="Custom GPU memory (GiB)", elem_id="mem-gib",
-                                       visible=default_card(cards) == CUSTOM)
-            tab.gpus = gr.Number(value=1, precision=0, label="Number of GPUs", elem_id="mem-gpus",
-                                 info="With ZeRO (zero_stage ≥ 1) the states are split over them.")
+            tab.custom_gib = gr.Number(
+                value=DEFAULT_CARD_GIB,
+                label="Custom GPU memory (GiB)",
+                elem_id="mem-gib",
+                visible=default_card(cards) == CUSTOM,
+            )
+            tab.gpus = gr.Number(
+                value=1,
+                precision=0,
+                label="Number of GPUs",
+                elem_id="mem-gpus",
+                info="With ZeRO (zero_stage ≥ 1) the states are split over them.",
+            )
             tab.estimate_btn = gr.Button("Estimate memory", variant="primary", elem_id="mem-estimate")
     tab.verdict = gr.Markdown("Press **Estimate memory** to see whether these settings fit.", elem_id="mem-verdict")
     with gr.Row(equal_height=False):
         tab.chart = gr.BarPlot(
-            pd.DataFrame({"component": [], "GiB": []}), x="component", y="GiB", title="Where the memory goes",
-            x_title=" ", y_title="GiB", sort="-y", x_label_angle=-30, elem_id="mem-chart", height=320, visible=False,
+            pd.DataFrame({"component": [], "GiB": []}),
+            x="component",
+            y="GiB",
+            title="Where the memory goes",
+            x_title=" ",
+            y_title="GiB",
+            sort="-y",
+            x_label_angle=-30,
+            elem_id="mem-chart",
+            height=320,
+            visible=False,
         )
-        tab.table = gr.Dataframe(headers=BREAKDOWN_HEADERS, label="Breakdown", interactive=False, elem_id="mem-table",
-                                 wrap=True, visible=False)
+        tab.table = gr.Dataframe(
+            headers=BREAKDOWN_HEADERS,
+            label="Breakdown",
+            interactive=False,
+            elem_id="mem-table",
+            wrap=True,
+            visible=False,
+        )
     tab.comparisons = gr.Markdown("", elem_id="mem-comparisons", elem_classes=["fs-note"])
     tab.advice_table = gr.Dataframe(
-        headers=ADVICE_HEADERS, label="Ways to use less memory (cheapest first)", interactive=False, visible=False,
-        elem_id="mem-advice", wrap=True, column_widths=["5%", "28%", "28%", "12%", "7%", "20%"],
+        headers=ADVICE_HEADERS,
+        label="Ways to use less memory (cheapest first)",
+        interactive=False,
+        visible=False,
+        elem_id="mem-advice",
+        wrap=True,
+        column_widths=["5%", "28%", "28%", "12%", "7%", "20%"],
     )
     with gr.Row():
-        tab.advice_pick = gr.Dropdown(choices=[], label="Suggestion to apply", visible=False, elem_id="mem-pick",
-                                      scale=3)
+        tab.advice_pick = gr.Dropdown(
+            choices=[], label="Suggestion to apply", visible=False, elem_id="mem-pick", scale=3
+        )
         tab.apply_btn = gr.Button("Apply", elem_id="mem-apply", scale=1, min_width=120, visible=False)
     tab.applied = gr.Markdown("", elem_id="mem-applied")
     tab.advice_state = gr.State([])
@@ -256,18 +292,40 @@ def wire(tab: MemoryTab, config: ConfigTab, demo: gr.Blocks) -> None:
             copied = edited(_same, source, target, **mirror)
             if source is tab.fields[name]:  # then check (and keep) the form, as an edit in Configure does
                 copied.then(config.check_quiet, config.inputs, [*config.error_outputs, config.saved], **mirror)
-    tab.device.change(lambda d: [gr.update(visible=d == "GPU")] * 3, tab.device, [tab.card, tab.custom_gib, tab.gpus],
-                      queue=False, show_progress="hidden", api_visibility="undocumented")
-    tab.card.change(lambda c: gr.update(visible=c == CUSTOM), tab.card, tab.custom_gib, queue=False,
-                    show_progress="hidden", api_visibility="undocumented")
-    outputs = [tab.verdict, tab.chart, tab.table, tab.comparisons, tab.advice_table, tab.advice_pick, tab.apply_btn,
-               tab.advice_state, *errors]
+    tab.device.change(
+        lambda d: [gr.update(visible=d == "GPU")] * 3,
+        tab.device,
+        [tab.card, tab.custom_gib, tab.gpus],
+        queue=False,
+        show_progress="hidden",
+        api_visibility="undocumented",
+    )
+    tab.card.change(
+        lambda c: gr.update(visible=c == CUSTOM),
+        tab.card,
+        tab.custom_gib,
+        queue=False,
+        show_progress="hidden",
+        api_visibility="undocumented",
+    )
+    outputs = [
+        tab.verdict,
+        tab.chart,
+        tab.table,
+        tab.comparisons,
+        tab.advice_table,
+        tab.advice_pick,
+        tab.apply_btn,
+        tab.advice_state,
+        *errors,
+    ]
     inputs = [tab.device, tab.card, tab.custom_gib, tab.gpus, *mine, *config.inputs]
     tab.estimate_btn.click(tab.estimate, inputs, outputs, api_name="estimate", show_progress_on=[tab.verdict])
     # A page reload brings back the settings kept in this browser, on both tabs.
-    demo.load(tab.restore, config.saved, [*config.inputs, *mine], api_visibility="undocumented",
-              show_progress="hidden")
+    demo.load(tab.restore, config.saved, [*config.inputs, *mine], api_visibility="undocumented", show_progress="hidden")
     tab.apply_btn.click(
-        tab.apply, [tab.advice_pick, tab.advice_state, *mine, *config.inputs], [*config.inputs, *mine, tab.applied],
+        tab.apply,
+        [tab.advice_pick, tab.advice_state, *mine, *config.inputs],
+        [*config.inputs, *mine, tab.applied],
         api_visibility="undocumented",
     ).then(tab.estimate, inputs, outputs, api_visibility="undocumented", show_progress_on=[tab.verdict])

@@ -39,8 +39,9 @@ class PublishTab:
         if not run_id:
             return ["⚠ Pick a finished run first (train one in the *Train* tab).", ""]
         try:
-            url = self.studio.push(run_id, (repo_id or "").strip(), (token or "").strip() or None, bool(private),
-                                   bool(merged))
+            url = self.studio.push(
+                run_id, (repo_id or "").strip(), (token or "").strip() or None, bool(private), bool(merged)
+            )
         except UserError as exc:
             warn(str(exc))
             return [f"⚠ {plain(str(exc))}", ""]
@@ -59,23 +60,38 @@ def build(studio: Any) -> PublishTab:
     )
     with gr.Row():
         tab.run = gr.Dropdown(choices=[], label="Run", elem_id="pub-run", scale=2)
-        tab.repo_id = gr.Textbox(label="Repository", placeholder="your-name/smollm2-pirate-lora", elem_id="pub-repo",
-                                 scale=2, info="owner/name; created if it does not exist.")
+        tab.repo_id = gr.Textbox(
+            label="Repository",
+            placeholder="your-name/smollm2-pirate-lora",
+            elem_id="pub-repo",
+            scale=2,
+            info="owner/name; created if it does not exist.",
+        )
     with gr.Row():
-        tab.token = gr.Textbox(label="Hub token", type="password", elem_id="pub-token", scale=2,
-                               placeholder="hf_… (or leave empty to use the HF_TOKEN environment variable)",
-                               info="Used for this push only; never saved, logged or shown.")
+        tab.token = gr.Textbox(
+            label="Hub token",
+            type="password",
+            elem_id="pub-token",
+            scale=2,
+            placeholder="hf_… (or leave empty to use the HF_TOKEN environment variable)",
+            info="Used for this push only; never saved, logged or shown.",
+        )
         with gr.Column(scale=1):
             tab.private = gr.Checkbox(value=True, label="Private repository", elem_id="pub-private")
-            tab.merged = gr.Checkbox(value=False, label="Push the merged model instead of the adapter",
-                                     elem_id="pub-merged")
+            tab.merged = gr.Checkbox(
+                value=False, label="Push the merged model instead of the adapter", elem_id="pub-merged"
+            )
     tab.push_btn = gr.Button("Push to the Hub", variant="primary", elem_id="pub-push")
     tab.result = gr.Markdown("", elem_id="pub-result")
     return tab
 
 
 def wire(tab: PublishTab, demo: gr.Blocks, publish_tab: Any) -> None:
-    tab.push_btn.click(tab.push, [tab.run, tab.repo_id, tab.token, tab.private, tab.merged], [tab.result, tab.token],
-                       api_visibility="private")
+    tab.push_btn.click(
+        tab.push,
+        [tab.run, tab.repo_id, tab.token, tab.private, tab.merged],
+        [tab.result, tab.token],
+        api_visibility="private",
+    )
     for trigger in (demo.load, publish_tab.select):
         trigger(tab.runs, tab.run, tab.run, api_visibility="undocumented", show_progress="hidden")

@@ -39,8 +39,9 @@ def loss_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """The plot's data. Every series is present from the start (a blank point where it has none yet): the plot
     fixes its legend on first draw and would not show a series that appears later, such as the first evaluation."""
     have = {r["series"] for r in rows}
-    blanks = [{"step": rows[0]["step"] if rows else 0, "loss": float("nan"), "series": s} for s in SERIES
-              if s not in have]
+    blanks = [
+        {"step": rows[0]["step"] if rows else 0, "loss": float("nan"), "series": s} for s in SERIES if s not in have
+    ]
     return pd.DataFrame(rows + blanks, columns=["step", "loss", "series"])
 
 
@@ -177,8 +178,12 @@ class TrainTab:
         if problems:
             first = next(iter(problems.values()))
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            return [f"⚠ Not started: {plain(first)}{more}. Fix it in the Configure tab.", gr.skip(), gr.skip(),
-                    *self.config.problem_updates(problems)]
+            return [
+                f"⚠ Not started: {plain(first)}{more}. Fix it in the Configure tab.",
+                gr.skip(),
+                gr.skip(),
+                *self.config.problem_updates(problems),
+            ]
         try:
             state = self.studio.start(form, owner=owner_of(request))
         except BusyError as exc:
@@ -249,33 +254,56 @@ def build(studio: Any) -> TrainTab:
     )
     with gr.Row():
         tab.start_btn = gr.Button("Start training", variant="primary", elem_id="train-start", scale=0, min_width=170)
-        tab.stop_btn = gr.Button("Stop", variant="stop", elem_id="train-stop", scale=0, min_width=100,
-                                 interactive=False)
+        tab.stop_btn = gr.Button(
+            "Stop", variant="stop", elem_id="train-stop", scale=0, min_width=100, interactive=False
+        )
         tab.message = gr.Markdown("", elem_id="train-message")
     tab.progress = gr.HTML(progress_html(None), elem_id="train-progress")
     tab.problem = gr.Markdown("", elem_id="train-problem", elem_classes=["fs-problem"])
     with gr.Row(equal_height=False):
         with gr.Column(scale=3):
             tab.plot = gr.LinePlot(
-                EMPTY_LOSS, x="step", y="loss", color="series", title="Loss", x_title="step", y_title="loss",
-                color_map={"train": "#ea580c", "eval": "#2563eb"}, color_title="", x_axis_format="d",
-                elem_id="train-plot", height=300,
+                EMPTY_LOSS,
+                x="step",
+                y="loss",
+                color="series",
+                title="Loss",
+                x_title="step",
+                y_title="loss",
+                color_map={"train": "#ea580c", "eval": "#2563eb"},
+                color_title="",
+                x_axis_format="d",
+                elem_id="train-plot",
+                height=300,
             )
         with gr.Column(scale=2):
-            tab.log = gr.Textbox(label="Log (latest)", lines=14, max_lines=14, interactive=False, elem_id="train-log",
-                                 autoscroll=True)
+            tab.log = gr.Textbox(
+                label="Log (latest)", lines=14, max_lines=14, interactive=False, elem_id="train-log", autoscroll=True
+            )
     tab.samples = gr.Dataframe(
-        _samples_frame([], []), label="Held-out prompts: before training and now", interactive=False, wrap=True,
-        elem_id="train-samples", column_widths=["20%", "40%", "40%"],
+        _samples_frame([], []),
+        label="Held-out prompts: before training and now",
+        interactive=False,
+        wrap=True,
+        elem_id="train-samples",
+        column_widths=["20%", "40%", "40%"],
     )
     with gr.Accordion("Runs", open=True, elem_id="train-runs"):
         tab.runs_table = gr.Dataframe(
-            pd.DataFrame(columns=RUN_HEADERS), interactive=False, elem_id="train-runs-table", wrap=True,
+            pd.DataFrame(columns=RUN_HEADERS),
+            interactive=False,
+            elem_id="train-runs-table",
+            wrap=True,
             show_label=False,
         )
         with gr.Row():
-            tab.run_pick = gr.Dropdown(choices=[], label="Run", elem_id="train-run-pick", scale=3,
-                                       info="Show a past run, or resume a stopped / interrupted one.")
+            tab.run_pick = gr.Dropdown(
+                choices=[],
+                label="Run",
+                elem_id="train-run-pick",
+                scale=3,
+                info="Show a past run, or resume a stopped / interrupted one.",
+            )
             tab.resume_btn = gr.Button("Resume", elem_id="train-resume", scale=0, min_width=110)
             tab.refresh_btn = gr.Button("Refresh", elem_id="train-refresh", scale=0, min_width=110)
     tab.viewing = gr.State("")
@@ -287,15 +315,32 @@ def build(studio: Any) -> TrainTab:
 # ----------------------------------------------------------------------------------------------- events
 def wire(tab: TrainTab, config: ConfigTab, demo: gr.Blocks) -> None:
     tab.config = config
-    page = [tab.viewing, tab.shown, tab.progress, tab.problem, tab.plot, tab.samples, tab.log, tab.runs_table,
-            tab.run_pick, tab.start_btn, tab.stop_btn]
+    page = [
+        tab.viewing,
+        tab.shown,
+        tab.progress,
+        tab.problem,
+        tab.plot,
+        tab.samples,
+        tab.log,
+        tab.runs_table,
+        tab.run_pick,
+        tab.start_btn,
+        tab.stop_btn,
+    ]
     quiet = {"show_progress": "hidden", "concurrency_limit": None}
     tab.timer.tick(tab.tick, [tab.viewing, tab.shown], page, api_name="status", **quiet)
     demo.load(tab.attach, None, page, api_visibility="undocumented", **quiet)
-    tab.start_btn.click(tab.start, config.inputs, [tab.message, tab.viewing, tab.shown, *config.error_outputs],
-                        api_name="start", concurrency_limit=None)
+    tab.start_btn.click(
+        tab.start,
+        config.inputs,
+        [tab.message, tab.viewing, tab.shown, *config.error_outputs],
+        api_name="start",
+        concurrency_limit=None,
+    )
     tab.stop_btn.click(tab.stop, None, tab.message, api_name="stop", concurrency_limit=None)
-    tab.resume_btn.click(tab.resume, tab.run_pick, [tab.message, tab.viewing, tab.shown], api_name="resume",
-                         concurrency_limit=None)
+    tab.resume_btn.click(
+        tab.resume, tab.run_pick, [tab.message, tab.viewing, tab.shown], api_name="resume", concurrency_limit=None
+    )
     tab.run_pick.input(tab.select, tab.run_pick, page, api_visibility="undocumented", **quiet)
     tab.refresh_btn.click(tab.select, tab.viewing, page, api_visibility="undocumented", **quiet)
