@@ -95,6 +95,8 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def page(server):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    for old in ARTIFACTS.glob("*.png"):  # only this run's screenshots
+        old.unlink()
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1280, "height": 900})
