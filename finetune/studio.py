@@ -85,8 +85,12 @@ class Studio:
     def commands(self, values: dict[str, Any], gpus: int = 2, nodes: int = 2) -> dict[str, str]:
         """The CLI, torchrun and deepspeed commands that run these settings."""
         from finetune.launch import launch_commands
+        from finetune.runs import unique_run_path
 
-        return launch_commands(self.config(values), gpus=gpus, nodes=nodes)
+        config = self.config(values)
+        # Multi-process runs need their folder fixed in advance: one under this app's runs root, so the app lists it.
+        output_dir = None if config.output_dir else unique_run_path(self.manager.root, config)
+        return launch_commands(config, gpus=gpus, nodes=nodes, output_dir=output_dir)
 
     # ----------------------------------------------------------------- runs
     def start(self, values: dict[str, Any], owner: str = "the web app") -> TrainingState:
