@@ -106,6 +106,7 @@ def distributed_world() -> Iterator[World]:
             torch.cuda.set_device(local_rank)
         yield World(rank=dist.get_rank(), local_rank=local_rank, size=dist.get_world_size(), launched=launched)
     finally:
+        restore_linear()
         if created and dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.barrier()
@@ -118,6 +119,19 @@ def distributed_world() -> Iterator[World]:
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = value
+
+
+def restore_linear() -> None:
+    """Undo ZeRO-3's process-wide swap of `torch.nn.functional.linear` (DeepSpeed leaves it "unless manually reset"),
+    so later runs and memory estimates in this process use the real function."""
+    import sys
+
+    import torch
+
+    module = sys.modules.get("deepspeed.runtime.zero.partition_parameters")
+    original = getattr(getattr(module, "InsertPostInitMethodToModuleSubClasses", None), "linear_bk", None)
+    if original is not None:
+        torch.nn.functional.linear = original
 
 
 @contextlib.contextmanager
