@@ -569,3 +569,21 @@ def test_a_run_that_fails_says_why_in_plain_words(ui, studio, tiny_model_dir, tm
     page = ui.train.select(run_id)
     assert 'data-status="failed"' in page[2] and page[3].startswith("**The run failed.**")
     assert "Traceback" not in page[3] and "\n\n**What to try" not in page[3]
+
+
+def test_the_cli_bad_input_table_gets_the_same_one_line_errors_in_the_ui(ui, studio, tiny_model_dir, tmp_path):
+    """Every `--set` case of the command line's bad-input table, typed into the form instead: Start refuses it with the
+    same message (naming the field), starts nothing, and leaves no run directory."""
+    from tests.test_cli import bad_cases
+
+    checked = 0
+    for args, expected in bad_cases(tmp_path, tiny_model_dir):
+        if args[1] != "--set" or any(a.startswith("max_step=") or a == "lora_r" for a in args):
+            continue  # config files, --resume and malformed --set items have no form equivalent
+        changes = dict(a.split("=", 1) for a in args[2::2])
+        message, *_ = ui.train.start(None, *form(**changes))
+        assert message.startswith("⚠ Not started"), (changes, message)
+        assert expected in message and "Traceback" not in message, (changes, message)
+        checked += 1
+    assert checked >= 13
+    assert studio.state() is None and studio.runs() == []
