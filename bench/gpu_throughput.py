@@ -1,0 +1,224 @@
+"""LoRA and QLoRA throughput and peak memory on a GPU: ours against the plain Trainer + PEFT script.
+
+The model is a random-initialised Llama-shaped ~1.2B model (TinyLlama's shape: 22 layers, hidden 2048, GQA 32/4
+heads, with SmolLM2's tokenizer, vocab 49152) saved in bf16; rows are cut at exactly `--seq` tokens, batch `--batch`.
+For each method, ours and the plain script run alternately, each in a fresh process:
+  ours   a worker process that starts the run as `python -m finetune train` does (RunManager, training thread,
+         the same engine), precision bf16; in-loop tokens/s from events.jsonl step timestamps
+  plain  bench/plain_trainer.py --bf16 [--method qlora], with its timing callback
+Peak memory is `torch.cuda.max_memory_allocated()` in each process (on a CPU: the process's max RSS).
+
+    .venv/bin/python bench/gpu_throughput.py                  # on the GPU machine, a few minutes on an H200
+    .venv/bin/python bench/gpu_throughput.py --tiny --out ''  # CPU: tiny model and steps, checks the plumbing
+
+The last line is the headline: ours / plain tokens/s and peak memory for LoRA and QLoRA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import (  # noqa: E402
+    RESULTS,
+    ROOT,
+    Report,
+    build_llama,
+    child_env,
+    load_tokenizer,
+    loadavg,
+    median,
+    parameter_count,
+    set_offline,
+    table,
+    write_rows,
+)
+
+PY = sys.executable
+
+
+# ----------------------------------------------------------------------------- the worker for ours (own process)
+def worker_ours(args: argparse.Namespace) -> None:
+    """Train one run as the CLI does (a RunManager and its training thread) and write the figures to --result."""
+    set_offline()
+    import resource
+
+    import torch
+
+    from finetune.config import TrainConfig
+    from finetune.runs import RunManager
+
+    out = Path(args.run_dir)
+    config = TrainConfig(
+        model=args.model, dataset=args.data, eval_split="", max_seq_length=args.seq, packing=False,
+        method=args.method, lora_r=8, lora_alpha=16, lora_dropout=0.05, lora_target_modules="all-linear",
+        per_device_train_batch_size=args.batch, learning_rate=5e-4, lr_scheduler_type="cosine", warmup_steps=2,
+        max_steps=args.steps, logging_steps=1, save_steps=args.steps + 1000, seed=42,
+        precision="bf16" if torch.cuda.is_available() else "fp32",
+        gradient_checkpointing=args.gradient_checkpointing, output_dir=str(out),
+    )  # fmt: skip
+    manager = RunManager(out.parent / "ours-root")
+    manager.start(config, owner="gpu_throughput")
+    final = manager.wait()
+    if final is None or final.status != "completed":
+        raise SystemExit(f"ours: run ended {final.status if final else '?'}: {final.error if final else ''}")
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text(encoding="utf-8").splitlines()]
+    peak = (
+        int(torch.cuda.max_memory_allocated())
+        if torch.cuda.is_available()
+        else int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    )
+    steps = [[e["step"], e["time"], e["loss"]] for e in events if e["type"] == "log"]
+    Path(args.result).write_text(json.dumps({"steps": steps, "peak_memory_bytes": peak}), encoding="utf-8")
+
+
+# ----------------------------------------------------------------------------- the driver
+def run_side(args: argparse.Namespace, work: Path, side: str, method: str, i: int, model: Path, data: Path) -> dict:
+    result = work / f"{side}-{method}-{i}.json"
+    out = work / f"{side}-{method}-{i}"
+    common = ["--model", str(model), "--data", str(data)]
+    if side == "ours":
+        cmd = [
+            PY, str(Path(__file__).resolve()), "--worker", "ours", *common, "--run-dir", str(out),
+            "--result", str(result), "--method", method, "--seq", str(args.seq), "--batch", str(args.batch),
+            "--steps", str(args.steps),
+        ]  # fmt: skip
+    else:
+        cmd = [
+            PY, str(ROOT / "bench" / "plain_trainer.py"), *common, "--output-dir", str(out), "--timing", str(result),
+            "--peak-memory", "--method", method, "--max-seq-length", str(args.seq), "--batch-size", str(args.batch),
+            "--max-steps", str(args.steps),
+        ]  # fmt: skip
+        if args.bf16:
+            cmd.append("--bf16")
+    if args.gradient_checkpointing:
+        cmd.append("--gradient-checkpointing")
+    t0 = time.time()
+    # On a CPU (the tiny check) one OpenMP thread each: spinning thread teams on a shared machine swamp the figures.
+    threads = {} if args.bf16 else {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=child_env(**threads), capture_output=True, text=True)
+    wall = time.time() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{side} {method} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    figures = json.loads(result.read_text(encoding="utf-8"))
+    shutil.rmtree(out, ignore_errors=True)
+    steps = figures["steps"]
+    first = next(s for s in steps if s[0] >= max(1, args.skip))
+    last = steps[-1]
+    tps = (last[0] - first[0]) * args.batch * args.seq / (last[1] - first[1])
+    return {"tps": tps, "peak": figures["peak_memory_bytes"], "wall": wall, "loss": steps[-1][2]}
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="CPU plumbing check: tiny model, few steps")
+    parser.add_argument("--methods", default="lora,qlora")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--skip", type=int, default=5, help="steps left out of in-loop tokens/s (warm-up)")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=22)
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--intermediate", type=int, default=5632)
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--kv-heads", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--out", default=str(RESULTS), help="results folder or .md file; '' = do not save")
+    # worker mode (internal)
+    parser.add_argument("--worker", choices=("ours",), help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--data", help=argparse.SUPPRESS)
+    parser.add_argument("--method", help=argparse.SUPPRESS)
+    parser.add_argument("--run-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker_ours(args)
+        return ""
+
+    set_offline()
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if args.tiny:
+        args.steps, args.skip, args.batch, args.seq, args.repeats = min(args.steps, 6), 2, 4, 64, 1
+        args.layers, args.hidden, args.intermediate, args.heads, args.kv_heads = 2, 64, 128, 4, 2
+    elif not cuda:
+        print("no GPU here: use --tiny for the CPU plumbing check (the full size is for the lent GPU machine)")
+        raise SystemExit(2)
+    args.bf16 = cuda
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+
+    report = Report("gpu_throughput" if not args.tiny else "gpu_throughput-tiny-cpu")
+    work = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
+    try:
+        tokenizer = load_tokenizer("tiny" if args.tiny else "embedded", work)
+        model = build_llama(
+            work / "model", tokenizer, layers=args.layers, hidden=args.hidden, intermediate=args.intermediate,
+            heads=args.heads, kv_heads=args.kv_heads, dtype="bfloat16" if cuda else "float32",
+        )  # fmt: skip
+        data = write_rows(work / "rows.jsonl", args.steps * args.batch, words=max(40, args.seq * 2))
+        device = torch.cuda.get_device_name(0) if cuda else "cpu"
+        report.print(
+            f"device: {device}; model: random Llama {args.layers} layers, hidden {args.hidden}, "
+            f"{parameter_count(model) / 1e6:,.1f}M params, {'bf16' if cuda else 'fp32'}; batch {args.batch} x "
+            f"{args.seq} tokens, {args.steps} steps (first {args.skip} not timed), LoRA r=8 all-linear, "
+            f"gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}"
+        )
+        report.print(f"load average before: {loadavg()}")
+        results: dict[str, dict[str, list[dict]]] = {m: {"ours": [], "plain": []} for m in methods}
+        for i in range(args.repeats):
+            for method in methods:
+                for side in ("ours", "plain") if i % 2 == 0 else ("plain", "ours"):
+                    r = run_side(args, work, side, method, i, model, data)
+                    results[method][side].append(r)
+                    print(f"  {method} {side:5s}: {r['tps']:.0f} tok/s, peak {r['peak'] / 2**30:.2f} GiB, "
+                          f"wall {r['wall']:.0f}s", flush=True)  # fmt: skip
+        rows, heads = [], []
+        for method in methods:
+            o, p = results[method]["ours"], results[method]["plain"]
+            tps_o, tps_p = median([r["tps"] for r in o]), median([r["tps"] for r in p])
+            mem_o, mem_p = median([r["peak"] for r in o]) / 2**30, median([r["peak"] for r in p]) / 2**30
+            rows.append([method, tps_o, tps_p, tps_o / tps_p, mem_o, mem_p, mem_o / mem_p,
+                         median([r["wall"] for r in o]), median([r["wall"] for r in p])])  # fmt: skip
+            heads.append(f"{method} tok/s {tps_o / tps_p:.3f}x, peak memory {mem_o / mem_p:.3f}x")
+        report.print()
+        report.print(
+            table(
+                [
+                    "method",
+                    "ours tok/s",
+                    "plain tok/s",
+                    "ratio",
+                    "ours peak GiB",
+                    "plain peak GiB",
+                    "ratio",
+                    "ours wall s",
+                    "plain wall s",
+                ],
+                rows,
+            )  # fmt: skip
+        )
+        report.print(f"peak memory: {'torch.cuda.max_memory_allocated()' if cuda else 'process max RSS (CPU)'}")
+        report.print(f"load average after: {loadavg()}")
+        headline = f"gpu throughput on {device} (ours/plain): " + "; ".join(heads)
+        saved = report.save(args.out, headline)
+        if saved:
+            print(f"saved {saved}")
+        print(headline, flush=True)
+        return headline
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
