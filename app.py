@@ -44,6 +44,9 @@ def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None)
 
 
 def main(argv: list[str] | None = None) -> None:
+    # The training thread shares the CPU with the web server: passive OpenMP threads keep both responsive
+    # (bench/results/cpu-threads.md). Set before torch is imported; a user's own setting wins.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     args = parse_args(argv)
     from finetune.studio import Studio
     from ui.app import build_app, launch

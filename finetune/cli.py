@@ -132,7 +132,7 @@ def follow(manager: Any, show_bar: bool) -> Any:
                 if bar.n != state.step:
                     bar.set_postfix_str(_postfix(state), refresh=False)
                     bar.update(state.step - bar.n)
-            time.sleep(0.2)
+            manager.wait(0.2)  # returns as soon as the run ends
         state = manager.state()
         if bar is not None and state:
             bar.set_postfix_str(_postfix(state), refresh=False)
