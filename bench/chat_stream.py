@@ -141,11 +141,7 @@ def main(argv: list[str] | None = None) -> str:
             f"{median([r[5] for r in rows]):.1f} tok/s = {ratio:.3f}x (goal >= 0.95) [{ok}]; time to first token "
             f"ours {ttft_o * 1000:.0f} ms vs plain {ttft_p * 1000:.0f} ms"
         )
-        saved = report.save(args.out, headline)
-        if saved:
-            print(f"saved {saved}")
-        print(headline, flush=True)
-        return headline
+        return report.finish(args.out, headline)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -279,6 +279,14 @@ class Report:
         path.write_text("\n".join(body), encoding="utf-8")
         return path
 
+    def finish(self, out: str | None, headline: str) -> str:
+        """Save the report (if asked), then print the headline as the script's last line."""
+        saved = self.save(out, headline)
+        if saved:
+            print(f"saved {saved}")
+        print(headline, flush=True)
+        return headline
+
 
 class CpuSampler:
     """Samples a process's CPU time (all its threads, from /proc/PID/stat) every `interval` in a thread."""

@@ -211,11 +211,7 @@ def main(argv: list[str] | None = None) -> str:
         report.print(f"peak memory: {'torch.cuda.max_memory_allocated()' if cuda else 'process max RSS (CPU)'}")
         report.print(f"load average after: {loadavg()}")
         headline = f"gpu throughput on {device} (ours/plain): " + "; ".join(heads)
-        saved = report.save(args.out, headline)
-        if saved:
-            print(f"saved {saved}")
-        print(headline, flush=True)
-        return headline
+        return report.finish(args.out, headline)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

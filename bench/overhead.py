@@ -295,11 +295,7 @@ def main(argv: list[str] | None = None) -> str:
             f"ours/plain = {tps_ratio:.3f}x (goal >= 0.97) [{ok}; median of {args.repeats} rounds]; by CPU time: "
             f"process {cpu_ratio:.3f}x, in-loop {cpu_tps_ratio:.3f}x"
         )
-        saved = report.save(args.out, headline)
-        if saved:
-            print(f"saved {saved.relative_to(ROOT) if saved.is_relative_to(ROOT) else saved}")
-        print(headline, flush=True)
-        return headline
+        return report.finish(args.out, headline)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

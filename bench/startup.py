@@ -161,11 +161,7 @@ def main(argv: list[str] | None = None) -> str:
             f"{median([h['page'] for h in hello]):.2f}s = {ratio:.2f}x (goal <= 1.5) [{ok}; median of "
             f"{args.rounds} rounds]"
         )
-        saved = report.save(args.out, headline)
-        if saved:
-            print(f"saved {saved}")
-        print(headline, flush=True)
-        return headline
+        return report.finish(args.out, headline)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -335,12 +335,9 @@ def _census(config: TrainConfig, model_config: Any) -> Any:
         try:
             _bounded(_CENSUS_CACHE)[key] = ma.census(model_config, config, config.trust_remote_code)
         except ValueError as exc:
-            if "target_modules" in str(exc) or "not found" in str(exc):
-                raise UserError(
-                    f"lora_target_modules: {config.lora_target_modules!r} matches no layer of this model; "
-                    "use all-linear or names such as q_proj,v_proj",
-                    field="lora_target_modules",
-                ) from None
+            from finetune.models import raise_if_no_target
+
+            raise_if_no_target(exc, config)
             raise
     return _CENSUS_CACHE[key]
 

@@ -231,13 +231,18 @@ def _wrap_lora(model: Any, config: TrainConfig) -> Any:
     try:
         return get_peft_model(model, lora)
     except ValueError as exc:
-        if "target_modules" in str(exc) or "not found" in str(exc):
-            raise UserError(
-                f"lora_target_modules: {config.lora_target_modules!r} matches no layer of this model; "
-                "use all-linear or names such as q_proj,v_proj",
-                field="lora_target_modules",
-            ) from None
+        raise_if_no_target(exc, config)
         raise
+
+
+def raise_if_no_target(exc: ValueError, config: TrainConfig) -> None:
+    """PEFT's "target modules not found" as one clear line naming the field."""
+    if "target_modules" in str(exc) or "not found" in str(exc):
+        raise UserError(
+            f"lora_target_modules: {config.lora_target_modules!r} matches no layer of this model; "
+            "use all-linear or names such as q_proj,v_proj",
+            field="lora_target_modules",
+        ) from None
 
 
 def parameter_counts(model: Any) -> tuple[int, int]:
