@@ -1,4 +1,6 @@
-"""`TrainConfig`: the one typed description of a run. The UI form, the YAML file, the CLI and the model card are views of it.
+"""`TrainConfig`: the one typed description of a run.
+
+The UI form, the YAML file, the CLI and the model card are views of it.
 
 The YAML file is flat, one key per field. Field names follow `TrainingArguments` / PEFT / DeepSpeed where those exist.
 This module is light on purpose (no torch, no transformers) so the UI can build its form without heavy imports.

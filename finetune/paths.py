@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def studio_home() -> Path:
-    """Root for caches and runs: `$FINETUNE_STUDIO_HOME`, else `/data/finetune-studio` on a Space with storage, else ~/.cache."""
+    """Root for caches and runs: `$FINETUNE_STUDIO_HOME`, else /data/finetune-studio on a Space, else ~/.cache."""
     env = os.environ.get("FINETUNE_STUDIO_HOME")
     if env:
         return Path(env).expanduser()

@@ -1,6 +1,7 @@
 """The one facade the web UI talks to. It takes plain form values, builds a `TrainConfig`, and calls the backend.
 
-No gradio here; every method returns plain data (dicts, lists, dataclasses) or raises `UserError` with a one-line message.
+No gradio here; every method returns plain data (dicts, lists, dataclasses) or raises `UserError` with a
+one-line message.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from finetune.config import FIELDS, EMBEDDED_MODEL, field_groups  # noqa: E402
+from finetune.config import EMBEDDED_MODEL, FIELDS, field_groups  # noqa: E402
 
 
 def default_text(name: str) -> str:

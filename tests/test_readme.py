@@ -19,8 +19,9 @@ def test_readme_opens_with_exactly_the_two_commands():
 
 
 def test_config_table_matches_the_code():
-    table = subprocess.run([sys.executable, str(ROOT / "scripts" / "config_reference.py")], capture_output=True,
-                           text=True, check=True).stdout.strip()
+    table = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "config_reference.py")], capture_output=True, text=True, check=True
+    ).stdout.strip()
     between = README.split("<!-- config-table:start -->")[1].split("<!-- config-table:end -->")[0].strip()
     assert between == table, "README's config table is stale: run python scripts/config_reference.py"
 
