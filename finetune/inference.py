@@ -84,39 +84,32 @@ def adapter_dir(run_path: Path) -> Path | None:
     run = RunDir(Path(run_path))
     if run.has_final_model():
         return run.path
-    checkpoint = run.last_checkpoint()
-    return checkpoint
+    return run.last_checkpoint()
 
 
 def load_for_chat(base: TrainConfig, run_path: Path | None = None) -> tuple[Any, Any]:
     """(model, tokenizer) for chat: the base model, or base + a run's adapter / full weights."""
     from finetune import models
 
-    if run_path is None:
-        tokenizer = models.load_tokenizer(base)
-        model = models._from_pretrained(
-            _causal_lm(),
-            models.resolve_model_path(base.model),
-            dtype=_chat_dtype(),
-            trust_remote_code=base.trust_remote_code,
-        )
-        return _place(model), tokenizer
-    weights = adapter_dir(run_path)
-    if weights is None:
-        raise UserError(f"run: {Path(run_path).name} has no saved weights yet (no checkpoint so far)", field="run")
+    weights = None
+    if run_path is not None:
+        weights = adapter_dir(run_path)
+        if weights is None:
+            raise UserError(f"run: {Path(run_path).name} has no saved weights yet (no checkpoint so far)", field="run")
     tokenizer = models.load_tokenizer(base)
-    if (weights / "adapter_config.json").is_file():
-        from peft import PeftModel
-
-        model = models._from_pretrained(
+    if weights is not None and not (weights / "adapter_config.json").is_file():
+        model = _causal_lm().from_pretrained(str(weights), dtype=_chat_dtype())  # a full fine-tune: its own weights
+    else:
+        model = models.from_pretrained(
             _causal_lm(),
             models.resolve_model_path(base.model),
             dtype=_chat_dtype(),
             trust_remote_code=base.trust_remote_code,
         )
-        model = PeftModel.from_pretrained(model, str(weights))
-    else:
-        model = _causal_lm().from_pretrained(str(weights), dtype=_chat_dtype())
+        if weights is not None:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, str(weights))
     model.eval()
     return _place(model), tokenizer
 

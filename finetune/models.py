@@ -106,10 +106,10 @@ def load_model_config(name: str, trust_remote_code: bool = False) -> Any:
         config.name_or_path = EMBEDDED_HUB_ID
         return config
     path = resolve_model_path(name)
-    return _from_pretrained(AutoConfig, path, trust_remote_code=trust_remote_code)
+    return from_pretrained(AutoConfig, path, trust_remote_code=trust_remote_code)
 
 
-def _from_pretrained(cls: Any, path: str, **kwargs: Any) -> Any:
+def from_pretrained(cls: Any, path: str, **kwargs: Any) -> Any:
     """`cls.from_pretrained` with one clear error when the model cannot be found or fetched."""
     try:
         return cls.from_pretrained(path, **kwargs)
@@ -132,7 +132,7 @@ def load_tokenizer(config: TrainConfig) -> Any:
     from transformers import AutoTokenizer
 
     path = resolve_model_path(config.model)
-    tokenizer = _from_pretrained(AutoTokenizer, path, trust_remote_code=config.trust_remote_code)
+    tokenizer = from_pretrained(AutoTokenizer, path, trust_remote_code=config.trust_remote_code)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "right"
@@ -180,7 +180,7 @@ def load_model(config: TrainConfig, num_labels: int | None = None) -> Any:
     else:
         from transformers import AutoModelForCausalLM as Auto
 
-    model = _from_pretrained(Auto, resolve_model_path(config.model), **kwargs)
+    model = from_pretrained(Auto, resolve_model_path(config.model), **kwargs)
     if model.config.pad_token_id is None and getattr(model.config, "eos_token_id", None) is not None:
         eos = model.config.eos_token_id
         model.config.pad_token_id = eos[0] if isinstance(eos, list) else eos
