@@ -214,7 +214,8 @@ def _scheduler(config: TrainConfig, total_steps: int) -> dict[str, Any]:
     """WarmupLR (constant), WarmupDecayLR (linear) or WarmupCosineLR (cosine), linear warm-up over warmup_steps.
 
     DeepSpeed warms up over at least 2 steps; with warmup_steps 0 the warm-up starts at the full rate instead
-    (min = max), so "no warm-up" still means the full learning rate from the first step.
+    (min = max), so "no warm-up" still means the full learning rate from the first step. Every listed scheduler
+    runs with any max_steps ≥ 1 and warmup_steps ≥ 0 (tests/test_schedulers.py steps each through such runs).
     """
     kind = SCHEDULERS.get(config.lr_scheduler_type)
     if kind is None:
@@ -225,6 +226,9 @@ def _scheduler(config: TrainConfig, total_steps: int) -> dict[str, Any]:
         )
     warmup = config.warmup_steps if config.lr_scheduler_type != "constant" else 0
     steps = max(1, warmup)
+    # DeepSpeed warns when a run is shorter than its warm-up (at least 2 steps there). Lengthening such a run to
+    # the warm-up changes no rate it uses: every step of it is still warm-up.
+    total_steps = max(total_steps, steps, 2)
     lr = config.learning_rate
     if kind == "WarmupCosineLR":
         params: dict[str, Any] = {

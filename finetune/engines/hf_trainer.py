@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,11 @@ OPTIMIZERS = {
     "paged_adamw_8bit": "paged_adamw_8bit",
     "sgd": "sgd",
 }
+
+# What the form does not ask for, chosen here so that every scheduler in config.SCHEDULERS runs with its settings.
+MIN_LR_RATE = 0.1  # cosine_with_min_lr: decay to 10% of the peak rate
+DECAY_FRACTION = 0.1  # warmup_stable_decay: the last 10% of the steps decay, the rest after warm-up stays flat
+POLYNOMIAL_LR_END = 1e-7  # polynomial: Trainer's own default end rate (kept below the peak rate)
 
 
 def training_arguments(config: TrainConfig, output_dir: Path, precision: str, has_eval: bool) -> TrainingArguments:
@@ -68,6 +74,60 @@ def training_arguments(config: TrainConfig, output_dir: Path, precision: str, ha
     )
 
 
+def scheduler_arguments(
+    name: str, num_training_steps: int, num_warmup_steps: int, learning_rate: float
+) -> tuple[str, int, dict[str, Any]]:
+    """(name, training steps, extra kwargs) for `get_scheduler`, so that `name` runs with the form's settings.
+
+    Fills in what some schedulers need and the form does not ask for, and sidesteps the short-run corners where
+    a scheduler divides by zero; the rate at every step the run takes is the one the named schedule gives.
+    """
+    kwargs: dict[str, Any] = {}
+    if name == "cosine_with_min_lr":
+        kwargs["min_lr_rate"] = MIN_LR_RATE
+    elif name == "warmup_stable_decay":
+        after_warmup = max(0, num_training_steps - num_warmup_steps)
+        kwargs["num_decay_steps"] = min(after_warmup, max(1, math.ceil(DECAY_FRACTION * num_training_steps)))
+    elif name == "polynomial":
+        if learning_rate <= 0:
+            return "constant", num_training_steps, {}  # a zero rate stays zero: nothing to decay
+        kwargs["lr_end"] = min(POLYNOMIAL_LR_END, learning_rate * 1e-3)
+        # It divides by (training - warm-up) steps at the end of the run: with warm-up filling the whole run that
+        # is 0. One more step changes no rate the run uses (all of them are still warm-up).
+        num_training_steps = max(num_training_steps, num_warmup_steps + 1)
+    return name, num_training_steps, kwargs
+
+
+def build_scheduler(args: TrainingArguments, optimizer: Any, num_training_steps: int) -> Any:
+    """The learning-rate scheduler for a run of `num_training_steps` optimizer steps (what Trainer would build,
+    with the arguments `scheduler_arguments` supplies)."""
+    from transformers import SchedulerType, get_scheduler
+
+    name = SchedulerType(args.lr_scheduler_type).value
+    warmup = args.get_warmup_steps(num_training_steps)
+    name, total, kwargs = scheduler_arguments(name, num_training_steps, warmup, args.learning_rate)
+    return get_scheduler(
+        name,
+        optimizer=optimizer,
+        num_warmup_steps=warmup,
+        num_training_steps=total,
+        scheduler_specific_kwargs=kwargs,
+    )
+
+
+class StudioTrainer(Trainer):
+    """`Trainer` whose scheduler comes from `build_scheduler` (also under DeepSpeed, which asks the same method)."""
+
+    def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
+        """The run's learning-rate scheduler, built once."""
+        if self.lr_scheduler is None:
+            self.lr_scheduler = build_scheduler(
+                self.args, self.optimizer if optimizer is None else optimizer, num_training_steps
+            )
+            self._created_lr_scheduler = True
+        return self.lr_scheduler
+
+
 class ProgressCallback(TrainerCallback):
     """Feeds `Progress` from the Trainer's events, answers held-out prompts at step 0 and each evaluation, and
     honours the stop flag (save a checkpoint, then end)."""
@@ -95,7 +155,7 @@ class ProgressCallback(TrainerCallback):
         self._samples(model, state.global_step)
 
     def on_save(self, args, state, control, **kwargs):  # noqa: D102
-        self.progress.event("checkpoint", step=state.global_step, path=f"checkpoint-{state.global_step}")
+        self.progress.checkpoint_saved(state.global_step, path=f"checkpoint-{state.global_step}")
 
     def _samples(self, model: Any, step: int) -> None:
         if model is None or not self.prepared.prompts:
@@ -121,7 +181,7 @@ def _train(config: TrainConfig, progress: Progress, resume_from: Path | None = N
     if progress.stop_requested.is_set():
         return "stopped"
     args = training_arguments(config, progress.run.path, prepared.precision, prepared.data.eval is not None)
-    trainer = Trainer(
+    trainer = StudioTrainer(
         model=prepared.model,
         args=args,
         train_dataset=prepared.data.train,
