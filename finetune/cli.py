@@ -28,9 +28,38 @@ def load_config(path: str | None, sets: list[str] | None) -> TrainConfig:
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:
-    """--config and --set, shared by every command that takes a run configuration."""
+    """--config, --set and -v, shared by every command that takes a run configuration."""
     parser.add_argument("--config", help="YAML run configuration (flat, one key per field); default: built-in defaults")
     parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config field (repeatable)")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="also show the libraries' own warnings and progress bars"
+    )
+
+
+def quiet_libraries() -> None:
+    """Keep library warnings and progress bars off the terminal: the run's own bar and one `error:` line say it all.
+
+    Everything still reaches the run's events.jsonl (traceback included); `-v` shows the libraries' output too.
+    The environment covers libraries imported later; the calls cover those already imported."""
+    import logging
+    import warnings
+
+    for name in ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS", "TRL_EXPERIMENTAL_SILENCE"):
+        os.environ.setdefault(name, "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("DATASETS_VERBOSITY", "error")
+    warnings.filterwarnings("ignore")
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    if "huggingface_hub" in sys.modules:
+        sys.modules["huggingface_hub"].utils.disable_progress_bars()
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].disable_progress_bars()
+    if "transformers" in sys.modules:
+        sys.modules["transformers"].utils.logging.disable_progress_bar()
+
+
+QUIET_LOGGERS = ("transformers", "datasets", "huggingface_hub", "peft", "accelerate", "DeepSpeed", "torch", "trl")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not {"-v", "--verbose"} & set(argv):
+        quiet_libraries()  # before the sub-commands' modules import the libraries
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -97,6 +129,11 @@ def cmd_train(args: Any) -> int:
     final = follow(manager, show_bar=rank == 0 and not args.no_progress)
     if final and final.status == "failed" and final.user_error:
         raise UserError(final.error or "training failed")
+    if final and final.status == "failed":
+        # The last line of output, whatever the libraries printed before it.
+        advice = f" — {final.advice}" if final.advice else ""
+        print(f"error: {final.error}{advice}", file=sys.stderr, flush=True)
+        return 1
     if rank == 0:
         print(summary_line(final or state, manager))
     return 0 if final and final.status in ("completed", "stopped") else 1

@@ -37,6 +37,14 @@ SCHEDULERS = (
 REPORTERS = ("none", "tensorboard", "trackio", "wandb")
 OFFLOAD = ("none", "cpu", "nvme")
 
+# Bounds on what a user can paste or upload: a run config is a few KB of flat keys, so anything far beyond is refused
+# before it is parsed (YAML aliases can expand a few hundred bytes into gigabytes).
+MAX_YAML_BYTES = 64 * 1024
+MAX_YAML_DEPTH = 3  # the mapping, a list value (lora_target_modules), nothing deeper
+MAX_TEXT_CHARS = 4096  # one text field: a Hub id, a path, a column name
+MAX_INT = 2**31 - 1  # whole-number fields end up in C ints (torch, numpy, the Trainer)
+MAX_SEED = 2**32 - 1  # numpy's seed range
+
 
 def _f(default: Any, help: str, group: str, **rules: Any) -> Any:
     """A dataclass field with help text, a form group and validation rules (choices, min, max)."""
@@ -148,7 +156,7 @@ class TrainConfig:
     warmup_steps: int = _f(2, "Steps of linear warm-up from 0 to the learning rate.", "Optimisation", min=0)
     num_train_epochs: float = _f(1.0, "Passes over the data (used when max_steps is -1).", "Optimisation", min=0.01)
     max_steps: int = _f(40, "Optimizer steps to run; -1 = run num_train_epochs.", "Optimisation", min=-1)
-    seed: int = _f(42, "Random seed for data order and initialisation.", "Optimisation", min=0)
+    seed: int = _f(42, "Random seed for data order and initialisation.", "Optimisation", min=0, max=MAX_SEED)
 
     # --- Precision & memory
     precision: str = _f(
@@ -247,13 +255,12 @@ class TrainConfig:
 
     @classmethod
     def from_yaml(cls, text: str) -> TrainConfig:
-        """Parse YAML text (an empty document gives the defaults)."""
+        """Parse YAML text (an empty document gives the defaults); oversized or alias-laden text is refused."""
+        check_yaml_bounds(text)
         try:
-            values = yaml.safe_load(text)
+            values = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}" if mark else ""
-            raise ConfigError(f"config: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+            raise ConfigError(yaml_error_message(exc)) from None
         return cls.from_dict(values or {})
 
     @classmethod
@@ -263,9 +270,12 @@ class TrainConfig:
         if not p.is_file():
             raise ConfigError(f"--config: file not found: {p}")
         try:
+            if p.stat().st_size > MAX_YAML_BYTES:
+                raise ConfigError(_too_big_message(f"--config: {p}", p.stat().st_size))
             text = p.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"--config: cannot read {p}: {exc}") from None
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8 text"
+            raise ConfigError(f"--config: cannot read {p}: {reason}") from None
         return cls.from_yaml(text)
 
     def save(self, path: str | Path) -> None:
@@ -290,6 +300,40 @@ def field_groups() -> dict[str, list[str]]:
     for f in fields(TrainConfig):
         groups.setdefault(f.metadata["group"], []).append(f.name)
     return groups
+
+
+def check_yaml_bounds(text: str) -> None:
+    """Refuse YAML a flat config never needs before it is built: too long, aliases (`*name`), or deep nesting.
+
+    Scanning the event stream costs microseconds per KB and builds nothing, so an alias bomb is refused at once.
+    """
+    size = len(text.encode("utf-8", errors="replace"))
+    if size > MAX_YAML_BYTES:
+        raise ConfigError(_too_big_message("config", size))
+    depth = 0
+    try:
+        for event in yaml.parse(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+            if isinstance(event, yaml.AliasEvent):
+                raise ConfigError("config: YAML aliases (*name) are not supported in a run config; write values out")
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += 1
+                if depth > MAX_YAML_DEPTH:
+                    raise ConfigError("config: nested too deeply; a run config is flat: one `key: value` per line")
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
+    except yaml.YAMLError as exc:
+        raise ConfigError(yaml_error_message(exc)) from None
+
+
+def yaml_error_message(exc: yaml.YAMLError) -> str:
+    """'config: not valid YAML at line N: problem' for a YAML syntax error."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}" if mark else ""
+    return f"config: not valid YAML{where}: {getattr(exc, 'problem', None) or exc}"
+
+
+def _too_big_message(what: str, size: int) -> str:
+    return f"{what}: {size // 1024} KB is too large for a run config (at most {MAX_YAML_BYTES // 1024} KB)"
 
 
 def parse_set_option(item: str) -> tuple[str, str]:
@@ -324,10 +368,10 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
             return value.strip().lower() in _TRUE
         if isinstance(value, int) and value in (0, 1):
             return bool(value)
-        raise ConfigError(f"{name}: {value!r} is not a boolean; use true or false", field=name)
+        raise ConfigError(f"{name}: {_short(value)} is not a boolean; use true or false", field=name)
     if kind == "int":
         if isinstance(value, bool):
-            raise ConfigError(f"{name}: {value!r} is not a whole number", field=name)
+            raise ConfigError(f"{name}: {_short(value)} is not a whole number", field=name)
         if isinstance(value, int):
             return value
         if isinstance(value, float) and value.is_integer():
@@ -337,16 +381,16 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
                 return int(value.strip())
             except ValueError:
                 pass
-        raise ConfigError(f"{name}: {value!r} is not a whole number{_range_text(f)}", field=name)
+        raise ConfigError(f"{name}: {_short(value)} is not a whole number{_range_text(f)}", field=name)
     if kind == "float":
         if isinstance(value, bool):
-            raise ConfigError(f"{name}: {value!r} is not a number", field=name)
+            raise ConfigError(f"{name}: {_short(value)} is not a number", field=name)
         try:
             number = float(value)
         except (TypeError, ValueError):
-            raise ConfigError(f"{name}: {value!r} is not a number{_range_text(f)}", field=name) from None
+            raise ConfigError(f"{name}: {_short(value)} is not a number{_range_text(f)}", field=name) from None
         if not math.isfinite(number):
-            raise ConfigError(f"{name}: {value!r} is not a finite number", field=name)
+            raise ConfigError(f"{name}: {_short(value)} is not a finite number", field=name)
         return number
     # str
     if value is None:
@@ -356,12 +400,20 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and name in ("dataset_split", "eval_split"):
         return str(value)
     if not isinstance(value, str):
-        raise ConfigError(f"{name}: {value!r} is not text", field=name)
+        raise ConfigError(f"{name}: {_short(value)} is not text", field=name)
+    if len(value) > MAX_TEXT_CHARS:
+        raise ConfigError(f"{name}: {len(value)} characters is too long (at most {MAX_TEXT_CHARS})", field=name)
     return value.strip()
 
 
-def _range_text(f: dataclasses.Field) -> str:
-    lo, hi = f.metadata.get("min"), f.metadata.get("max")
+def _short(value: Any) -> str:
+    """A value for an error line: its repr, cut so a pasted megabyte never floods the terminal or the page."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _range_text(f: dataclasses.Field, hi: Any = None) -> str:
+    lo, hi = f.metadata.get("min"), f.metadata.get("max", hi)
     if lo is not None and hi is not None:
         return f"; allowed: {lo} to {hi}"
     if lo is not None:
@@ -375,11 +427,13 @@ def _check_rules(f: dataclasses.Field, value: Any) -> None:
         close = difflib.get_close_matches(str(value), choices, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         raise ConfigError(
-            f"{f.name}: {value!r} is not allowed{hint}; choose one of: {', '.join(choices)}", field=f.name
+            f"{f.name}: {_short(value)} is not allowed{hint}; choose one of: {', '.join(choices)}", field=f.name
         )
     lo, hi = f.metadata.get("min"), f.metadata.get("max")
+    if hi is None and f.type in ("int", int):
+        hi = MAX_INT
     if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise ConfigError(f"{f.name}: {value!r} is out of range{_range_text(f)}", field=f.name)
+        raise ConfigError(f"{f.name}: {_short(value)} is out of range{_range_text(f, hi)}", field=f.name)
 
 
 def _cross_field_errors(c: TrainConfig) -> list[ConfigError]:

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from finetune.rundir import RunDir
+from finetune.rundir import FORMAT, RunDir
 
 
 @dataclass
@@ -43,6 +43,7 @@ class TrainingState:
     finished_at: float | None = None
     pid: int = 0
     device: str = ""
+    format: int = FORMAT  # the run directory's layout version (see rundir.py)
 
     @property
     def active(self) -> bool:
@@ -83,6 +84,9 @@ class Progress:
         self._state = TrainingState(run_id=run_id, run_dir=str(run.path), owner=owner, pid=os.getpid())
         self._last_write = 0.0
         self._rate_mark: tuple[float, int] | None = None
+        # A failed write of status.json / events.jsonl (disk full, permissions): kept, and raised at the next step so
+        # the run fails with it in plain words instead of a Stop button or a status page that throws.
+        self.write_error: OSError | None = None
 
     # ----- reading
     def snapshot(self) -> TrainingState:
@@ -102,16 +106,29 @@ class Progress:
             if due:
                 self._last_write = time.time()
         if state is not None and self.write_files:
-            self.run.write_status(state.to_dict())
+            self._write(self.run.write_status, state.to_dict())
             if status_changed:
-                self.run.append_event(
-                    {"type": "status", "status": state.status, "step": state.step, "error": state.error}
+                self._write(
+                    self.run.append_event,
+                    {"type": "status", "status": state.status, "step": state.step, "error": state.error},
                 )
 
     def event(self, kind: str, **fields: Any) -> None:
         """Append one event to events.jsonl."""
         if self.write_files:
-            self.run.append_event({"type": kind, **fields})
+            self._write(self.run.append_event, {"type": kind, **fields})
+
+    def _write(self, write: Any, payload: dict[str, Any]) -> None:
+        try:
+            write(payload)
+        except OSError as exc:
+            self.write_error = self.write_error or exc
+
+    def checkpoint_saved(self, step: int, path: str) -> None:
+        """After an engine wrote checkpoint-N: make it durable and mark it complete, then log it."""
+        if self.write_files:
+            self.run.seal_checkpoint(step)
+        self.event("checkpoint", step=step, path=path)
 
     def message(self, text: str) -> None:
         """A line for the log tail and the events file."""
@@ -122,7 +139,9 @@ class Progress:
         self.update(force=True, status=status, **changes)
 
     def on_step(self, step: int, max_steps: int, epoch: float, tokens_seen: int | None) -> None:
-        """After each optimizer step: step counters, tokens/s, ETA and memory."""
+        """After each optimizer step: step counters, tokens/s, ETA and memory. A failed file write fails the run."""
+        if self.write_error is not None:
+            raise self.write_error
         now = time.time()
         changes: dict[str, Any] = {
             "step": step,

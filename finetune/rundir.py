@@ -5,7 +5,10 @@ Layout (the public contract other modules and tools read):
   status.json       {status, step, max_steps, epoch, loss, eval_loss, ..., error, started_at, updated_at, pid, owner}
   events.jsonl      one JSON object per line: {"time", "type": "status"|"log"|"eval"|"samples"|"message", ...};
                     "log" lines carry step and loss; "samples" carry step and [{prompt, answer}]
-  checkpoint-N/     Trainer / DeepSpeed checkpoints (complete once trainer_state.json is written)
+                    after a crash, a "resume" event at step K makes readers drop the earlier events past step K
+                    (those steps were trained again), so a loss curve never shows a step twice
+  checkpoint-N/     Trainer / DeepSpeed checkpoints; complete once every file in it is flushed to disk and the marker
+                    `checkpoint-N/finetune-complete.json` is written last (older runs: once trainer_state.json parses)
   adapter_config.json + adapter_model.safetensors  (LoRA / QLoRA) or model.safetensors (full), plus the tokenizer
 """
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import threading
 import time
 from dataclasses import dataclass
@@ -25,6 +29,13 @@ from finetune.config import TrainConfig
 
 ACTIVE = ("pending", "loading", "running", "stopping")
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+COMPLETE_MARKER = "finetune-complete.json"
+# status.json's "format": 2 = checkpoints count only with COMPLETE_MARKER (written after everything is on disk).
+FORMAT = 2
+# What a run writes into its directory before its first step: removed again if it fails there, and nothing else.
+_OWN_FILES = ("config.yaml", "status.json", "events.jsonl")
+# Events tied to a step that a crash-and-resume trains again; the later copy wins.
+_STEP_EVENTS = ("log", "eval", "samples", "checkpoint")
 
 
 @dataclass(frozen=True)
@@ -73,7 +84,8 @@ class RunDir:
             fh.write(line)
 
     def read_events(self, types: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
-        """All events (optionally of some types); a torn last line is skipped."""
+        """All events (optionally of some types); a torn last line is skipped, and steps trained again after a
+        resume appear once (the copy from the resumed process)."""
         out: list[dict[str, Any]] = []
         try:
             text = self.events_path.read_text(encoding="utf-8")
@@ -84,18 +96,51 @@ class RunDir:
                 event = json.loads(line)
             except ValueError:
                 continue
-            if types is None or event.get("type") in types:
-                out.append(event)
-        return out
+            if not isinstance(event, dict):
+                continue
+            if event.get("type") == "resume" and isinstance(event.get("step"), int):
+                out = [e for e in out if not _retrained(e, event["step"])]
+            out.append(event)
+        return [e for e in out if types is None or e.get("type") in types]
 
     def checkpoints(self) -> list[Path]:
-        """Complete checkpoints, oldest first. A checkpoint is complete once its trainer_state.json parses."""
+        """Complete checkpoints, oldest first (see the module docstring for what complete means)."""
+        marker_needed = self.read_status().get("format", 1) >= FORMAT
         found = []
         for child in self.path.iterdir() if self.path.is_dir() else []:
             match = _CHECKPOINT.match(child.name)
-            if match and child.is_dir() and read_json(child / "trainer_state.json") is not None:
-                found.append((int(match.group(1)), child))
+            if not match or not child.is_dir() or read_json(child / "trainer_state.json") is None:
+                continue
+            if marker_needed and read_json(child / COMPLETE_MARKER) is None:
+                continue  # torn by a crash or a power cut before everything reached the disk
+            found.append((int(match.group(1)), child))
         return [p for _, p in sorted(found)]
+
+    def seal_checkpoint(self, step: int) -> None:
+        """Make checkpoint-N durable, then mark it complete: fsync every file and folder in it, write the marker."""
+        folder = self.path / f"checkpoint-{step}"
+        for sub, _, files in os.walk(folder):
+            for name in files:
+                fsync_path(Path(sub) / name)
+            fsync_path(Path(sub))
+        write_json(folder / COMPLETE_MARKER, {"step": step, "sealed_at": round(time.time(), 3)})
+        fsync_path(folder)
+        fsync_path(self.path)
+
+    def remove_own_files(self, remove_folder: bool) -> None:
+        """Undo a run that failed before its first step: delete what it wrote, and its folder only if it made it."""
+        for name in _OWN_FILES:
+            (self.path / name).unlink(missing_ok=True)
+        for child in list(self.path.iterdir()) if self.path.is_dir() else []:
+            if _CHECKPOINT.match(child.name) and child.is_dir():
+                shutil.rmtree(child, ignore_errors=True)
+            elif child.name.startswith(tuple(f".{n}." for n in _OWN_FILES)) and child.name.endswith(".tmp"):
+                child.unlink(missing_ok=True)  # an atomic write cut short
+        if remove_folder:
+            try:
+                self.path.rmdir()  # only if empty: anything else in it is not ours to delete
+            except OSError:
+                pass
 
     def last_checkpoint(self) -> Path | None:
         cps = self.checkpoints()
@@ -115,6 +160,20 @@ class RunDir:
 
 
 _EVENT_LOCK = threading.Lock()
+
+
+def _retrained(event: dict[str, Any], resumed_at: int) -> bool:
+    step = event.get("step")
+    return event.get("type") in _STEP_EVENTS and isinstance(step, int) and step > resumed_at
+
+
+def fsync_path(path: Path) -> None:
+    """Flush a file or folder to the disk (a folder: so a rename or new entry in it survives a power cut)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _pid_alive(pid: Any) -> bool:

@@ -1,7 +1,10 @@
 """Starting, stopping and resuming runs: one run at a time per device, in a background thread or in the foreground.
 
-A run directory is created only after the config and its inputs pass the cheap checks, and is removed again if the
-run fails before its first step, so a failed start never leaves something that looks like a run.
+A run directory is created only after the config and its inputs pass the cheap checks. `output_dir` must be new or
+empty: a folder holding anything else is refused before anything starts. A run that fails before its first step
+removes exactly the files it wrote (and its folder only if it made it), so a failed start never leaves something that
+looks like a run, and never touches what it did not create. A resume that fails before training a new step puts the
+run's config.yaml and status.json back as they were.
 """
 
 from __future__ import annotations
@@ -11,7 +14,6 @@ import gc
 import json
 import os
 import re
-import shutil
 import threading
 import time
 import traceback
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune import paths
+from finetune.atomic import write_text
 from finetune.config import TrainConfig
 from finetune.errors import BusyError, ConfigError, UserError
 from finetune.progress import Progress, TrainingState
@@ -39,8 +42,11 @@ class DeviceLock:
         self._fh: Any = None
 
     def acquire(self, holder: dict[str, Any]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fh = open(self.path, "a+", encoding="utf-8")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fh = open(self.path, "a+", encoding="utf-8")
+        except OSError as exc:
+            raise UserError(f"runs folder: cannot use {self.path.parent}: {_os_reason(exc)}", "output_dir") from None
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -48,15 +54,21 @@ class DeviceLock:
             info = _parse(fh.read())
             fh.close()
             raise BusyError(busy_message(info)) from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(json.dumps(holder))
-        fh.flush()
         self._fh = fh
+        try:
+            fh.seek(0)
+            fh.truncate()
+            fh.write(json.dumps(holder))
+            fh.flush()
+        except OSError:
+            pass  # a full disk: the lock holds all the same, only the "who" line is missing
 
     def release(self) -> None:
         if self._fh is not None:
-            self._fh.truncate(0)
+            try:
+                self._fh.truncate(0)
+            except OSError:
+                pass  # the holder line is information only; the lock itself is what matters
             fcntl.flock(self._fh, fcntl.LOCK_UN)
             self._fh.close()
             self._fh = None
@@ -84,6 +96,38 @@ class ActiveRun:
     progress: Progress
     thread: threading.Thread | None
     config: TrainConfig
+
+
+@dataclass
+class Launch:
+    """What a failure must undo: the files of a new run, or the previous state of a resumed one."""
+
+    made_folder: bool = False  # this run created its directory (so it may remove it)
+    resume_step: int | None = None  # the checkpoint step a resume continues from
+    previous_config: str | None = None  # config.yaml and status.json before a resume touched them
+    previous_status: dict[str, Any] | None = None
+
+    @property
+    def fresh(self) -> bool:
+        return self.resume_step is None
+
+
+# Settings a checkpoint is bound to: its weights, optimizer state or format would not fit a change.
+RESUME_FIXED = (
+    "model",
+    "task",
+    "num_labels",
+    "method",
+    "lora_r",
+    "lora_alpha",
+    "lora_target_modules",
+    "quant_type",
+    "double_quant",
+    "backend",
+    "zero_stage",
+    "optim",
+    "output_dir",
+)
 
 
 class RunManager:
@@ -129,32 +173,45 @@ class RunManager:
         return out
 
     # ----------------------------------------------------------------- starting
+    def check_start(self, config: TrainConfig, confine: bool = False) -> Path:
+        """Every check `start` makes before anything is written (Check in the app gives the same verdict);
+        returns the run directory it would use."""
+        config.validate()
+        rank, world = distributed_rank()
+        path = self._new_run_path(config, confine, world)
+        if rank == 0:
+            check_new_run_dir(path)
+        preflight(config)
+        return path
+
     def start(
         self, config: TrainConfig, owner: str = "", confine: bool = False, background: bool = True
     ) -> TrainingState:
         """Start a new run. `confine` keeps output_dir under the runs root (the web UI)."""
-        config.validate()
-        preflight(config)
-        rank, world = distributed_rank()
-        run = RunDir(self._new_run_path(config, confine, world))
-        if rank == 0 and run.exists():
-            raise ConfigError(f"output_dir: {run.path} already holds a run; resume it or choose another", "output_dir")
+        run = RunDir(self.check_start(config, confine))
         return self._launch(config, run, owner, resume_from=None, background=background)
 
     def resume(
         self, run_dir: str | Path, owner: str = "", background: bool = True, overrides: dict[str, Any] | None = None
     ) -> TrainingState:
-        """Continue a stopped, interrupted or failed run from its last complete checkpoint, same step numbering."""
+        """Continue a stopped, interrupted or failed run from its last complete checkpoint, same step numbering.
+
+        Everything is checked before the run is touched: an override the checkpoint cannot take is refused."""
         run = self._find_run(run_dir)
-        config = run.load_config()
-        if overrides:
-            config = config.replace(**overrides)
+        saved = run.load_config()
+        config = saved.replace(**overrides) if overrides else saved
         checkpoint = run.last_checkpoint()
         if checkpoint is None:
             raise UserError(f"resume: {run.name} has no complete checkpoint yet; start a new run instead", "resume")
-        if run.read_status().get("status") == "completed" and not overrides:
+        status = run.read_status()
+        if run.effective_status() in ACTIVE and status.get("pid") != os.getpid():
+            raise BusyError(f"resume: {run.name} is still running (process {status.get('pid')}); stop it first")
+        if status.get("status") == "completed" and not overrides:
             raise UserError(f"resume: {run.name} already completed; raise max_steps to train further", "resume")
-        return self._launch(config, run, owner, resume_from=checkpoint, background=background)
+        step = checkpoint_step(checkpoint)
+        check_resume_overrides(saved, config, step)
+        launch = Launch(resume_step=step, previous_config=_read_text(run.config_path), previous_status=status)
+        return self._launch(config, run, owner, resume_from=checkpoint, background=background, launch=launch)
 
     def _find_run(self, run_dir: str | Path) -> RunDir:
         path = Path(run_dir).expanduser()
@@ -179,9 +236,16 @@ class RunManager:
         return unique_run_path(self.root, config)
 
     def _launch(
-        self, config: TrainConfig, run: RunDir, owner: str, resume_from: Path | None, background: bool
+        self,
+        config: TrainConfig,
+        run: RunDir,
+        owner: str,
+        resume_from: Path | None,
+        background: bool,
+        launch: Launch | None = None,
     ) -> TrainingState:
         rank, _ = distributed_rank()
+        launch = launch or Launch()
         progress = Progress(run, run.name, owner=owner, write_files=rank == 0)
         with self._lock:
             if self._active is not None:
@@ -190,39 +254,68 @@ class RunManager:
                     busy_message({"run_id": state.run_id, "owner": state.owner, "started_at": state.started_at})
                 )
             if rank == 0:
-                started = time.time()
-                self._device_lock.acquire(
-                    {
-                        "run_id": run.name,
-                        "owner": owner or "the command line",
-                        "started_at": started,
-                        "pid": os.getpid(),
-                    }
-                )
+                holder = {"run_id": run.name, "owner": owner or "the command line", "started_at": time.time()}
+                self._device_lock.acquire({**holder, "pid": os.getpid()})
             self._active = ActiveRun(progress, None, config)
-        fresh = resume_from is None
-        if rank == 0:
-            run.path.mkdir(parents=True, exist_ok=True)
-            run.write_config(config)
-            progress.set_status(
-                "loading",
-                started_at=time.time(),
-                max_steps=config.max_steps,
-                message="resuming from " + resume_from.name if resume_from else "starting",
-            )
+        try:
+            if rank == 0:
+                self._write_start(config, run, progress, resume_from, launch)
+        except OSError as exc:  # disk full, permissions, a file where a folder should be: refused, nothing held
+            self._undo_start(run, launch)
+            with self._lock:
+                self._active = None
+                self._device_lock.release()
+            raise UserError(
+                f"output_dir: cannot write the run in {run.path}: {_os_reason(exc)}", "output_dir"
+            ) from None
         if not background:
-            self._run(config, progress, resume_from, fresh)
+            self._run(config, progress, resume_from, launch)
             return progress.snapshot()
         thread = threading.Thread(
-            target=self._run, args=(config, progress, resume_from, fresh), name=f"train-{run.name}", daemon=True
+            target=self._run, args=(config, progress, resume_from, launch), name=f"train-{run.name}", daemon=True
         )
         with self._lock:
             self._active = ActiveRun(progress, thread, config)
         thread.start()
         return progress.snapshot()
 
+    @staticmethod
+    def _write_start(
+        config: TrainConfig, run: RunDir, progress: Progress, resume_from: Path | None, launch: Launch
+    ) -> None:
+        """The run's first files: its folder (new or empty), config.yaml, status.json, and for a resume the marker
+        that tells readers which logged steps are trained again."""
+        if launch.fresh:
+            launch.made_folder = not run.path.exists()
+            run.path.mkdir(parents=True, exist_ok=True)
+        run.write_config(config)
+        if resume_from is not None:
+            run.append_event({"type": "resume", "step": launch.resume_step, "checkpoint": resume_from.name})
+        progress.set_status(
+            "loading",
+            started_at=time.time(),
+            max_steps=config.max_steps,
+            message="resuming from " + resume_from.name if resume_from else "starting",
+        )
+        if progress.write_error is not None:
+            raise progress.write_error
+
+    @staticmethod
+    def _undo_start(run: RunDir, launch: Launch) -> None:
+        """Leave the disk as it was before this launch (best effort: the disk may be what failed)."""
+        try:
+            if launch.fresh:
+                run.remove_own_files(remove_folder=launch.made_folder)
+                return
+            if launch.previous_config is not None:
+                write_text(run.config_path, launch.previous_config)
+            if launch.previous_status is not None:
+                run.write_status(launch.previous_status)
+        except OSError:
+            pass
+
     # ----------------------------------------------------------------- the run itself
-    def _run(self, config: TrainConfig, progress: Progress, resume_from: Path | None, fresh: bool) -> None:
+    def _run(self, config: TrainConfig, progress: Progress, resume_from: Path | None, launch: Launch) -> None:
         from finetune.engines import run_engine
 
         try:
@@ -233,30 +326,40 @@ class RunManager:
                 eta_seconds=0 if final == "completed" else None,
                 message=f"run {final} at step {progress.snapshot().step}",
             )
+            if progress.write_error is not None:
+                raise progress.write_error  # the final status never reached the disk
         except BaseException as exc:  # every failure becomes a status the user can read, never a dead thread
-            self._fail(config, progress, exc, fresh)
+            self._fail(config, progress, exc, launch)
         finally:
-            release_memory()
-            with self._lock:
-                self._last = progress.snapshot()
-                self._active = None
-                self._device_lock.release()
+            try:
+                release_memory()
+            finally:
+                with self._lock:
+                    self._last = progress.snapshot()
+                    self._active = None
+                    self._device_lock.release()
 
-    def _fail(self, config: TrainConfig, progress: Progress, exc: BaseException, fresh: bool) -> None:
+    def _fail(self, config: TrainConfig, progress: Progress, exc: BaseException, launch: Launch) -> None:
         message, advice = plain_error(exc, config, progress.snapshot().step)
         state = progress.snapshot()
-        never_trained = fresh and state.step == 0 and not RunDir(progress.run.path).checkpoints()
-        if progress.write_files:
-            progress.event("traceback", text="".join(traceback.format_exception(exc))[-8000:])
+        run = RunDir(progress.run.path)
+        if launch.fresh:
+            nothing_new = state.step == 0 and not _safe(run.checkpoints, [])
+        else:
+            nothing_new = state.step <= (launch.resume_step or 0)
+        progress.event("traceback", text="".join(traceback.format_exception(exc))[-8000:])
         # The traceback's frames hold the model, optimizer and batches: drop them so the memory can be freed.
         traceback.clear_frames(exc.__traceback__)
         exc.__traceback__ = None
         progress.set_status(
             "failed", error=message, advice=advice, finished_at=time.time(), user_error=isinstance(exc, UserError)
         )
-        if never_trained and progress.write_files:
-            # Nothing worth keeping: remove the directory so it is not listed as a run.
-            shutil.rmtree(progress.run.path, ignore_errors=True)
+        if nothing_new and progress.write_files:
+            # A start that never trained leaves nothing that looks like a run; a resume that never trained leaves
+            # the run as it was (a completed run stays completed and publishable).
+            if not launch.fresh:
+                progress.event("message", text=f"resume failed before a new step: {message}; the run is unchanged")
+            self._undo_start(run, launch)
 
     def stop(self) -> bool:
         """Ask the active run to save a checkpoint and stop; False when nothing runs."""
@@ -281,6 +384,12 @@ def plain_error(exc: BaseException, config: TrainConfig, step: int) -> tuple[str
     """A one-line message for the user and, for out-of-memory, the estimator's advice."""
     if isinstance(exc, UserError):
         return str(exc), None
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return (
+            f"could not write the run's files at step {step}: {_os_reason(exc)}",
+            "Free disk space or fix the folder's permissions, then resume: training continues from the last "
+            "complete checkpoint.",
+        )
     if is_out_of_memory(exc):
         try:
             from finetune.memory import advice_text
@@ -344,6 +453,76 @@ def preflight(config: TrainConfig) -> None:
         if importlib.util.find_spec(config.report_to) is None:
             raise ConfigError(f"report_to: {config.report_to} is not installed; use none or install it", "report_to")
     gpu_only(config)
+
+
+def check_new_run_dir(path: Path) -> None:
+    """A new run's folder must be new or empty, and creatable: anything else is refused before a byte is written."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing != path and not existing.is_dir():
+        raise ConfigError(
+            f"output_dir: {existing} is a file, so {path} cannot be a folder; choose another", "output_dir"
+        )
+    if existing == path:
+        if not path.is_dir():
+            raise ConfigError(f"output_dir: {path} is a file, not a folder; choose a new folder", "output_dir")
+        if RunDir(path).exists():
+            raise ConfigError(f"output_dir: {path} already holds a run; resume it or choose another", "output_dir")
+        try:
+            has_files = any(path.iterdir())
+        except OSError as exc:
+            raise ConfigError(f"output_dir: cannot read {path}: {_os_reason(exc)}", "output_dir") from None
+        if has_files:
+            raise ConfigError(
+                f"output_dir: {path} already has files in it and is not a run; choose a new or empty folder",
+                "output_dir",
+            )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"output_dir: cannot write in {existing}: permission denied", "output_dir")
+
+
+def checkpoint_step(checkpoint: Path) -> int:
+    """The optimizer step a checkpoint folder (checkpoint-N) was saved at."""
+    return int(checkpoint.name.rsplit("-", 1)[-1])
+
+
+def check_resume_overrides(saved: TrainConfig, wanted: TrainConfig, step: int) -> None:
+    """Refuse resume settings the checkpoint cannot take, before the run is touched."""
+    for name in RESUME_FIXED:
+        before, after = getattr(saved, name), getattr(wanted, name)
+        if before != after:
+            raise ConfigError(
+                f"{name}: cannot change on resume (the checkpoint was trained with {before!r}, asked {after!r}); "
+                "start a new run for that",
+                name,
+            )
+    if wanted.max_steps != -1 and wanted.max_steps <= step:
+        raise ConfigError(
+            f"max_steps: {wanted.max_steps} is not beyond the checkpoint's step {step}; give a larger number "
+            "to train further",
+            "max_steps",
+        )
+
+
+def _os_reason(exc: OSError) -> str:
+    """'No space left on device (/path)': an OS error in plain words, without errno numbers or a traceback."""
+    reason = exc.strerror or type(exc).__name__
+    return f"{reason} ({exc.filename})" if exc.filename else reason
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+
+
+def _safe(call: Any, default: Any) -> Any:
+    try:
+        return call()
+    except OSError:
+        return default
 
 
 def gpu_only(config: TrainConfig) -> None:

@@ -432,7 +432,7 @@ def _save_checkpoint(
                 "saved_at": time.time(),
             },
         )
-        progress.event("checkpoint", step=step, path=tag)
+        progress.checkpoint_saved(step, path=tag)
         _prune_checkpoints(run)
     dist.barrier()
 
