@@ -204,7 +204,8 @@ class RunManager:
         if checkpoint is None:
             raise UserError(f"resume: {run.name} has no complete checkpoint yet; start a new run instead", "resume")
         status = run.read_status()
-        if run.effective_status() in ACTIVE and status.get("pid") != os.getpid():
+        rank, _ = distributed_rank()  # other ranks read the files rank 0 is already rewriting for this resume
+        if rank == 0 and run.effective_status() in ACTIVE and status.get("pid") != os.getpid():
             raise BusyError(f"resume: {run.name} is still running (process {status.get('pid')}); stop it first")
         if status.get("status") == "completed" and not overrides:
             raise UserError(f"resume: {run.name} already completed; raise max_steps to train further", "resume")
