@@ -1,15 +1,22 @@
 """Publish a finished run to the Hugging Face Hub: the adapter (or the merged model) with a model card, in one commit.
 
-    push_run(run_dir, "owner/name", token=..., private=False, merged=False) -> repo URL
+    push_run(run_dir, "owner/name", token=..., private=False, merged=False, allow_env_token=True) -> repo URL
     python -m finetune push RUN_DIR --repo-id OWNER/NAME [--private] [--merged] [--token-env NAME] [-v]
 
 What is pushed is staged in a temporary folder first, so only these files can reach the Hub: the adapter
 (adapter_config.json + adapter_model.safetensors) or the full model, the tokenizer, config.yaml, README.md
 (the model card) and loss_curve.png. Never checkpoints, optimizer states, events or status files.
 
+Nothing pushed names a path of this machine: config.yaml, the card and adapter_config.json are built from
+`finetune.public.public_config` (a local model or dataset appears as its base name and sha256, or its Hub id when
+one is on record; output_dir and nvme_path are left out), and the staged folder is scanned for the run's local
+paths and the home directory before anything is uploaded. The run directory itself is never changed.
+
 The token comes from the `token` argument (the Publish tab's password field), else the environment (`HF_TOKEN`,
-which is also how a Space secret arrives), else a stored `hf auth login`. It is passed to the Hub client and to
-nothing else: no file, log line or error message here contains it (the staged files are checked before upload).
+which is also how a Space secret arrives), else a stored `hf auth login`. With `allow_env_token=False` (a public
+Space: a visitor must never borrow the operator's token) only the `token` argument counts. The token is always passed
+to the Hub client explicitly, so the client never looks one up by itself. It reaches nothing else: no file, log line
+or error message here contains it (the staged files are checked before upload).
 `HF_ENDPOINT` is read at each push, so a stand-in Hub can be used without re-importing anything.
 
 torch / transformers / peft are imported only inside the `--merged` path.
@@ -36,9 +43,9 @@ from finetune.model_card import (
     build_model_card,
     known_license,
     plot_loss_curve,
-    resolve_base_model,
     summarize,
 )
+from finetune.public import local_path_needles, model_hub_id, public_config, scan_for_local_paths
 from finetune.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -86,16 +93,18 @@ def push_run(
     merged: bool = False,
     *,
     progress: Progress | None = None,
+    allow_env_token: bool = True,
 ) -> str:
     """Push a finished run to `repo_id` in one commit and return the repository URL.
 
+    allow_env_token=False uses only `token` (never `HF_TOKEN` or a stored login): what a public Space must do.
     Raises `UserError` (one line, never containing the token) for a missing or rejected token, a bad repo id,
-    a run that is not finished, a `--merged` QLoRA run, an unreachable Hub, and so on.
+    a run that is not finished, a `--merged` QLoRA run, a staged file that names a local path, an unreachable Hub.
     """
     say = progress or (lambda message: None)
     run = resolve_run_dir(run_dir)
     repo_id = check_repo_id(repo_id)
-    token = resolve_token(token)
+    token = resolve_token(token, allow_env=allow_env_token)
     config = run.load_config()
     merged = merged and config.method != "full"  # a full fine-tune is already a whole model: nothing to merge
     if merged and config.method == "qlora":
@@ -124,7 +133,8 @@ def push_run(
             else:
                 say("Collecting the adapter files…" if not full_model else "Collecting the model files…")
                 _stage_files(run, stage, ADAPTER_FILES if not full_model else FULL_MODEL_FILES)
-            _stage_files(run, stage, TOKENIZER_FILES + ("config.yaml",))
+            _stage_files(run, stage, TOKENIZER_FILES)
+            (stage / "config.yaml").write_text(public_config(config, run).to_yaml(), encoding="utf-8")
             if not full_model:
                 _rewrite_adapter_base(stage, config)
 
@@ -137,6 +147,7 @@ def push_run(
             )
             (stage / "README.md").write_text(card, encoding="utf-8")
             _check_no_token(stage, token)
+            check_no_local_paths(stage, config, run)
             files = sorted(p.relative_to(stage).as_posix() for p in stage.rglob("*") if p.is_file())
 
         with _hub_errors(repo_id, endpoint, token):
@@ -218,9 +229,9 @@ def _cli_push(args: argparse.Namespace) -> int:
             merged=args.merged,
             progress=_cli_progress if (args.verbose or sys.stderr.isatty()) else None,
         )
-    except UserError as exc:
+    except UserError as exc:  # a user error: one line and exit 2, as every other command (finetune.cli.main)
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return 2
     print(url)
     return 0
 
@@ -235,9 +246,17 @@ def hub_endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT", "").strip() or constants.ENDPOINT).rstrip("/")
 
 
-def resolve_token(token: str | None) -> str:
-    """The token to use: the given one, else `HF_TOKEN`, else a stored `hf auth login`; a clear error if none."""
-    for candidate in (token, os.environ.get(TOKEN_ENV), _stored_token()):
+def resolve_token(token: str | None, allow_env: bool = True) -> str:
+    """The token to use: the given one, else (if allow_env) `HF_TOKEN`, else a stored `hf auth login`."""
+    if token and token.strip():
+        return token.strip()
+    if not allow_env:
+        raise UserError(
+            "token: no Hugging Face token; sign in with Hugging Face, or paste a write token in the token field "
+            f"(create one at {TOKEN_PAGE})",
+            field="token",
+        )
+    for candidate in (os.environ.get(TOKEN_ENV), _stored_token()):
         if candidate and candidate.strip():
             return candidate.strip()
     raise UserError(
@@ -316,13 +335,15 @@ def _stage_files(run: RunDir, stage: Path, patterns: tuple[str, ...]) -> list[st
 
 
 def _rewrite_adapter_base(stage: Path, config: TrainConfig) -> None:
-    """Point the pushed adapter_config.json at the base model's Hub id (the local path means nothing elsewhere)."""
+    """Point the pushed adapter_config.json at the base model's Hub id, or at nothing when none is on record.
+
+    The local path training saved there means nothing elsewhere and shows this machine's folders.
+    """
     path = stage / "adapter_config.json"
-    base = resolve_base_model(config.model).hub_id
-    if not path.is_file() or not base:
+    if not path.is_file():
         return
     data = json.loads(path.read_text(encoding="utf-8"))
-    data["base_model_name_or_path"] = base
+    data["base_model_name_or_path"] = model_hub_id(config.model)
     path.unlink()  # a link into the run directory: replace it, never write through it
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
@@ -404,6 +425,18 @@ def _check_no_token(stage: Path, token: str) -> None:
             continue
         if needle in path.read_bytes():
             raise UserError(f"refusing to publish: {path.name} contains the Hub token; remove it from that file")
+
+
+def check_no_local_paths(stage: Path, config: TrainConfig, run: RunDir) -> None:
+    """Refuse to publish if a staged file names the run's local paths or the home directory (the last-line guard)."""
+    hits = scan_for_local_paths(stage, local_path_needles(config, run))
+    if hits:
+        name, what = hits[0]
+        more = f" (and {len(hits) - 1} more files)" if len(hits) > 1 else ""
+        raise UserError(
+            f"refusing to publish: {name} contains a local path ({what}){more}; nothing was uploaded; "
+            "remove that path from the file in the run directory and try again"
+        )
 
 
 @contextlib.contextmanager

@@ -1,33 +1,40 @@
 """The model card of a published run: Hub metadata plus a body that lets anyone reproduce and use the run.
 
 Everything here is read from the run directory (config.yaml, status.json, events.jsonl), so the card describes
-the run as it happened. No network access: `finetune.hub` looks up what needs the Hub (a base model's license)
-and passes it in. No torch / transformers / peft imports; matplotlib is imported only to draw the loss curve.
+the run as it happened. What the card says about the config goes through `finetune.public.public_config`: a local
+model or dataset appears as its base name and sha256 (or its Hub id when one is on record), never as a local path,
+and the reproduce command names the values a reader fills in. No network access: `finetune.hub` looks up what needs
+the Hub (a base model's license) and passes it in. No torch / transformers / peft imports; matplotlib is imported
+only to draw the loss curve.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from finetune.config import BUNDLED_DATASET, EMBEDDED_MODEL, TrainConfig
+from finetune.public import (
+    CANONICAL_NAME,
+    EMBEDDED_HUB_ID,
+    HUB_ID,
+    LAUNCH_COMMAND,
+    PublicConfig,
+    is_local_data,
+    is_local_model,
+    model_hub_id,
+    public_config,
+    sha256_file,
+)
 from finetune.rundir import RunDir
 
-EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+__all__ = ["EMBEDDED_HUB_ID", "LAUNCH_COMMAND", "build_model_card", "plot_loss_curve", "summarize"]
 LOSS_CURVE = "loss_curve.png"
-LAUNCH_COMMAND = "python -m finetune train --config config.yaml"
 # Licenses we know without asking the Hub (prefix of the Hub id → license id).
 KNOWN_LICENSES = (("HuggingFaceTB/SmolLM2-", "apache-2.0"), ("HuggingFaceTB/SmolLM-", "apache-2.0"))
-_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
-HUB_ID = re.compile(rf"^{_NAME}/{_NAME}$")
-_CANONICAL_NAME = re.compile(rf"^{_NAME}$")  # legacy Hub ids without an owner (e.g. `imdb`, `gpt2`)
 _DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt", ".tsv", ".arrow")
-_CACHE_SNAPSHOT = re.compile(r"(?:^|/)models--([^/]+?)--([^/]+)/snapshots/")
 
 
 @dataclass
@@ -59,6 +66,7 @@ class RunSummary:
     samples_after: tuple[int, list[dict]] | None = None
     base: BaseModel | None = None
     dataset: DatasetInfo | None = None
+    public: PublicConfig | None = None  # the config as published (no local paths)
 
     @property
     def final_loss(self) -> float | None:
@@ -103,7 +111,8 @@ def summarize(run_dir: str | Path) -> RunSummary:
     summary.evals.sort()
     if summary.samples_after and summary.samples_before and summary.samples_after[0] == summary.samples_before[0]:
         summary.samples_after = None  # one sampling only: show it as "before"/"at step N" once
-    summary.base = resolve_base_model(config.model)
+    summary.public = public_config(config, run)
+    summary.base = resolve_base_model(config.model, summary.public)
     summary.dataset = describe_dataset(summary)
     return summary
 
@@ -115,8 +124,8 @@ def _is_number(value: Any) -> bool:
 # ----------------------------------------------------------------------------------------------- base model
 
 
-def resolve_base_model(model: str) -> BaseModel:
-    """The Hub id of the base model, when there is one, and how to describe it."""
+def resolve_base_model(model: str, public: PublicConfig | None = None) -> BaseModel:
+    """The Hub id of the base model, when there is one, and how to describe it (never by its local path)."""
     if model == EMBEDDED_MODEL:
         return BaseModel(
             EMBEDDED_HUB_ID,
@@ -128,37 +137,27 @@ def resolve_base_model(model: str) -> BaseModel:
                 "weights gives closely matching, not bit-identical, behaviour."
             ),
         )
-    path = Path(model).expanduser()
-    if path.is_dir() or model.startswith(("/", "./", "../", "~")) or "\\" in model:
-        where = f"a local directory (`{path.name}`)"
-        snapshot = _CACHE_SNAPSHOT.search(str(path).replace(os.sep, "/"))
-        if snapshot:  # a snapshot in the Hugging Face cache: its folder name holds the Hub id
-            hub_id = f"{snapshot.group(1)}/{snapshot.group(2)}"
-            return BaseModel(hub_id, _hub_link(hub_id) + f" (from the local cache, `{path.name}`)")
-        name = _config_name_or_path(path)
-        if name and HUB_ID.match(name) and not Path(name).expanduser().exists():
-            return BaseModel(name, _hub_link(name) + f" (saved locally as `{path.name}`)")
+    if is_local_model(model):
+        public = public or public_config(TrainConfig(model=model))
+        ref = public.ref("model")
+        assert ref is not None
+        digest = f", {ref.digest}" if ref.digest else ""
+        if ref.hub_id:
+            return BaseModel(ref.hub_id, _hub_link(ref.hub_id) + f" (from a local copy, `{ref.name}`{digest})")
         return BaseModel(
             None,
-            where,
+            f"a local directory (`{ref.name}`{digest})",
             note=(
                 "The base model was a local directory with no Hub id on record, so the card names no `base_model`; "
-                "load the adapter on the same weights it was trained on."
+                "load the adapter on the same weights it was trained on (the sha256 above identifies them)."
             ),
         )
-    if HUB_ID.match(model) or _CANONICAL_NAME.match(model):
-        return BaseModel(model, _hub_link(model))
+    hub_id = model_hub_id(model)
+    if hub_id:
+        return BaseModel(hub_id, _hub_link(hub_id))
     return BaseModel(
         None, f"`{model}`", note="The base model has no Hub id on record, so the card names no `base_model`."
     )
-
-
-def _config_name_or_path(path: Path) -> str | None:
-    try:
-        value = json.loads((path / "config.json").read_text(encoding="utf-8")).get("_name_or_path")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return value if isinstance(value, str) else None
 
 
 def _hub_link(hub_id: str, kind: str = "") -> str:
@@ -217,16 +216,14 @@ def describe_dataset(summary: RunSummary) -> DatasetInfo:
             text = f"the bundled pirate-tutor set (`{dataset}`) shipped with Finetune Studio"
         sha = recorded_sha or _bundled_sha256(name)
         return DatasetInfo(None, text + (f", sha256 `{sha}`" if sha else ""))
-    path = Path(dataset).expanduser()
-    if path.is_file() or dataset.lower().endswith(_DATA_SUFFIXES) or dataset.startswith(("/", "./", "../", "~")):
-        if recorded_sha:
-            return DatasetInfo(None, f"local file `{path.name}` (sha256 `{recorded_sha}`)")
-        if path.is_file():
-            return DatasetInfo(
-                None, f"local file `{path.name}` (sha256 `{sha256_file(path)}`, computed when publishing)"
-            )
-        return DatasetInfo(None, f"local file `{path.name}` (no longer present; no hash on record)")
-    if HUB_ID.match(dataset) or _CANONICAL_NAME.match(dataset):
+    ref = summary.public.ref("dataset") if summary.public else None
+    if ref is not None or is_local_data(dataset):
+        if ref is None:
+            ref = public_config(summary.config, summary.run).ref("dataset")
+        assert ref is not None
+        digest = ref.digest or "no longer present; no hash on record"
+        return DatasetInfo(None, f"local file `{ref.name}` ({digest})")
+    if HUB_ID.match(dataset) or CANONICAL_NAME.match(dataset):
         rev = f"revision `{revision}`" if revision else "revision not recorded (the latest at training time)"
         split = f", split `{summary.config.dataset_split}`" if summary.config.dataset_split else ""
         return DatasetInfo(dataset, f"{_hub_link(dataset, 'datasets/')} ({rev}{split})")
@@ -250,14 +247,6 @@ def _bundled_sha256(name: str) -> str | None:
         if candidate.is_file() and candidate.suffix in _DATA_SUFFIXES:
             return sha256_file(candidate)
     return None
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # ----------------------------------------------------------------------------------------------- loss curve
@@ -348,7 +337,8 @@ def build_model_card(
 def _body(s: RunSummary, repo_id: str, *, merged: bool, license: str | None, loss_curve: str | None) -> str:
     c = s.config
     base = s.base
-    assert base is not None and s.dataset is not None
+    public = s.public
+    assert base is not None and s.dataset is not None and public is not None
     what = {
         "lora": f"a LoRA adapter for {base.description}",
         "qlora": f"a QLoRA adapter (LoRA trained on a 4-bit base) for {base.description}",
@@ -401,21 +391,25 @@ def _body(s: RunSummary, repo_id: str, *, merged: bool, license: str | None, los
         "(it is the resolved configuration below, every field spelled out) and run:",
         "",
         "```bash",
-        LAUNCH_COMMAND,
+        public.reproduce_command(),
         "```",
     ]
-    local = []
-    if base.hub_id is None or c.model == EMBEDDED_MODEL:
-        local.append(f"`model: {c.model}`")
-    if s.dataset.hub_id is None and not c.dataset.startswith("bundled:"):
-        local.append(f"`dataset: {c.dataset}`")
-    if local:
+    if public.fill_in:
+        lines += ["", "Fill in the values in angle brackets: the run used files of its own machine."]
+        lines += [f"- `{r.field}`: {r.describe()}" for r in public.fill_in]
+    kept = [r for r in public.refs if not r.to_fill_in]
+    if kept:
+        lines += ["", "Trained from local copies of Hub repositories, named here by their Hub ids:"]
+        lines += [f"- `{r.field}`: {r.describe()}" for r in kept]
+    if public.left_out:
         lines += [
             "",
-            f"Local references ({', '.join(local)}) need the same files on your machine, or a Hub id instead.",
+            f"Left out: {', '.join(f'`{name}`' for name in public.left_out)} (where the run wrote on its own machine; "
+            "empty `output_dir` means a new folder under your runs root).",
         ]
-    fence = _fence(s.config_text)
-    lines += ["", f"{fence}yaml", s.config_text.rstrip("\n"), fence, ""]
+    text = public.to_yaml()
+    fence = _fence(text)
+    lines += ["", f"{fence}yaml", text.rstrip("\n"), fence, ""]
     return "\n".join(lines)
 
 
