@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from finetune.config import TrainConfig, parse_set_option
@@ -46,6 +47,9 @@ def quiet_libraries() -> None:
 
     for name in ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS", "TRL_EXPERIMENTAL_SILENCE"):
         os.environ.setdefault(name, "1")
+    if not Path("/dev/nvidiactl").exists() and not Path("/dev/kfd").exists():
+        # No GPU device on this machine: tell DeepSpeed so, instead of it warning about the guess on every run.
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("DATASETS_VERBOSITY", "error")
     warnings.filterwarnings("ignore")
@@ -59,7 +63,17 @@ def quiet_libraries() -> None:
         sys.modules["transformers"].utils.logging.disable_progress_bar()
 
 
-QUIET_LOGGERS = ("transformers", "datasets", "huggingface_hub", "peft", "accelerate", "DeepSpeed", "torch", "trl")
+QUIET_LOGGERS = (
+    "transformers",
+    "datasets",
+    "huggingface_hub",
+    "peft",
+    "accelerate",
+    "DeepSpeed",
+    "torch",
+    "trl",
+    "bitsandbytes",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
