@@ -34,6 +34,7 @@ SCHEDULERS = (
     "cosine_with_min_lr",
     "warmup_stable_decay",
 )
+LORA_INITS = ("true", "gaussian", "pissa", "olora")  # PEFT's `init_lora_weights` names
 REPORTERS = ("none", "tensorboard", "trackio", "wandb")
 OFFLOAD = ("none", "cpu", "nvme")
 
@@ -121,6 +122,25 @@ class TrainConfig:
     lora_dropout: float = _f(0.05, "Dropout on the LoRA path; regularises small data.", "Method", min=0.0, max=0.9)
     lora_target_modules: str = _f(
         "all-linear", "Layers that get adapters: `all-linear` or comma-separated names (q_proj,v_proj).", "Method"
+    )
+    use_dora: bool = _f(
+        False,
+        "DoRA: adapt each weight's direction and magnitude separately. Often better at low rank; "
+        "slower, and more activation memory (the weight norm is recomputed every step).",
+        "Method",
+    )
+    use_rslora: bool = _f(
+        False,
+        "rsLoRA: scale the update by alpha/√r instead of alpha/r, so high ranks (r ≥ 32) keep learning.",
+        "Method",
+    )
+    init_lora_weights: str = _f(
+        "true",
+        "How adapters start. true: B = 0, the tuned model starts as the base. gaussian: random A and B, scaled. "
+        "pissa: from the base weights' principal components (converges faster; the saved adapter is converted to "
+        "load on the unchanged base). olora: an orthonormal (QR) start.",
+        "Method",
+        choices=LORA_INITS,
     )
     quant_type: str = _f(
         "nf4", "4-bit data type for QLoRA: nf4 (best for weights) or fp4.", "Method", choices=("nf4", "fp4")
@@ -361,6 +381,8 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
     """Turn YAML / CLI / form values into the field's type, or raise a clear error."""
     kind = f.type if isinstance(f.type, str) else f.type.__name__
     name = f.name
+    if name == "init_lora_weights" and isinstance(value, bool):
+        return "true" if value else value  # PEFT's True; False (random, for debugging) is not offered
     if kind == "bool":
         if isinstance(value, bool):
             return value
@@ -432,7 +454,9 @@ def _check_rules(f: dataclasses.Field, value: Any) -> None:
     lo, hi = f.metadata.get("min"), f.metadata.get("max")
     if hi is None and f.type in ("int", int):
         hi = MAX_INT
-    if (lo is not None and value < lo) or (hi is not None and value > hi):
+    if lo is not None and value < lo:
+        raise ConfigError(f"{f.name}: {_short(value)} is out of range{_range_text(f)}", field=f.name)
+    if hi is not None and value > hi:
         raise ConfigError(f"{f.name}: {_short(value)} is out of range{_range_text(f, hi)}", field=f.name)
 
 
@@ -475,6 +499,17 @@ def _cross_field_errors(c: TrainConfig) -> list[ConfigError]:
             )
     if c.zero_stage == 3 and c.method == "qlora":
         bad("zero_stage", "ZeRO-3 cannot shard 4-bit QLoRA weights here; use zero_stage 0-2 or method: lora")
+    if c.method == "full":
+        for name in ("use_dora", "use_rslora"):
+            if getattr(c, name):
+                bad(name, "applies to lora and qlora (method: full trains every weight); set it false or change method")
+        if c.init_lora_weights != "true":
+            bad("init_lora_weights", "applies to lora and qlora (method: full has no adapters); use true")
+    if c.method == "qlora" and c.init_lora_weights in ("pissa", "olora"):
+        bad(
+            "init_lora_weights",
+            f"{c.init_lora_weights} rewrites the base weights, which QLoRA keeps in 4 bits; use method: lora",
+        )
     if c.task == "sequence_classification" and c.packing:
         bad("packing", "packing applies to causal_lm only; set packing: false")
     if c.method == "qlora" and c.optim == "sgd":

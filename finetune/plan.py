@@ -1,0 +1,230 @@
+"""The run plan: every decision about how a `TrainConfig` runs on a machine, made once.
+
+The engines, the memory estimator, launch commands, chat, export and the model card read a `RunPlan`; none of them
+re-derives "which dtype", "which LoRA targets", "uses DeepSpeed" or "which model class" from the config. A new method
+variant (DoRA, rsLoRA, PiSSA) is a field here plus its config key, nothing else.
+
+Light on purpose: building a plan imports torch only to ask whether a GPU is there (and only when the caller did not
+say which device), never transformers or peft; `lora_config()` / `quantization_config()` import those when called.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from finetune.config import TrainConfig
+from finetune.errors import ConfigError
+
+# Our optimizer names → `TrainingArguments.optim`.
+TRAINER_OPTIMIZERS = {
+    "adamw_torch": "adamw_torch",
+    "adamw_8bit": "adamw_bnb_8bit",
+    "paged_adamw_8bit": "paged_adamw_8bit",
+    "sgd": "sgd",
+}
+_TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+@dataclass(frozen=True)
+class LoraPlan:
+    """PEFT `LoraConfig` arguments, variants included."""
+
+    r: int
+    alpha: int
+    dropout: float
+    target_modules: str | tuple[str, ...]  # "all-linear" or module names
+    task_type: str  # "CAUSAL_LM" | "SEQ_CLS"
+    use_dora: bool = False
+    use_rslora: bool = False
+    init: str = "true"  # PEFT's init_lora_weights name: true | gaussian | pissa | olora
+
+    @property
+    def init_lora_weights(self) -> bool | str:
+        """The value PEFT takes (`True` for the default B = 0 start)."""
+        return True if self.init == "true" else self.init
+
+    @property
+    def rewrites_base(self) -> bool:
+        """PiSSA and OLoRA move part of the base weights into the adapter: saving must convert it back."""
+        return self.init in ("pissa", "olora")
+
+    def kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for `peft.LoraConfig`."""
+        targets = self.target_modules if isinstance(self.target_modules, str) else list(self.target_modules)
+        return {
+            "r": self.r,
+            "lora_alpha": self.alpha,
+            "lora_dropout": self.dropout,
+            "target_modules": targets,
+            "task_type": self.task_type,
+            "use_dora": self.use_dora,
+            "use_rslora": self.use_rslora,
+            "init_lora_weights": self.init_lora_weights,
+        }
+
+
+@dataclass(frozen=True)
+class QuantPlan:
+    """bitsandbytes 4-bit settings for QLoRA."""
+
+    quant_type: str
+    double_quant: bool
+    compute_dtype: str  # torch dtype name
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """How one config runs on one machine: device, world, precision and dtypes, model class, quantisation, PEFT,
+    DeepSpeed, optimizer and batch."""
+
+    config: TrainConfig
+    device: str  # "cuda" | "cpu"
+    world_size: int
+    precision: str  # the precision actually used: fp32 | bf16 | fp16
+    model_class: str  # the transformers Auto class the task needs
+    weight_dtype: str  # dtype the weights load in (torch name)
+    compute_dtype: str  # dtype the matmuls run in (torch name)
+    autocast_dtype: str | None  # mixed precision under autocast, or None
+    quantization: QuantPlan | None
+    lora: LoraPlan | None
+    deepspeed: bool  # DeepSpeed runs the step (its engine loop, or the Trainer with a ds config)
+    optimizer: str  # our optimizer name (config.optim); `trainer_optim` maps it
+    effective_batch: int  # examples per optimizer step over the whole world
+
+    @property
+    def trainer_optim(self) -> str:
+        """`TrainingArguments.optim` for this plan."""
+        return TRAINER_OPTIMIZERS[self.optimizer]
+
+    @property
+    def is_classifier(self) -> bool:
+        return self.config.task == "sequence_classification"
+
+    def torch_dtype(self, name: str | None = None) -> Any:
+        """A torch dtype by our name (default: the weight dtype)."""
+        import torch
+
+        return getattr(torch, name or self.weight_dtype)
+
+    def auto_class(self) -> Any:
+        """The transformers Auto class to load or build the model with."""
+        import transformers
+
+        return getattr(transformers, self.model_class)
+
+    def lora_config(self) -> Any:
+        """`peft.LoraConfig` for this plan (None for full fine-tuning)."""
+        if self.lora is None:
+            return None
+        from peft import LoraConfig
+
+        return LoraConfig(**self.lora.kwargs())
+
+    def quantization_config(self) -> Any:
+        """`transformers.BitsAndBytesConfig` for QLoRA (None otherwise)."""
+        if self.quantization is None:
+            return None
+        import torch
+        from transformers import BitsAndBytesConfig
+
+        q = self.quantization
+        return BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type=q.quant_type,
+            bnb_4bit_use_double_quant=q.double_quant,
+            bnb_4bit_compute_dtype=getattr(torch, q.compute_dtype),
+            bnb_4bit_quant_storage=torch.uint8,
+        )
+
+
+def plan_for(config: TrainConfig, device: str | None = None, world_size: int | None = None) -> RunPlan:
+    """The plan for `config` on `device` ("cuda" or "cpu"; default: this machine) with `world_size` processes
+    (default: the launcher's WORLD_SIZE, else 1)."""
+    real = device is None
+    if device is None:
+        device = "cuda" if _cuda_available() else "cpu"
+    if world_size is None:
+        import os
+
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    precision = resolve_precision(config.precision, device, check_hardware=real)
+    half = None if precision == "fp32" else _TORCH_DTYPES[precision]
+    # Full fine-tuning keeps fp32 master weights (autocast casts on the fly); LoRA adapters train on a 16-bit base;
+    # QLoRA's non-quantised weights stay fp32 next to the 4-bit ones.
+    weight = half if (half is not None and config.method == "lora") else "float32"
+    return RunPlan(
+        config=config,
+        device=device,
+        world_size=max(1, world_size),
+        precision=precision,
+        model_class=model_class_for(config.task),
+        weight_dtype=weight,
+        compute_dtype=half or "float32",
+        autocast_dtype=half,
+        quantization=_quant_plan(config, half) if config.method == "qlora" else None,
+        lora=lora_plan(config) if config.method in ("lora", "qlora") else None,
+        deepspeed=uses_deepspeed(config),
+        optimizer=config.optim,
+        effective_batch=config.per_device_train_batch_size * config.gradient_accumulation_steps * max(1, world_size),
+    )
+
+
+def resolve_precision(precision: str, device: str, check_hardware: bool = True) -> str:
+    """fp16/bf16 need a GPU; `auto` is bf16 where the GPU supports it, else fp32. CPU runs are fp32."""
+    if device != "cuda":
+        return "fp32"
+    bf16_ok = _bf16_supported() if check_hardware else True
+    if precision == "auto":
+        return "bf16" if bf16_ok else "fp32"
+    if precision == "bf16" and not bf16_ok:
+        raise ConfigError("precision: bf16 is not supported by this GPU; use fp16 or fp32", field="precision")
+    return precision
+
+
+def model_class_for(task: str) -> str:
+    """The transformers Auto class for a task."""
+    return "AutoModelForSequenceClassification" if task == "sequence_classification" else "AutoModelForCausalLM"
+
+
+def uses_deepspeed(config: TrainConfig) -> bool:
+    """DeepSpeed runs the step: its own engine loop, or the Trainer with a ZeRO config."""
+    return config.backend == "deepspeed" or config.zero_stage > 0
+
+
+def lora_targets(text: str) -> str | tuple[str, ...]:
+    """`all-linear` (PEFT picks every linear layer but the output head; `all` means the same) or module names."""
+    value = text.strip()
+    if value in ("all-linear", "all"):
+        return "all-linear"
+    return tuple(name.strip() for name in value.split(",") if name.strip())
+
+
+def lora_plan(config: TrainConfig) -> LoraPlan:
+    """The adapter settings of a LoRA / QLoRA config."""
+    return LoraPlan(
+        r=config.lora_r,
+        alpha=config.lora_alpha,
+        dropout=config.lora_dropout,
+        target_modules=lora_targets(config.lora_target_modules),
+        task_type="SEQ_CLS" if config.task == "sequence_classification" else "CAUSAL_LM",
+        use_dora=config.use_dora,
+        use_rslora=config.use_rslora,
+        init=config.init_lora_weights,
+    )
+
+
+def _quant_plan(config: TrainConfig, half: str | None) -> QuantPlan:
+    return QuantPlan(quant_type=config.quant_type, double_quant=config.double_quant, compute_dtype=half or "float32")
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _bf16_supported() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
