@@ -16,14 +16,10 @@ from typing import Any
 
 from finetune.config import TrainConfig
 from finetune.errors import UserError
+from finetune.plan import uses_deepspeed
 
 DEFAULT_MASTER_PORT = 29500
 DEEPSPEED_HOSTFILE = "/job/hostfile"  # where the deepspeed launcher looks when --hostfile is not given
-
-
-def uses_deepspeed(config: TrainConfig) -> bool:
-    """True when the run goes through DeepSpeed (its own engine loop, or Trainer with a ZeRO stage)."""
-    return config.backend == "deepspeed" or config.zero_stage > 0
 
 
 def launch_commands(
