@@ -8,6 +8,7 @@ token is also its EOS, and masking by id would teach the model never to stop.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,80 +64,41 @@ class PreparedData:
 
 # ----------------------------------------------------------------------------- loading
 def load_raw(config: TrainConfig) -> tuple[Any, Any | None]:
-    """The raw train split and (if present) the eval split as `datasets.Dataset`s."""
+    """The raw train split and (if present) the eval split as `datasets.Dataset`s, checked against the config.
+
+    Every row of the columns the format uses is checked here, before any model loads: an empty cell, a value of the
+    wrong kind, `messages` that are not a list of {role, content} objects, a label that is not a class. Values that
+    can mean only one thing are made uniform (numbers in a text column become text, "3" in a label column the
+    class 3); anything else is refused with one line naming the field, the row, the line and the column.
+    """
     name = config.dataset
     if name.startswith("bundled:"):
         folder = BUNDLED_DIR / name.split(":", 1)[1]
         if not folder.is_dir():
             available = ", ".join(f"bundled:{p.name}" for p in BUNDLED_DIR.iterdir() if p.is_dir())
             raise UserError(f"dataset: {name!r} is not bundled; available: {available}", field="dataset")
-        train = _read_file(folder / f"{config.dataset_split}.jsonl", "dataset_split")
+        train = _read_table(folder / f"{config.dataset_split}.jsonl", "dataset_split", "dataset")
         eval_file = folder / f"{config.eval_split}.jsonl"
-        return train, (_read_file(eval_file, "eval_split") if config.eval_split and eval_file.is_file() else None)
+        evaluation = _read_table(eval_file, "eval_split") if config.eval_split and eval_file.is_file() else None
+        return _checked_tables(train, evaluation, config)
     path = Path(name).expanduser()
     if path.suffix.lower() in FILE_TYPES or path.exists() or name.startswith((".", "/", "~")):
-        train = _read_file(path, "dataset")
-        eval_path = Path(config.eval_split).expanduser() if config.eval_split else None
-        has_eval = eval_path is not None and eval_path.suffix.lower() in FILE_TYPES and eval_path.is_file()
-        return train, (_read_file(eval_path, "eval_split") if has_eval else None)
-    return _load_hub(config)
-
-
-def _read_file(path: Path, key: str) -> Any:
-    """A local data file as a Dataset, with one clear error for every way it can be wrong."""
-    from datasets import Dataset
-
-    suffix = path.suffix.lower()
-    if not path.is_file():
-        raise UserError(f"{key}: file not found: {path}", field=key)
-    if suffix not in FILE_TYPES:
-        raise UserError(f"{key}: {path.name} has an unsupported type; use one of {', '.join(FILE_TYPES)}", field=key)
-    if path.stat().st_size == 0:
-        raise UserError(f"{key}: {path.name} is empty; it needs at least one example", field=key)
-    try:
-        if suffix == ".parquet":
-            import pandas as pd
-
-            rows = pd.read_parquet(path).to_dict("records")
-        elif suffix == ".csv":
-            import pandas as pd
-
-            rows = pd.read_csv(path, encoding="utf-8").to_dict("records")
-        else:
-            rows = _read_json_rows(path, key)
-    except UserError:
-        raise
-    except UnicodeDecodeError:
-        raise UserError(f"{key}: {path.name} is not UTF-8 text (is it a binary file?)", field=key) from None
-    except Exception as exc:  # pandas/pyarrow raise many types; the message is what matters
-        raise UserError(f"{key}: cannot read {path.name}: {str(exc).splitlines()[0][:160]}", field=key) from None
-    if not rows:
-        raise UserError(f"{key}: {path.name} has no rows; it needs at least one example", field=key)
-    return Dataset.from_list(rows)
-
-
-def _read_json_rows(path: Path, key: str) -> list[dict[str, Any]]:
-    text = path.read_bytes().decode("utf-8")
-    if "\x00" in text:
-        raise UserError(f"{key}: {path.name} is not text (is it a binary file?)", field=key)
-    stripped = text.lstrip()
-    if stripped.startswith("["):
-        try:
-            rows = json.loads(stripped)
-        except ValueError as exc:
-            raise UserError(f"{key}: {path.name} is not valid JSON: {exc}", field=key) from None
-    else:
-        rows = []
-        for number, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                raise UserError(f"{key}: line {number} of {path.name} is not valid JSON", field=key) from None
-    if not all(isinstance(r, dict) for r in rows):
-        raise UserError(f"{key}: {path.name} must hold one JSON object per example", field=key)
-    return rows
+        train = _read_table(path, "dataset")
+        evaluation = None
+        if config.eval_split:
+            eval_path = Path(config.eval_split).expanduser()
+            if eval_path.is_file() or _names_a_file(config.eval_split):
+                evaluation = _read_table(eval_path, "eval_split")  # a file that is not there is refused
+        return _checked_tables(train, evaluation, config)
+    train_ds, eval_ds = _load_hub(config)
+    fmt = detect_format(list(train_ds.column_names), config)
+    tables = [_Table(f"{name} [{config.dataset_split}]", "dataset", {c: train_ds[c] for c in fmt.columns.values()})]
+    if eval_ds is not None:
+        _require_columns(list(eval_ds.column_names), fmt, f"{name} [{config.eval_split}]", "eval_split")
+        columns = {c: eval_ds[c] for c in fmt.columns.values()}
+        tables.append(_Table(f"{name} [{config.eval_split}]", "eval_split", columns))
+    _check_columns(tables, fmt, config)  # Hub data is typed: checked, and rendered through the same functions
+    return train_ds, eval_ds
 
 
 def _load_hub(config: TrainConfig) -> tuple[Any, Any | None]:
@@ -165,6 +127,391 @@ def _load_hub(config: TrainConfig) -> tuple[Any, Any | None]:
         except UserError:
             evaluation = None  # an absent eval split is not an error: training goes on without evaluation
     return train, evaluation
+
+
+def _names_a_file(value: str) -> bool:
+    """Whether an eval_split value is meant as a file path rather than a split name."""
+    return Path(value).suffix.lower() in FILE_TYPES or value.startswith((".", "/", "~")) or "/" in value
+
+
+@dataclass
+class _Table:
+    """Rows of one file (or split), column by column, and where each row sits in its file."""
+
+    name: str  # for messages: the file name, or "owner/name [split]"
+    key: str  # the field that names it: dataset | eval_split
+    columns: dict[str, list[Any]]
+    lines: list[int] | None = None  # the file line each row starts on (JSON lines, CSV)
+
+    def error(self, index: int, column: str, problem: str) -> UserError:
+        """One line naming the field, the row (1-based), its line in the file and the column."""
+        line = self.lines[index] if self.lines else None
+        where = f"row {index + 1}" + (f" (line {line})" if line is not None and line != index + 1 else "")
+        return UserError(f"{self.key}: {where} of {self.name}, column {column!r}{problem}", field=self.key)
+
+
+class _Bad(ValueError):
+    """A value that cannot be used; the message says why (the caller adds the row and column)."""
+
+
+def _read_table(path: Path, key: str, row_key: str | None = None) -> _Table:
+    """A local data file, with one clear error for every way the file itself can be wrong."""
+    suffix = path.suffix.lower()
+    if not path.is_file():
+        raise UserError(f"{key}: file not found: {path}", field=key)
+    if suffix not in FILE_TYPES:
+        raise UserError(f"{key}: {path.name} has an unsupported type; use one of {', '.join(FILE_TYPES)}", field=key)
+    if path.stat().st_size == 0:
+        raise UserError(f"{key}: {path.name} is empty; it needs at least one example", field=key)
+    row_key = row_key or key
+    if suffix == ".parquet":
+        rows, lines = _read_parquet(path, key), None
+    else:
+        raw = path.read_bytes()
+        if b"\x00" in raw[:65536]:
+            raise UserError(f"{key}: {path.name} is not text (is it a binary file?)", field=key)
+        try:
+            text = raw.decode("utf-8-sig")
+        except UnicodeDecodeError:
+            raise UserError(f"{key}: {path.name} is not UTF-8 text (is it a binary file?)", field=key) from None
+        rows, lines = _read_csv(text, path.name, key) if suffix == ".csv" else _read_json(text, path, key)
+    if not rows:
+        raise UserError(f"{key}: {path.name} has no rows; it needs at least one example", field=key)
+    columns: dict[str, list[Any]] = {}
+    for row in rows:
+        for column in row:
+            columns.setdefault(column, [])
+    for column, values in columns.items():
+        values.extend(row.get(column) for row in rows)
+    return _Table(path.name, row_key, columns, lines)
+
+
+def _read_parquet(path: Path, key: str) -> list[dict[str, Any]]:
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+        fh.seek(-4, 2)
+        tail = fh.read(4)
+    if head != b"PAR1" or tail != b"PAR1":
+        raise UserError(f"{key}: {path.name} is not a Parquet file", field=key)
+    try:
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    except Exception as exc:  # pyarrow raises many types; the message is what matters
+        raise UserError(f"{key}: cannot read {path.name}: {str(exc).splitlines()[0][:160]}", field=key) from None
+
+
+def _read_json(text: str, path: Path, key: str) -> tuple[list[dict[str, Any]], list[int] | None]:
+    """Rows of a JSON array file or a JSON-lines file, and the line each row starts on."""
+    stripped = text.strip()
+    if stripped.startswith("[") or path.suffix.lower() == ".json":
+        try:
+            whole = json.loads(stripped)
+        except ValueError as exc:
+            if stripped.startswith("["):
+                raise UserError(f"{key}: {path.name} is not valid JSON: {exc}", field=key) from None
+        else:
+            rows = whole if isinstance(whole, list) else [whole]
+            for index, row in enumerate(rows):
+                if not isinstance(row, dict):
+                    raise UserError(
+                        f"{key}: row {index + 1} of {path.name} is {_kind_text(row)}, not a JSON object with named "
+                        "fields; use one object per example",
+                        field=key,
+                    )
+            return rows, None
+    rows, lines = [], []
+    for number, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise UserError(f"{key}: line {number} of {path.name} is not valid JSON", field=key) from None
+        if not isinstance(row, dict):
+            raise UserError(
+                f"{key}: line {number} of {path.name} is {_kind_text(row)}, not a JSON object with named fields; "
+                "use one object per example",
+                field=key,
+            )
+        rows.append(row)
+        lines.append(number)
+    return rows, lines
+
+
+def _read_csv(text: str, name: str, key: str) -> tuple[list[dict[str, Any]], list[int]]:
+    """Rows of a CSV file (every cell is text; an empty cell is None) and the line each row starts on."""
+    import csv
+    import io
+
+    reader = csv.reader(io.StringIO(text, newline=""))
+    header: list[str] | None = None
+    rows, lines = [], []
+    start = 1
+    try:
+        for record in reader:
+            line, start = start, reader.line_num + 1
+            if not record or (len(record) == 1 and not record[0].strip()):
+                continue  # a blank line
+            if header is None:
+                header = [c.strip() or f"Unnamed: {i}" for i, c in enumerate(record)]
+                twice = sorted({c for c in header if header.count(c) > 1})
+                if twice:
+                    raise UserError(f"{key}: column {twice[0]!r} appears twice in the header of {name}", field=key)
+                continue
+            if len(record) > len(header):
+                where = f"row {len(rows) + 1} (line {line})"
+                raise UserError(
+                    f"{key}: {where} of {name} has {len(record)} cells but the header names {len(header)} columns; "
+                    "quote cells that contain commas",
+                    field=key,
+                )
+            rows.append({c: (v if v.strip() else None) for c, v in zip(header, record, strict=False)})
+            lines.append(line)
+    except csv.Error as exc:
+        raise UserError(f"{key}: cannot read {name} at line {reader.line_num}: {exc}", field=key) from None
+    return rows, lines
+
+
+def _kind_text(value: Any) -> str:
+    """How a value reads in a message: 'a list', 'a number', 'text', …"""
+    if value is None:
+        return "empty"
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return f"a {type(value).__name__}"
+
+
+def _require_columns(columns: list[str], fmt: DataFormat, name: str, key: str) -> None:
+    missing = [c for c in fmt.columns.values() if c not in columns]
+    if missing:
+        raise UserError(
+            f"{key}: column {missing[0]!r} is not in {name} (the training data has it); columns: {', '.join(columns)}",
+            field=key,
+        )
+
+
+def _checked_tables(train: _Table, evaluation: _Table | None, config: TrainConfig) -> tuple[Any, Any | None]:
+    """Detect the format, check and normalise the used columns, and build the Datasets."""
+    fmt = detect_format(list(train.columns), config)
+    tables = [train]
+    if evaluation is not None:
+        _require_columns(list(evaluation.columns), fmt, evaluation.name, evaluation.key)
+        tables.append(evaluation)
+    for table, columns in zip(tables, _check_columns(tables, fmt, config), strict=True):
+        table.columns.update(columns)
+    datasets = [_dataset(table, set(fmt.columns.values())) for table in tables]
+    return datasets[0], (datasets[1] if evaluation is not None else None)
+
+
+def _dataset(table: _Table, used: set[str]) -> Any:
+    """A `datasets.Dataset` of the table; unused columns that Arrow cannot hold as they are become JSON text."""
+    from datasets import Dataset
+
+    columns = {}
+    for column, values in table.columns.items():
+        if column not in used and not _arrow_uniform(values):
+            values = [v if v is None or isinstance(v, str) else json.dumps(v, default=str) for v in values]
+        columns[column] = values
+    try:
+        return Dataset.from_dict(columns)
+    except Exception as exc:  # pyarrow's many errors: one line for the user
+        reason = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        raise UserError(f"{table.key}: cannot read {table.name}: {reason}", field=table.key) from None
+
+
+def _arrow_uniform(values: list[Any]) -> bool:
+    kinds = {_kind_text(v) for v in values if v is not None}
+    return len(kinds) <= 1 and kinds <= {"text", "a number", "true/false"}
+
+
+# ----------------------------------------------------------------------------- checking values
+def _check_columns(tables: list[_Table], fmt: DataFormat, config: TrainConfig) -> list[dict[str, list[Any]]]:
+    """Every row of every used column checked; returns the normalised columns of each table."""
+    out: list[dict[str, list[Any]]] = [{} for _ in tables]
+    for role, column in fmt.columns.items():
+        if role == "label":
+            continue
+        for table, normalised in zip(tables, out, strict=True):
+            values = table.columns[column]
+            normalised[column] = (
+                _check_messages(table, column, values) if role == "messages" else _check_text(table, column, values)
+            )
+    if "label" in fmt.columns:
+        column = fmt.columns["label"]
+        labels = _check_labels(tables, column, config)
+        for normalised, values in zip(out, labels, strict=True):
+            normalised[column] = values
+    return out
+
+
+def text_value(value: Any) -> str:
+    """A text cell as a string: text as it is, a number as its usual notation; anything else is refused."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not _is_nan(value):
+        return str(value)
+    raise _Bad(f"expected text, got {_kind_text(value)}")
+
+
+def _is_nan(value: Any) -> bool:
+    return isinstance(value, float) and value != value
+
+
+def _is_empty(value: Any) -> bool:
+    return value is None or _is_nan(value) or (isinstance(value, str) and not value.strip())
+
+
+def _check_text(table: _Table, column: str, values: list[Any]) -> list[str]:
+    texts, numbers = [], []
+    for index, value in enumerate(values):
+        if _is_empty(value):
+            raise table.error(index, column, " is empty; fill it in or remove the row")
+        try:
+            text_value(value)
+        except _Bad as exc:
+            raise table.error(index, column, f": {exc}") from None
+        (texts if isinstance(value, str) else numbers).append(index)
+    if texts and numbers:
+        # A column of numbers is read as text unambiguously; one that mixes both is a mistake somewhere.
+        odd = numbers if len(numbers) <= len(texts) else texts
+        value = values[odd[0]]
+        problem = (
+            f': {value!r} is a number but the other rows hold text; write it as text ("{value}")'
+            if odd is numbers
+            else f": {value!r} is text but the other rows hold numbers"
+        )
+        raise table.error(odd[0], column, problem)
+    return [text_value(v) for v in values]
+
+
+def message_list(value: Any) -> list[dict[str, str]]:
+    """A `messages` cell as [{role, content}] (ShareGPT's from/value and JSON text accepted); refuses the rest."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise _Bad("expected a list of {role, content} messages, got text that is not JSON") from None
+    if not isinstance(value, (list, tuple)) or not value:
+        got = "an empty list" if isinstance(value, (list, tuple)) else _kind_text(value)
+        raise _Bad(f"expected a list of {{role, content}} messages, got {got}")
+    out = []
+    for number, message in enumerate(value, 1):
+        if not isinstance(message, dict):
+            raise _Bad(f"message {number} is {_kind_text(message)}, not an object with role and content")
+        role = message.get("role", message.get("from"))
+        if not isinstance(role, str) or not role.strip():
+            raise _Bad(f"message {number} has no role (user, assistant or system)")
+        if "content" not in message and "value" not in message:
+            raise _Bad(f"message {number} has no content")
+        content = message.get("content", message.get("value"))
+        out.append({"role": ROLE_ALIASES.get(role.strip(), role.strip()), "content": _content_text(content, number)})
+    answers = [i for i, m in enumerate(out, 1) if m["role"] == "assistant"]
+    if not answers:
+        raise _Bad("no assistant message to learn from")
+    for number in answers:
+        if not out[number - 1]["content"].strip():
+            raise _Bad(f"message {number} (assistant) is empty")
+    return out
+
+
+def _content_text(content: Any, number: int) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+        return "".join(str(p.get("text", "")) for p in content)  # [{"type": "text", "text": ...}] parts
+    try:
+        return text_value(content)
+    except _Bad:
+        raise _Bad(f"message {number} has content that is {_kind_text(content)}, not text") from None
+
+
+def _check_messages(table: _Table, column: str, values: list[Any]) -> list[list[dict[str, str]]]:
+    out = []
+    for index, value in enumerate(values):
+        if _is_empty(value):
+            raise table.error(index, column, " is empty; fill it in or remove the row")
+        try:
+            out.append(message_list(value))
+        except _Bad as exc:
+            raise table.error(index, column, f": {exc}") from None
+    return out
+
+
+_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
+
+
+def label_value(value: Any) -> int | str:
+    """A label cell as a class: a whole number ≥ 0 (also written as text, "3" or 3.0) or a name."""
+    if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+        value = float(value)
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (int, float)):
+        if not float(value).is_integer():
+            raise _Bad(f"{value!r} is not a class; labels are whole numbers from 0 or names")
+        if value < 0:
+            raise _Bad(f"{int(value)} is not a class; numbered classes count from 0 (is this an unlabelled row?)")
+        return int(value)
+    if isinstance(value, str):
+        return value.strip()
+    raise _Bad(f"expected a class name or number, got {_kind_text(value)}")
+
+
+def _check_labels(tables: list[_Table], column: str, config: TrainConfig) -> list[list[int | str]]:
+    """Labels as classes; one kind (numbers or names) across train and eval, and at least two classes."""
+    out: list[list[int | str]] = []
+    kind: tuple[str, _Table] | None = None  # the first row's kind and its table
+    for table in tables:
+        labels: list[int | str] = []
+        for index, value in enumerate(table.columns[column]):
+            if _is_empty(value):
+                raise table.error(index, column, " is empty; every row needs a label")
+            try:
+                label = label_value(value)
+            except _Bad as exc:
+                raise table.error(index, column, f": {exc}") from None
+            this = "numbers" if isinstance(label, int) else "names"
+            if kind is None:
+                kind = (this, table)
+            elif this != kind[0]:
+                other = "the other rows" if kind[1] is table else "the training rows"
+                raise table.error(
+                    index,
+                    column,
+                    f": {value!r} is a class {this[:-1]} but {other} hold class {kind[0]}; use one or the other",
+                )
+            labels.append(label)
+        out.append(labels)
+    seen = {label for labels in out for label in labels}
+    classes = len(label_names(sorted(seen, key=str)))
+    if config.num_labels and classes > config.num_labels:
+        raise UserError(
+            f"num_labels: the data has {classes} classes but num_labels is {config.num_labels}", "num_labels"
+        )
+    if len(seen) < 2 and config.num_labels < 2:
+        only = next(iter(seen))
+        raise UserError(
+            f"{tables[0].key}: every row of {tables[0].name} has the label {only!r} in column {column!r}; "
+            "classification needs at least two classes",
+            field=tables[0].key,
+        )
+    return out
+
+
+def label_names(labels: list[int | str]) -> list[str]:
+    """Class names in class order: 0..max for numbered classes, else the names sorted."""
+    if labels and all(isinstance(label, int) for label in labels):
+        return [str(i) for i in range(max(labels) + 1)]  # type: ignore[type-var]
+    return sorted({str(label) for label in labels})
 
 
 # ----------------------------------------------------------------------------- format detection
@@ -231,30 +578,23 @@ def to_messages(row: dict[str, Any], fmt: DataFormat) -> list[dict[str, str]]:
     """A row as chat messages (role/content), for the chat-template path."""
     if fmt.kind == "prompt_completion":
         return [
-            {"role": "user", "content": str(row[fmt.columns["prompt"]])},
-            {"role": "assistant", "content": str(row[fmt.columns["completion"]])},
+            {"role": "user", "content": text_value(row[fmt.columns["prompt"]])},
+            {"role": "assistant", "content": text_value(row[fmt.columns["completion"]])},
         ]
-    raw = row[fmt.columns["messages"]]
-    if isinstance(raw, str):
-        raw = json.loads(raw)
-    if not isinstance(raw, list) or not raw:
-        raise UserError("messages_column: each row must hold a list of {role, content} messages", "messages_column")
-    out = []
-    for m in raw:
-        role = m.get("role", m.get("from", ""))
-        content = m.get("content", m.get("value", ""))
-        out.append({"role": ROLE_ALIASES.get(role, role), "content": str(content)})
-    return out
+    try:
+        return message_list(row[fmt.columns["messages"]])  # load_raw checked every row: this does not refuse
+    except _Bad as exc:
+        raise UserError(f"dataset: column {fmt.columns['messages']!r}: {exc}", "dataset") from None
 
 
 def render_segments(row: dict[str, Any], fmt: DataFormat, tokenizer: Any) -> list[tuple[str, bool]]:
     """The example as text pieces, each flagged True when the model is trained on it."""
     eos = tokenizer.eos_token or ""
     if fmt.kind == "text":
-        return [(str(row[fmt.columns["text"]]) + eos, True)]
+        return [(text_value(row[fmt.columns["text"]]) + eos, True)]
     if fmt.kind == "prompt_completion" and not tokenizer.chat_template:
-        prompt = str(row[fmt.columns["prompt"]]).rstrip() + "\n"
-        return [(prompt, False), (str(row[fmt.columns["completion"]]) + eos, True)]
+        prompt = text_value(row[fmt.columns["prompt"]]).rstrip() + "\n"
+        return [(prompt, False), (text_value(row[fmt.columns["completion"]]) + eos, True)]
     if not tokenizer.chat_template:
         raise UserError("dataset: chat data needs a tokenizer with a chat template; this model has none", "dataset")
     messages = to_messages(row, fmt)
@@ -312,7 +652,6 @@ def _tokenize_lm(raw: Any, fmt: DataFormat, tokenizer: Any, config: TrainConfig,
     def encode(row: dict[str, Any]) -> dict[str, list[int]]:
         return tokenize_segments(render_segments(row, fmt, tokenizer), tokenizer, config.max_seq_length)
 
-    _check_rows(raw, fmt)
     tokenised = raw.map(encode, remove_columns=raw.column_names, desc=f"tokenising {name}")
     kept = tokenised.filter(lambda row: any(label != IGNORE for label in row["labels"]))
     dropped = len(tokenised) - len(kept)
@@ -324,14 +663,6 @@ def _tokenize_lm(raw: Any, fmt: DataFormat, tokenizer: Any, config: TrainConfig,
             "max_seq_length",
         )
     return kept
-
-
-def _check_rows(raw: Any, fmt: DataFormat) -> None:
-    """Empty or missing values give one clear error instead of a failure deep in tokenisation."""
-    for column in fmt.columns.values():
-        for index, value in enumerate(raw[column][:1000]):
-            if value is None or (isinstance(value, str) and not value.strip()):
-                raise UserError(f"dataset: row {index + 1} has an empty {column!r} value", field="dataset")
 
 
 def pack(dataset: Any, length: int) -> Any:
@@ -352,39 +683,30 @@ def pack(dataset: Any, length: int) -> Any:
 
 
 def _prepare_classification(config: TrainConfig, tokenizer: Any, train_raw: Any, eval_raw: Any, fmt: DataFormat) -> Any:
+    # load_raw checked the labels (one kind, at least two classes, no more than num_labels).
     label_col = fmt.columns["label"]
     raw_labels = list(train_raw[label_col]) + (list(eval_raw[label_col]) if eval_raw is not None else [])
-    names = _label_names(raw_labels, train_raw.features.get(label_col))
-    if config.num_labels and len(names) > config.num_labels:
-        raise UserError(
-            f"num_labels: the data has {len(names)} classes but num_labels is {config.num_labels}", "num_labels"
-        )
+    feature = train_raw.features.get(label_col)
+    if getattr(feature, "names", None):
+        names = [str(i) for i in range(len(feature.names))]  # a Hub ClassLabel: its own class count
+    else:
+        names = label_names([label_value(v) for v in raw_labels])
     while config.num_labels and len(names) < config.num_labels:
         names.append(str(len(names)))
     index = {name: i for i, name in enumerate(names)}
 
     def encode(row: dict[str, Any]) -> dict[str, Any]:
-        pair = str(row[fmt.columns["text_pair"]]) if "text_pair" in fmt.columns else None
-        out = tokenizer(str(row[fmt.columns["text"]]), pair, truncation=True, max_length=config.max_seq_length)
-        out["labels"] = index[str(row[label_col])]
+        pair = text_value(row[fmt.columns["text_pair"]]) if "text_pair" in fmt.columns else None
+        text = text_value(row[fmt.columns["text"]])
+        out = tokenizer(text, pair, truncation=True, max_length=config.max_seq_length)
+        out["labels"] = index[str(label_value(row[label_col]))]
         return dict(out)
 
     def encode_all(raw: Any) -> Any:
-        _check_rows(raw, DataFormat("classification", {k: v for k, v in fmt.columns.items() if k != "label"}))
         return raw.map(encode, remove_columns=raw.column_names, desc="tokenising")
 
     evaluation = encode_all(eval_raw) if eval_raw is not None else None
     return PreparedData(encode_all(train_raw), evaluation, fmt, label_names=names)
-
-
-def _label_names(values: list[Any], feature: Any) -> list[str]:
-    if feature is not None and getattr(feature, "names", None):
-        return [str(i) for i in range(len(feature.names))]
-    if any(v is None for v in values):
-        raise UserError("label_column: some rows have no label", field="label_column")
-    if all(isinstance(v, (int, float)) and float(v).is_integer() for v in values):
-        return [str(i) for i in range(int(max(values)) + 1)]
-    return sorted({str(v) for v in values})
 
 
 def collator(config: TrainConfig, tokenizer: Any) -> Any:

@@ -102,7 +102,7 @@ BAD_DATA = [
     ("binary.jsonl", b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", "is not"),
     ("broken.jsonl", b'{"prompt": "a", "completion": "b"}\n{"prompt": \n', "line 2 of broken.jsonl is not valid JSON"),
     ("columns.jsonl", b'{"foo": "a", "bar": "b"}\n', "cannot tell the format from columns foo, bar"),
-    ("blank.jsonl", b'{"prompt": "", "completion": "b"}\n', "row 1 has an empty 'prompt' value"),
+    ("blank.jsonl", b'{"prompt": "", "completion": "b"}\n', "dataset: row 1 of blank.jsonl, column 'prompt' is empty"),
     ("data.txt", b"hello", "unsupported type"),
 ]
 
