@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -90,10 +91,41 @@ def resolve_model_path(name: str) -> str:
             raise ConfigError(f"model: {name!r} is not a directory; give a model directory or a Hub id", "model")
         if not (path / "config.json").is_file():
             raise ConfigError(f"model: {name!r} has no config.json; is it a Hugging Face model directory?", "model")
+        check_config_file(path / "config.json", name)
         return str(path)
     if name.count("/") > 1 or " " in name:
         raise ConfigError(f"model: {name!r} is neither a local directory nor a Hub id like owner/name", "model")
     return name
+
+
+def check_config_file(path: Path, name: str) -> None:
+    """A local model's config.json is a JSON object naming a `model_type` transformers knows (or ships its code)."""
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"model: {name!r}: config.json is not UTF-8 text", "model") from None
+    except ValueError as exc:
+        raise ConfigError(f"model: {name!r}: config.json is not valid JSON ({exc})", "model") from None
+    except OSError as exc:
+        raise ConfigError(f"model: {name!r}: cannot read config.json ({exc.strerror or exc})", "model") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"model: {name!r}: config.json is not a JSON object", "model")
+    model_type = values.get("model_type")
+    if not isinstance(model_type, str) or not model_type.strip():
+        raise ConfigError(
+            f"model: {name!r}: config.json has no model_type; is it a Hugging Face model directory?", "model"
+        )
+    if "auto_map" in values:
+        return  # the model ships its own code (trust_remote_code decides whether it may run)
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if model_type not in CONFIG_MAPPING_NAMES:
+        raise ConfigError(
+            f"model: {name!r}: model_type {model_type!r} in config.json is not known to transformers "
+            f"{transformers.__version__}; check the folder or update transformers",
+            "model",
+        )
 
 
 def load_model_config(name: str, trust_remote_code: bool = False) -> Any:
