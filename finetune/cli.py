@@ -220,19 +220,13 @@ def summary_line(state: Any, manager: Any) -> str:
 
 # --------------------------------------------------------------------------- chat
 def cmd_chat(args: Any) -> int:
-    from pathlib import Path
-
     from finetune.inference import GenerationSettings, load_for_chat, stream_reply
-    from finetune.rundir import RunDir
+    from finetune.paths import runs_root
+    from finetune.rundir import find_run
 
-    if args.run_dir:
-        run = RunDir(Path(args.run_dir))
-        if not run.exists():
-            raise UserError(f"run_dir: {args.run_dir} is not a run directory")
-        config = run.load_config()
-    else:
-        config = load_config(args.config, args.set)
-    model, tokenizer = load_for_chat(config, Path(args.run_dir) if args.run_dir else None)
+    run = find_run(args.run_dir, runs_root(), field="run_dir") if args.run_dir else None
+    config = run.load_config() if run else load_config(args.config, args.set)
+    model, tokenizer = load_for_chat(config, run.path if run else None)
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens)
     prompts = [args.prompt] if args.prompt else None
     history: list[dict[str, str]] = []

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from finetune.rundir import FORMAT, RunDir
+from finetune.rundir import ACTIVE, FORMAT, RunDir
 
 
 @dataclass
@@ -47,7 +47,7 @@ class TrainingState:
 
     @property
     def active(self) -> bool:
-        return self.status in ("loading", "running", "stopping")
+        return self.status in ACTIVE
 
     @property
     def fraction(self) -> float:

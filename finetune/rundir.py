@@ -26,6 +26,7 @@ from typing import Any
 
 from finetune.atomic import read_json, write_json, write_text
 from finetune.config import TrainConfig
+from finetune.errors import UserError
 
 ACTIVE = ("pending", "loading", "running", "stopping")
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -190,6 +191,32 @@ def _pid_alive(pid: Any) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def find_run(value: str | Path, root: Path, field: str = "run", confine: bool = False) -> RunDir:
+    """The one rule for finding a run: a run directory's path, or a run's name under `root`.
+
+    `confine` (the web app, its API): only a plain name of a run directly under `root`; paths and `..` are refused
+    with the same line as a missing run, so the answer never tells what exists elsewhere on the machine."""
+    text = str(value).strip() if isinstance(value, (str, Path)) else ""
+    missing = UserError(f"{field}: {text[:200]} is not a run directory (no config.yaml and status.json)", field)
+    if not text or "\0" in text or len(text) > 4096:
+        raise missing
+    try:
+        if confine:
+            path = (root / text).resolve()
+            if "/" in text or path.parent != root.resolve():
+                raise missing
+        else:
+            path = Path(text).expanduser()
+            if not RunDir(path).exists() and not path.is_absolute():
+                path = root / text
+        run = RunDir(path)
+        if not run.exists():
+            raise missing
+    except (OSError, ValueError):
+        raise missing from None
+    return run
 
 
 def list_runs(root: Path) -> list[RunDir]:

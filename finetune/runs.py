@@ -26,7 +26,7 @@ from finetune.atomic import write_text
 from finetune.config import TrainConfig
 from finetune.errors import BusyError, ConfigError, UserError
 from finetune.progress import Progress, TrainingState
-from finetune.rundir import ACTIVE, RunDir, list_runs
+from finetune.rundir import ACTIVE, RunDir, find_run, list_runs
 
 
 def distributed_rank() -> tuple[int, int]:
@@ -215,13 +215,7 @@ class RunManager:
         return self._launch(config, run, owner, resume_from=checkpoint, background=background, launch=launch)
 
     def _find_run(self, run_dir: str | Path) -> RunDir:
-        path = Path(run_dir).expanduser()
-        if not path.is_absolute() and not path.exists():
-            path = self.root / path
-        run = RunDir(path)
-        if not run.exists():
-            raise UserError(f"resume: {run_dir} is not a run directory (no config.yaml and status.json)", "resume")
-        return run
+        return find_run(run_dir, self.root, field="resume")
 
     def _new_run_path(self, config: TrainConfig, confine: bool, world: int) -> Path:
         if config.output_dir:
