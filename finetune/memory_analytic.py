@@ -85,6 +85,7 @@ class Settings:
     offload_optimizer: bool = False
     offload_param: bool = False
     deepspeed: bool = False
+    loss_kernel: str = "eager"  # how logits and loss are computed: eager = transformers' (see logits_loss_bytes)
 
     @property
     def tokens(self) -> int:
@@ -478,12 +479,17 @@ def autocast_copies_bytes(sh: Shape, c: Census, s: Settings) -> int:
 
 
 def logits_loss_bytes(sh: Shape, c: Census, s: Settings) -> int:
-    """Logits and cross-entropy buffers at their peak (start of backward): 12 bytes per token per vocab entry,
-    plus autocast's 16-bit copy of an fp32 output head."""
+    """Logits and cross-entropy buffers at their peak (start of backward), for the run's loss kernel.
+
+    The one place the loss kernel changes the estimate: `eager` (transformers' own) materialises the logits. A fused
+    linear cross-entropy (e.g. Liger's, which never holds the whole logits) adds its own branch here, and the traced
+    path takes this term instead of the replay's logits (a replay cannot run a Triton kernel)."""
     if s.task == "sequence_classification":
         return 0
+    if s.loss_kernel != "eager":
+        raise ValueError(f"loss kernel {s.loss_kernel!r}: no memory formula yet")
     head_copy = 2 * c.head_params if (s.amp and s.weight_bytes == 4) else 0
-    return LOGITS_BACKWARD_BYTES * s.tokens * sh.vocab + head_copy
+    return LOGITS_BACKWARD_BYTES * s.tokens * sh.vocab + head_copy  # 12 B per token per vocab entry + a 16-bit head
 
 
 def recompute_bytes(sh: Shape, c: Census, s: Settings) -> int:
