@@ -77,6 +77,12 @@ def load_raw(config: TrainConfig) -> tuple[Any, Any | None]:
         if not folder.is_dir():
             available = ", ".join(f"bundled:{p.name}" for p in BUNDLED_DIR.iterdir() if p.is_dir())
             raise UserError(f"dataset: {name!r} is not bundled; available: {available}", field="dataset")
+        splits = sorted(p.stem for p in folder.glob("*.jsonl"))
+        if config.dataset_split not in splits:
+            raise UserError(
+                f"dataset_split: {config.dataset_split!r} is not a split of {name}; splits: {', '.join(splits)}",
+                field="dataset_split",
+            )
         train = _read_table(folder / f"{config.dataset_split}.jsonl", "dataset_split", "dataset")
         eval_file = folder / f"{config.eval_split}.jsonl"
         evaluation = _read_table(eval_file, "eval_split") if config.eval_split and eval_file.is_file() else None

@@ -141,6 +141,45 @@ def load_model_config(name: str, trust_remote_code: bool = False) -> Any:
     return from_pretrained(AutoConfig, path, trust_remote_code=trust_remote_code)
 
 
+def check_model(config: TrainConfig) -> None:
+    """What loading the weights would refuse, checked from the model's config alone: the task has a head for this
+    model type, and `lora_target_modules` names layers the model has (the model is built on the meta device: no
+    weights, no memory). Models that ship their own code are left to the load."""
+    if config.model == EMBEDDED_MODEL and not (embedded_cache_dir() / "config.json").is_file():
+        return  # the embedded Llama: reading its GGUF metadata here would cost seconds, and it has every head
+    model_config = load_model_config(config.model, config.trust_remote_code)
+    if getattr(model_config, "auto_map", None):
+        return
+    from transformers.models.auto import modeling_auto
+
+    model_type = getattr(model_config, "model_type", "")
+    if config.task == "sequence_classification":
+        mapping, auto_name = modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES, "ForSequenceClassification"
+        other = "task: sequence_classification needs a classification head"
+    else:
+        mapping, auto_name = modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "ForCausalLM"
+        other = "task: causal_lm needs a model that generates text"
+    if model_type not in mapping:
+        raise ConfigError(
+            f"{other}; {model_type!r} models have no {auto_name} class in transformers; choose the other task or "
+            "another model",
+            "task",
+        )
+    targets = lora_target_modules(config)
+    if config.method == "full" or targets == "all-linear":
+        return
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    auto = AutoModelForSequenceClassification if config.task == "sequence_classification" else AutoModelForCausalLM
+    with torch.device("meta"):
+        model = auto.from_config(model_config)
+    names = [name for name, _ in model.named_modules()]
+    # PEFT's rule for a list of names: a module matches when its name is the target or ends with ".target".
+    if not any(name == t or name.endswith("." + t) for name in names for t in targets):
+        raise_if_no_target(ValueError("target_modules not found"), config)
+
+
 def from_pretrained(cls: Any, path: str, **kwargs: Any) -> Any:
     """`cls.from_pretrained` with one clear error when the model cannot be found or fetched."""
     try:

@@ -367,3 +367,49 @@ def test_a_json_array_file_with_a_number_column_trains(tiny_model_dir, tmp_path)
         tiny_config(tiny_model_dir, dataset=str(path), max_steps=1, save_steps=1), background=False
     )
     assert state.status == "completed", (state.status, state.error)
+
+
+def test_a_bundled_split_that_does_not_exist(tiny_model_dir, tmp_path):
+    config = tiny_config(tiny_model_dir, dataset="bundled:pirate", dataset_split="tarin")
+    parts = ["dataset_split: 'tarin' is not a split of bundled:pirate", "splits: train, validation"]
+    assert_refused_before_a_run(config, tmp_path / "runs", parts)
+
+
+# ----------------------------------------------------------------------------- what the weights would refuse
+def config_only_model(tmp_path: Path, model_type: str) -> Path:
+    """A folder holding only the config.json of a small model of `model_type` (enough for check_model)."""
+    from transformers import AutoConfig
+
+    folder = tmp_path / model_type
+    folder.mkdir()
+    AutoConfig.for_model(model_type).save_pretrained(folder)
+    return folder
+
+
+def test_lora_targets_that_name_no_layer_are_refused_from_the_config_alone(tiny_model_dir):
+    from finetune import models
+
+    with pytest.raises(UserError) as info:
+        models.check_model(tiny_config(tiny_model_dir, lora_target_modules="qproj, v_prj"))
+    assert str(info.value).startswith("lora_target_modules: 'qproj, v_prj' matches no layer of this model")
+    assert info.value.field == "lora_target_modules"
+    models.check_model(tiny_config(tiny_model_dir, lora_target_modules="q_proj,nothing"))  # one match is enough
+    models.check_model(tiny_config(tiny_model_dir, lora_target_modules="self_attn.o_proj"))
+    models.check_model(tiny_config(tiny_model_dir, method="full", lora_target_modules="nothing"))
+
+
+@pytest.mark.parametrize(
+    ("model_type", "task", "part"),
+    [
+        ("codegen", "sequence_classification", "task: sequence_classification needs a classification head"),
+        ("deberta-v2", "causal_lm", "task: causal_lm needs a model that generates text"),
+    ],
+)
+def test_a_task_the_model_has_no_head_for_is_refused(tmp_path, model_type, task, part):
+    from finetune import models
+    from finetune.config import TrainConfig
+
+    config = TrainConfig(model=str(config_only_model(tmp_path, model_type)), dataset="d.jsonl", task=task)
+    with pytest.raises(UserError) as info:
+        models.check_model(config)
+    assert str(info.value).startswith(part) and repr(model_type) in str(info.value) and info.value.field == "task"
