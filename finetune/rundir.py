@@ -221,8 +221,16 @@ def find_run(value: str | Path, root: Path, field: str = "run", confine: bool = 
 
 def list_runs(root: Path) -> list[RunDir]:
     """Run directories under `root`, newest first."""
-    if not root.is_dir():
+    try:
+        children = list(root.iterdir()) if root.is_dir() else []
+    except OSError:  # an unreadable runs folder lists nothing rather than breaking every page that lists runs
         return []
-    runs = [RunDir(p) for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
-    runs = [r for r in runs if r.exists()]
-    return sorted(runs, key=lambda r: r.status_path.stat().st_mtime, reverse=True)
+    runs = [RunDir(p) for p in children if p.is_dir() and not p.name.startswith(".")]
+    return sorted((r for r in runs if r.exists()), key=_modified, reverse=True)
+
+
+def _modified(run: RunDir) -> float:
+    try:
+        return run.status_path.stat().st_mtime
+    except OSError:  # removed between the listing and now
+        return 0.0
