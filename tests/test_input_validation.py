@@ -393,6 +393,8 @@ def test_lora_targets_that_name_no_layer_are_refused_from_the_config_alone(tiny_
         models.check_model(tiny_config(tiny_model_dir, lora_target_modules="qproj, v_prj"))
     assert str(info.value).startswith("lora_target_modules: 'qproj, v_prj' matches no layer of this model")
     assert info.value.field == "lora_target_modules"
+    with pytest.raises(UserError, match="lora_target_modules: 'proj' matches no layer"):
+        models.check_model(tiny_config(tiny_model_dir, lora_target_modules="proj"))  # PEFT matches whole names
     models.check_model(tiny_config(tiny_model_dir, lora_target_modules="q_proj,nothing"))  # one match is enough
     models.check_model(tiny_config(tiny_model_dir, lora_target_modules="self_attn.o_proj"))
     models.check_model(tiny_config(tiny_model_dir, method="full", lora_target_modules="nothing"))
