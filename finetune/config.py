@@ -34,6 +34,14 @@ SCHEDULERS = (
     "cosine_with_min_lr",
     "warmup_stable_decay",
 )
+# lr_scheduler_type → DeepSpeed's scheduler for backend: deepspeed (its engine loop). Other types are refused for that
+# backend up front, so a run never silently uses a different schedule than the one asked for.
+DEEPSPEED_SCHEDULERS = {
+    "constant": "WarmupLR",
+    "constant_with_warmup": "WarmupLR",
+    "linear": "WarmupDecayLR",
+    "cosine": "WarmupCosineLR",
+}
 LORA_INITS = ("true", "gaussian", "pissa", "olora")  # PEFT's `init_lora_weights` names
 REPORTERS = ("none", "tensorboard", "trackio", "wandb")
 OFFLOAD = ("none", "cpu", "nvme")
@@ -489,14 +497,11 @@ def _cross_field_errors(c: TrainConfig) -> list[ConfigError]:
         bad("method", "qlora is not supported with backend: deepspeed; use backend: trainer or method: lora")
     if c.backend == "deepspeed" and c.optim != "adamw_torch":
         bad("optim", f"{c.optim!r} is not available with backend: deepspeed (it runs AdamW); use adamw_torch")
-    if c.backend == "deepspeed":
-        from finetune.deepspeed_config import SCHEDULERS
-
-        if c.lr_scheduler_type not in SCHEDULERS:
-            bad(
-                "lr_scheduler_type",
-                f"{c.lr_scheduler_type!r} is not available with backend: deepspeed; use {', '.join(SCHEDULERS)}",
-            )
+    if c.backend == "deepspeed" and c.lr_scheduler_type not in DEEPSPEED_SCHEDULERS:
+        bad(
+            "lr_scheduler_type",
+            f"{c.lr_scheduler_type!r} is not available with backend: deepspeed; use {', '.join(DEEPSPEED_SCHEDULERS)}",
+        )
     if c.zero_stage == 3 and c.method == "qlora":
         bad("zero_stage", "ZeRO-3 cannot shard 4-bit QLoRA weights here; use zero_stage 0-2 or method: lora")
     if c.method == "full":

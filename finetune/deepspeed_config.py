@@ -18,19 +18,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from finetune.config import TrainConfig
+from finetune.config import DEEPSPEED_SCHEDULERS, TrainConfig
 from finetune.errors import ConfigError
 
 DS_CONFIG_NAME = "ds_config.json"
 
-# lr_scheduler_type → DeepSpeed scheduler (the engine loop). Other types are refused for backend: deepspeed
-# (see config._cross_field_errors), so the run never silently uses a different schedule than the one asked for.
-SCHEDULERS = {
-    "constant": "WarmupLR",
-    "constant_with_warmup": "WarmupLR",
-    "linear": "WarmupDecayLR",
-    "cosine": "WarmupCosineLR",
-}
+# lr_scheduler_type → DeepSpeed scheduler (the engine loop), decided with the config's validation.
+SCHEDULERS = DEEPSPEED_SCHEDULERS
 
 ADAM_BETAS = (0.9, 0.999)  # TrainingArguments' defaults, so both backends optimise the same way
 ADAM_EPS = 1e-8
@@ -69,9 +63,9 @@ def has_cuda() -> bool:
 
 def resolved_precision(config: TrainConfig) -> str:
     """fp32 | fp16 | bf16 as a run of this config on this machine would use it (fp16/bf16 need a GPU)."""
-    from finetune.models import compute_dtype_name
+    from finetune.plan import plan_for
 
-    return compute_dtype_name(config)
+    return plan_for(config).precision
 
 
 def export_precision(config: TrainConfig) -> str:
