@@ -1,0 +1,217 @@
+"""What a visitor of the web app may do, decided once from how the app was started.
+
+    policy = AccessPolicy.decide(host="0.0.0.0", env=os.environ, auth=True, lend_server_token=True)
+    policy.problems(values, uploads)  # {field: one-line refusal} for what this visitor may not use
+
+On this machine only (the app listens on 127.0.0.1 / localhost / ::1 and is not a Space) everything stays allowed, as
+on the command line. Wherever the app can be reached from elsewhere (another address, or `SPACE_ID` set), it is
+public and locked by default:
+- `model` and `dataset` take Hub ids, the embedded model, the bundled data and the files uploaded to this app since it
+  started; server paths only with `--allow-server-paths`. `dataset_split` / `eval_split` are split names (or an
+  uploaded file), `nvme_path` stays empty.
+- `trust_remote_code` only with `--allow-remote-code`.
+- Publishing uses the visitor's own token (their Hugging Face sign-in on a Space, or one they paste); the server's
+  `HF_TOKEN` only with `--lend-server-token`, which is accepted only together with `--auth`.
+
+A refusal never depends on whether a path exists: every refused value of a field gets the same message, so the
+answers tell nothing about the server's files. The one exception is a value shaped like a Hub id that also names a
+file or folder in the app's working directory (the backend would read that instead of the Hub): it is refused with
+the same message.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from finetune.config import BUNDLED_DATASET, EMBEDDED_MODEL
+
+LOOPBACK_HOSTS = ("localhost", "::1", "0:0:0:0:0:0:0:1")
+TRUE = ("1", "true", "yes", "on")
+DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")  # finetune.data.FILE_TYPES (not imported: it pulls datasets)
+_HUB_PART = r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}"
+_HUB_ID = re.compile(rf"{_HUB_PART}(?:/{_HUB_PART})?")
+_BUNDLED = re.compile(r"bundled:[A-Za-z0-9_-]{1,64}")
+_SPLIT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:%+\[\]-]{0,199}")  # train, validation, train[:10%]
+SWITCHES = {
+    "allow_server_paths": ("--allow-server-paths", "FINETUNE_ALLOW_SERVER_PATHS"),
+    "allow_remote_code": ("--allow-remote-code", "FINETUNE_ALLOW_REMOTE_CODE"),
+    "lend_server_token": ("--lend-server-token", "FINETUNE_LEND_SERVER_TOKEN"),
+}
+
+REFUSED = {
+    "model": (
+        f"model: files on the server are not available in this public app; give a Hub model id (owner/name) or "
+        f"{EMBEDDED_MODEL}"
+    ),
+    "dataset": (
+        f"dataset: files on the server are not available in this public app; give a Hub dataset id (owner/name), "
+        f"{BUNDLED_DATASET}, or upload a data file"
+    ),
+    "dataset_split": "dataset_split: give a split name such as train (paths are not available in this public app)",
+    "eval_split": (
+        "eval_split: give a split name such as validation, an uploaded data file, or leave it empty (paths are not "
+        "available in this public app)"
+    ),
+    "nvme_path": "nvme_path: folders on the server are not available in this public app; leave it empty",
+    "trust_remote_code": (
+        "trust_remote_code: not available in this public app (the model repository's code would run on the server)"
+    ),
+}
+
+
+def is_loopback(host: str) -> bool:
+    """True when `host` reaches this machine only (127.x, localhost, ::1)."""
+    host = (host or "").strip().strip("[]").lower()
+    return host.startswith("127.") or host in LOOPBACK_HOSTS
+
+
+def env_flag(env: Mapping[str, str], name: str) -> bool:
+    """An on/off environment switch: 1, true, yes or on (any case) turn it on."""
+    return str(env.get(name, "")).strip().lower() in TRUE
+
+
+@dataclass(frozen=True)
+class AccessPolicy:
+    """The rules for visitors of one app process. The default is the local app: everything allowed."""
+
+    public: bool = False  # reachable from other machines: the locked rules apply
+    space: bool = False  # on a Hugging Face Space: visitors sign in with Hugging Face (OAuth)
+    allow_server_paths: bool = False
+    allow_remote_code: bool = False
+    operator_lends_token: bool = False
+
+    @classmethod
+    def local(cls) -> AccessPolicy:
+        """This machine only: today's freedom (server paths, remote code, the server's token)."""
+        return cls()
+
+    @classmethod
+    def decide(
+        cls,
+        host: str,
+        env: Mapping[str, str] | None = None,
+        *,
+        auth: bool = False,
+        allow_server_paths: bool = False,
+        allow_remote_code: bool = False,
+        lend_server_token: bool = False,
+    ) -> AccessPolicy:
+        """The policy for an app listening on `host` with these operator switches; `ValueError` (one line) for a
+        switch that is refused (lending the server's token without `--auth`)."""
+        env = os.environ if env is None else env
+        lend = lend_server_token or env_flag(env, SWITCHES["lend_server_token"][1])
+        if lend and not auth:
+            raise ValueError(
+                "--lend-server-token (FINETUNE_LEND_SERVER_TOKEN) needs --auth USER:PASSWORD (FINETUNE_AUTH): the "
+                "server's Hub token is lent only to people who log in"
+            )
+        space = bool(str(env.get("SPACE_ID", "")).strip())
+        return cls(
+            public=space or not is_loopback(host),
+            space=space,
+            allow_server_paths=allow_server_paths or env_flag(env, SWITCHES["allow_server_paths"][1]),
+            allow_remote_code=allow_remote_code or env_flag(env, SWITCHES["allow_remote_code"][1]),
+            operator_lends_token=lend,
+        )
+
+    # ------------------------------------------------------------------ what a visitor may use
+    @property
+    def lend_server_token(self) -> bool:
+        """May a push without a token of its own fall back to the server's token (HF_TOKEN / stored login)?"""
+        return not self.public or self.operator_lends_token
+
+    @property
+    def server_paths(self) -> bool:
+        """May `model`, `dataset` and the split fields name files and folders on the server?"""
+        return not self.public or self.allow_server_paths
+
+    @property
+    def remote_code(self) -> bool:
+        """May a visitor turn on `trust_remote_code`?"""
+        return not self.public or self.allow_remote_code
+
+    def summary(self) -> str:
+        """One line for the operator's terminal: what visitors may and may not do."""
+        if not self.public:
+            return "local app (this machine only): server paths, trust_remote_code and the server's Hub token are on"
+        rules = (
+            ("server paths", self.allow_server_paths, "--allow-server-paths"),
+            ("trust_remote_code", self.allow_remote_code, "--allow-remote-code"),
+            ("the server's Hub token", self.operator_lends_token, "--lend-server-token"),
+        )
+        parts = [f"{name} {'on (' + switch + ')' if on else 'off'}" for name, on, switch in rules]
+        return "public app" + (" (Hugging Face sign-in)" if self.space else "") + ": " + ", ".join(parts)
+
+    def problems(self, values: Mapping[str, Any], uploads: Iterable[str | Path] = ()) -> dict[str, str]:
+        """{field: one-line refusal} for the values this visitor may not use (empty when all are allowed)."""
+        out: dict[str, str] = {}
+        if not self.remote_code and _truthy(values.get("trust_remote_code")):
+            out["trust_remote_code"] = REFUSED["trust_remote_code"]
+        if self.server_paths:
+            return out
+        allowed_files = {str(p) for p in uploads}
+        checks = {
+            "model": self._model_ok,
+            "dataset": lambda v: self._dataset_ok(v, allowed_files),
+            "dataset_split": _split_ok,
+            "eval_split": lambda v: v == "" or _split_ok(v) or v in allowed_files,
+            "nvme_path": lambda v: v == "",
+        }
+        for name, ok in checks.items():
+            if name not in values:
+                continue
+            value = values[name]
+            text = "" if value is None else str(value).strip()
+            if not ok(text):
+                out[name] = REFUSED[name]
+        return out
+
+    def refuses_run(self, config_values: Mapping[str, Any]) -> str | None:
+        """The refusal for using an existing run (chat, resume) whose config needs what visitors may not use.
+
+        A run's own model and data were vetted when it started (or chosen by the operator), so only the switch that
+        runs code on the server is checked again."""
+        if not self.remote_code and _truthy(config_values.get("trust_remote_code")):
+            return REFUSED["trust_remote_code"]
+        return None
+
+    @staticmethod
+    def _model_ok(value: str) -> bool:
+        if value.startswith("embedded:"):
+            return True  # the embedded model, or the backend's "not an embedded model" (no path is read)
+        return _hub_id(value)
+
+    @staticmethod
+    def _dataset_ok(value: str, uploads: set[str]) -> bool:
+        if value in uploads:
+            return True
+        if _BUNDLED.fullmatch(value):
+            return True
+        return _hub_id(value) and not value.lower().endswith(DATA_SUFFIXES)
+
+
+def _truthy(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in TRUE
+    return bool(value)
+
+
+def _hub_id(value: str) -> bool:
+    """`name` or `owner/name` as the Hub spells them, and not also the name of something in the working directory
+    (the backend would read that local path instead of going to the Hub)."""
+    if not _HUB_ID.fullmatch(value) or ".." in value:
+        return False
+    try:
+        return not os.path.lexists(value)
+    except (OSError, ValueError):
+        return False
+
+
+def _split_ok(value: str) -> bool:
+    """A split name (train, validation, train[:10%]): no path separators, no `..`, no file suffix."""
+    return bool(_SPLIT.fullmatch(value)) and ".." not in value and not value.lower().endswith(DATA_SUFFIXES)
