@@ -8,6 +8,7 @@ tabs share.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import gradio as gr
@@ -24,12 +25,21 @@ HEADER = (
     "Hugging Face Hub."
 )
 UPLOAD_LIMIT = "200mb"  # largest upload the server accepts (the data file); handlers check type and size again
+SPACE_NOTE = (
+    "Sign in with Hugging Face to publish to your own repositories: this app uses your sign-in, never the "
+    "server's token."
+)
+PUBLIC_NOTE = (
+    "This app is reachable from other machines: models and data come from the Hub, the bundled set or files you "
+    "upload here; files on the server and trust_remote_code are off unless the operator turned them on."
+)
 
 CSS = """
 .fs-field-error, .fs-field-error p { color: #dc2626 !important; font-size: 0.9em; margin-top: -4px; }
 .fs-summary p { color: #b91c1c; font-weight: 600; }
 .fs-problem p { color: #b91c1c; }
 .fs-note p { color: #6b7280; font-size: 0.9em; }
+#fs-login { max-width: 320px; }
 .fs-progress { border: 1px solid var(--border-color-primary); border-radius: 8px; padding: 10px 14px; }
 .fs-progress-head { display: flex; justify-content: space-between; gap: 12px; flex-wrap: wrap; }
 .fs-status { font-weight: 700; font-size: 1.1em; }
@@ -61,6 +71,7 @@ class AppUI:
     chat: chat_tab.ChatTab
     publish: publish_tab.PublishTab
     tabs: dict[str, Any]
+    login: Any = None  # the "Sign in with Hugging Face" button (on a Space only)
 
 
 def build_app(studio: Any = None) -> gr.Blocks:
@@ -70,8 +81,19 @@ def build_app(studio: Any = None) -> gr.Blocks:
 
         studio = Studio()
     tabs: dict[str, Any] = {}
-    with gr.Blocks(title=TITLE) as demo:
+    policy = getattr(studio, "policy", None)
+    space, public = bool(getattr(policy, "space", False)), bool(getattr(policy, "public", False))
+    login = None
+    # gradio's own copies of uploads and downloads are deleted after an hour (and all of them at a restart)
+    with gr.Blocks(title=TITLE, delete_cache=(3600, 3600)) as demo:
         gr.Markdown(HEADER, elem_id="fs-header")
+        if space:
+            # Gradio's Hugging Face OAuth: handlers that take a gr.OAuthToken get the signed-in visitor's token.
+            with gr.Row():
+                login = gr.LoginButton(elem_id="fs-login", scale=0, min_width=260)
+                gr.Markdown(SPACE_NOTE, elem_classes=["fs-note"])
+        if public:
+            gr.Markdown(PUBLIC_NOTE, elem_id="fs-public-note", elem_classes=["fs-note"])
         # The form as kept in this browser; outside the tabs, so the page reads it on load whichever tab is open.
         saved = gr.BrowserState({}, storage_key="finetune-studio-form")
         with gr.Tabs(elem_id="fs-tabs"):
@@ -91,7 +113,7 @@ def build_app(studio: Any = None) -> gr.Blocks:
         train_tab.wire(train, config, demo)
         chat_tab.wire(chat, config, demo, tabs["Chat"])
         publish_tab.wire(publish, demo, tabs["Publish"])
-    demo.studio_ui = AppUI(studio, memory, config, train, chat, publish, tabs)
+    demo.studio_ui = AppUI(studio, memory, config, train, chat, publish, tabs, login)
     return demo
 
 
@@ -105,6 +127,9 @@ def launch(
 ) -> Any:
     """Start the server with a queue (chat requests wait their turn; status polls never wait behind them)."""
     demo.queue(default_concurrency_limit=1)
+    studio = getattr(getattr(demo, "studio_ui", None), "studio", None)
+    if studio is not None:  # the Download YAML files live there (only those: it holds nothing else)
+        kwargs.setdefault("allowed_paths", [str(Path(studio.downloads_dir).resolve())])
     return demo.launch(
         server_name=host,
         server_port=port,

@@ -14,6 +14,7 @@ from typing import Any
 import gradio as gr
 
 from finetune.errors import UserError
+from finetune.studio import BASE_OF
 from ui.config_tab import ConfigTab, form_values, warn
 from ui.formatting import one_line, plain
 
@@ -71,25 +72,29 @@ class ChatTab:
             yield [gr.skip(), gr.skip(), gr.skip()]
             return
         source = source or BASE
-        settings = GenerationSettings(
-            max_new_tokens=int(max_new_tokens or 128),
-            temperature=float(temperature or 0.0),
-            top_p=float(top_p or 1.0),
-            system_prompt=(system_prompt or "").strip(),
-        )
         form = form_values(values)
         targets = [(history, source, form)]
         if compare and source != BASE:
             # The comparison is with the model this run started from, whatever the form says now.
-            try:
-                run_base = self.studio.run_config(source).to_dict()
-            except UserError:
-                run_base = form
-            targets.append((base_history, BASE, run_base))
+            targets.append((base_history, BASE_OF + source, form))
+        try:  # bounded input: a clear one-line refusal up front, before the message joins the conversation
+            settings = GenerationSettings(
+                max_new_tokens=_whole(max_new_tokens, 128, "max new tokens"),
+                temperature=_number(temperature, 0.0, "temperature"),
+                top_p=_number(top_p, 1.0, "top-p"),
+                system_prompt=str(system_prompt or "").strip(),
+            )
+            for target, _, _ in targets:
+                self.studio.check_chat([*_conversation(target), {"role": "user", "content": message}], settings)
+        except UserError as exc:
+            warn(str(exc))
+            refusal = {"role": "assistant", "content": ERROR_PREFIX + plain(str(exc))}
+            yield [gr.skip(), [*history, refusal], gr.skip()]
+            return
         for target, _, _ in targets:
             target.append({"role": "user", "content": message})
         for target, which, base_values in targets:
-            conversation = [{"role": m["role"], "content": _text(m["content"])} for m in target]
+            conversation = _conversation(target)
             target.append({"role": "assistant", "content": LOADING})
             yield ["", [*history], [*base_history]]
             try:
@@ -123,6 +128,33 @@ def _label(source: str | None, both: bool) -> str:
     return f"Tuned: {source}" if both else f"Chat with {source}"
 
 
+def _number(value: Any, default: float, label: str) -> float:
+    try:
+        return float(default if value is None or value == "" else value)
+    except (TypeError, ValueError):
+        raise UserError(f"{label}: not a number", field=label) from None
+
+
+def _whole(value: Any, default: int, label: str) -> int:
+    number = _number(value, default, label)
+    if number != number or number in (float("inf"), float("-inf")) or not float(number).is_integer():
+        raise UserError(f"{label}: not a whole number", field=label)
+    return int(number)
+
+
+def _conversation(messages: list) -> list[dict[str, str]]:
+    """The chat so far as the model reads it: plain-text messages, without this tab's error and loading bubbles."""
+    out = []
+    for m in messages:
+        if not isinstance(m, dict):
+            continue
+        text = _text(m.get("content"))
+        if m.get("role") == "assistant" and (text.startswith(ERROR_PREFIX) or text == LOADING):
+            continue
+        out.append({"role": str(m.get("role", "user")), "content": text})
+    return out
+
+
 def _text(content: Any) -> str:
     """Chatbot messages may come back as a list of parts; the model needs plain text."""
     if isinstance(content, str):
@@ -144,7 +176,12 @@ def build(studio: Any) -> ChatTab:
     )
     with gr.Row():
         tab.source = gr.Dropdown(
-            choices=[("Base model", BASE)], value=BASE, label="Model", elem_id="chat-source", scale=3
+            choices=[("Base model", BASE)],
+            value=BASE,
+            allow_custom_value=True,  # an API client may name any run by its id; the backend confines it
+            label="Model",
+            elem_id="chat-source",
+            scale=3,
         )
         tab.refresh_btn = gr.Button("Refresh list", elem_id="chat-refresh", scale=0, min_width=130)
         tab.compare = gr.Checkbox(
@@ -192,7 +229,9 @@ def build(studio: Any) -> ChatTab:
                 label="top-p",
                 info="With temperature > 0: sample only from the most likely words.",
             )
-        tab.system_prompt = gr.Textbox(label="system prompt", placeholder="e.g. You are a concise assistant.", lines=2)
+        tab.system_prompt = gr.Textbox(
+            value="", label="system prompt", placeholder="e.g. You are a concise assistant.", lines=2
+        )
     return tab
 
 

@@ -7,9 +7,6 @@ starts a run from them, Chat uses their model as the base. Handlers take the for
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,14 +44,17 @@ def help_of(name: str) -> str:
     return FIELDS[name].metadata["help"].replace("`", "")
 
 
-def make_field(name: str, value: Any, prefix: str = "cfg") -> gr.components.Component:
+def make_field(name: str, value: Any, prefix: str = "cfg", note: str | None = None) -> gr.components.Component:
     """The component for one config field: checkbox, dropdown, number or textbox, with the help text as info.
 
     Numbers carry no minimum/maximum: the config validates them, so a bad value gets our one-line error beside the
-    field instead of a generic one.
+    field instead of a generic one. `note` replaces the help text (what a public app allows); a note on a checkbox
+    also locks it (the backend refuses the value anyway).
     """
     meta, kind = FIELDS[name].metadata, kind_of(name)
-    common = {"label": label_of(name), "info": help_of(name), "elem_id": f"{prefix}-{name}"}
+    common = {"label": label_of(name), "info": note or help_of(name), "elem_id": f"{prefix}-{name}"}
+    if note and kind == "bool":
+        common["interactive"] = False
     if kind == "bool":
         return gr.Checkbox(value=bool(value), **common)
     if meta.get("choices"):
@@ -69,6 +69,23 @@ def make_field(name: str, value: Any, prefix: str = "cfg") -> gr.components.Comp
 def form_values(values: tuple | list) -> dict[str, Any]:
     """The form as a dict; blank numbers become None (the config then says what is allowed)."""
     return dict(zip(FIELD_NAMES, values, strict=True))
+
+
+def public_notes(studio: Any) -> dict[str, str]:
+    """{field: what this public app allows}, shown instead of the help text; empty for the local app."""
+    policy = getattr(studio, "policy", None)
+    if policy is None or not policy.public:
+        return {}
+    notes = {}
+    if not policy.server_paths:
+        notes["model"] = "A Hub model id (owner/name) or the embedded model. Files on the server are off in this app."
+        notes["dataset"] = (
+            "A Hub dataset id, the bundled data (bundled:pirate), or a file you upload below. Files on the server are "
+            "off in this app."
+        )
+    if not policy.remote_code:
+        notes["trust_remote_code"] = "Off in this public app: a model repository's own code never runs here."
+    return notes
 
 
 def field_error_md(name: str, prefix: str = "cfg") -> gr.Markdown:
@@ -136,7 +153,9 @@ class ConfigTab:
 
     # ----- handlers (plain functions of the form values; tests call them directly)
     def check(self, *values: Any) -> list:
-        _, problems = self.studio.check(form_values(values))
+        """Check settings: every check Start makes before a run exists (the data file reads, output_dir is free,
+        ...), so ✓ here means Start will not refuse these settings."""
+        _, problems = self.studio.verify(form_values(values))
         return self.problem_updates(problems, ok_text="✓ All settings are valid." if not problems else "")
 
     def check_quiet(self, *values: Any) -> list:
@@ -172,13 +191,15 @@ class ConfigTab:
         return [preview_html(preview), *self.problem_updates({})]
 
     def save(self, *values: Any) -> list:
-        """[file update, *error updates]: the form as YAML in a temporary file the browser downloads."""
+        """[file update, *error updates]: the form as a YAML file the browser downloads (no folder per download)."""
         config, problems = self.studio.check(form_values(values))
         if config is None:
             return [gr.update(value=None, visible=False), *self.problem_updates(problems)]
-        folder = Path(tempfile.mkdtemp(prefix="finetune-config-"))
-        path = folder / f"finetune-{time.strftime('%Y%m%d-%H%M%S')}.yaml"
-        path.write_text(config.to_yaml(), encoding="utf-8")
+        try:
+            path = self.studio.save_yaml(config)
+        except OSError as exc:
+            warn(f"Cannot write the YAML file: {one_line(exc)}")
+            return [gr.update(value=None, visible=False), *self.problem_updates({})]
         return [
             gr.update(value=str(path), visible=True),
             *self.problem_updates({}, ok_text=f"Your settings are ready to download as `{path.name}`."),
@@ -202,17 +223,18 @@ class ConfigTab:
         return [loaded[n] for n in FIELD_NAMES] + self.problem_updates({}, ok_text=f"Loaded `{path.name}`.")
 
     def use_data_file(self, file: Any) -> tuple[Any, Any, str]:
-        """Keep an uploaded data file under the studio folder and point the `dataset` field at it."""
+        """Keep an uploaded data file (under a name of its own) and point the `dataset` field at it."""
         try:
             path = _upload_path(file, DATA_TYPES, DATA_LIMIT_BYTES, "dataset")
+            target = self.studio.add_upload(path, path.name)
         except UserError as exc:
             warn(str(exc))
             return gr.update(), error_update(str(exc)), ""
-        uploads = Path(self.studio.manager.root).parent / "uploads"
-        uploads.mkdir(parents=True, exist_ok=True)
-        target = uploads / f"{time.strftime('%Y%m%d-%H%M%S')}-{_safe_name(path.name)}"
-        shutil.copyfile(path, target)
-        return str(target), error_update(None), f"Using the uploaded file `{path.name}` as the dataset."
+        except OSError as exc:
+            message = f"dataset: cannot keep the uploaded file: {one_line(exc)}"
+            warn(message)
+            return gr.update(), error_update(message), ""
+        return target, error_update(None), f"Using the uploaded file `{plain(path.name)}` as the dataset."
 
     def show_commands(self, *values: Any) -> list:
         """[code update, *error updates]: the CLI, torchrun and deepspeed commands for these settings."""
@@ -244,11 +266,6 @@ class ConfigTab:
             )
 
 
-def _safe_name(name: str) -> str:
-    keep = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
-    return keep.lstrip(".")[:80] or "data"
-
-
 def _upload_path(file: Any, suffixes: tuple[str, ...], limit: int, what: str) -> Path:
     """The path of an uploaded file after checking its type and size."""
     if file is None:
@@ -267,6 +284,7 @@ def _upload_path(file: Any, suffixes: tuple[str, ...], limit: int, what: str) ->
 def build(studio: Any) -> ConfigTab:
     tab = ConfigTab(studio)
     defaults = studio.default_values()
+    notes = public_notes(studio)
     gr.Markdown(
         "Every setting of a run, with what it does. **The defaults work as they are**: the embedded SmolLM2 model "
         "learns to answer like a pirate from the bundled dataset in a few minutes on a CPU. The grey line under "
@@ -297,7 +315,7 @@ def build(studio: Any) -> ConfigTab:
                 with gr.Row(equal_height=False):
                     for name in row:
                         with gr.Column(min_width=260):
-                            tab.fields[name] = make_field(name, defaults[name])
+                            tab.fields[name] = make_field(name, defaults[name], note=notes.get(name))
                             tab.errors[name] = field_error_md(name)
             if group == "Data":
                 with gr.Row():

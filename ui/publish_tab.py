@@ -1,6 +1,8 @@
 """Publish tab: push a finished run's adapter (or the merged model) to the Hugging Face Hub with a model card.
 
-The token is used for this one push and cleared from the page afterwards; it is never stored or shown.
+The token is the visitor's own: one pasted here (used for this one push and cleared from the page afterwards; never
+stored or shown), else their Hugging Face sign-in on a Space (gradio's OAuth: `gr.OAuthToken`, or an API client's
+`Client(..., oauth_token=...)`). The server's own token is used only where the backend's access policy lends it.
 """
 
 from __future__ import annotations
@@ -34,14 +36,22 @@ class PublishTab:
         ids = [v for _, v in choices]
         return gr.update(choices=choices, value=current if current in ids else (ids[0] if ids else None))
 
-    def push(self, run_id: str | None, repo_id: str, token: str, private: bool, merged: bool) -> list:
-        """[result message, token box]: the token box is emptied whatever happens."""
+    def push(
+        self,
+        run_id: str | None,
+        repo_id: str,
+        token: str,
+        private: bool,
+        merged: bool,
+        oauth_token: gr.OAuthToken | None = None,
+    ) -> list:
+        """[result message, token box]: the token box is emptied whatever happens. A pasted token wins over the
+        Hugging Face sign-in (`oauth_token`, filled in by gradio on a Space)."""
         if not run_id:
             return ["⚠ Pick a finished run first (train one in the *Train* tab).", ""]
+        own = (token or "").strip() or (getattr(oauth_token, "token", None) or "").strip() or None
         try:
-            url = self.studio.push(
-                run_id, (repo_id or "").strip(), (token or "").strip() or None, bool(private), bool(merged)
-            )
+            url = self.studio.push(run_id, (repo_id or "").strip(), own, bool(private), bool(merged))
         except UserError as exc:
             warn(str(exc))
             return [f"⚠ {plain(str(exc))}", ""]
@@ -51,15 +61,36 @@ class PublishTab:
         return [f"✓ Pushed the {what} of `{run_id}` to [{plain(url)}]({plain(url)}).", ""]
 
 
+def token_placeholder(studio: Any) -> str:
+    """What an empty token field means in this app."""
+    policy = getattr(studio, "policy", None)
+    if policy is None or policy.lend_server_token:
+        return "hf_… (or leave empty to use the HF_TOKEN environment variable)"
+    if policy.space:
+        return "hf_… (or leave empty to use your Hugging Face sign-in)"
+    return "hf_… (required: this app does not lend the server's token)"
+
+
 def build(studio: Any) -> PublishTab:
     tab = PublishTab(studio)
     gr.Markdown(
         "Share a finished run on the Hugging Face Hub: its LoRA adapter (small) or the base model with the adapter "
         "merged in, plus a model card with the settings, loss curve and sample answers so anyone can reproduce and "
-        "use it. You need a Hub token with *write* access (huggingface.co/settings/tokens)."
+        "use it. You need a Hub token with *write* access (huggingface.co/settings/tokens)"
+        + (
+            ", or sign in with Hugging Face at the top of the page."
+            if getattr(getattr(studio, "policy", None), "space", False)
+            else "."
+        )
     )
     with gr.Row():
-        tab.run = gr.Dropdown(choices=[], label="Run", elem_id="pub-run", scale=2)
+        tab.run = gr.Dropdown(
+            choices=[],
+            allow_custom_value=True,  # an API client may name any run by its id; the backend confines it
+            label="Run",
+            elem_id="pub-run",
+            scale=2,
+        )
         tab.repo_id = gr.Textbox(
             label="Repository",
             placeholder="your-name/smollm2-pirate-lora",
@@ -73,7 +104,7 @@ def build(studio: Any) -> PublishTab:
             type="password",
             elem_id="pub-token",
             scale=2,
-            placeholder="hf_… (or leave empty to use the HF_TOKEN environment variable)",
+            placeholder=token_placeholder(studio),
             info="Used for this push only; never saved, logged or shown.",
         )
         with gr.Column(scale=1):
@@ -91,7 +122,7 @@ def wire(tab: PublishTab, demo: gr.Blocks, publish_tab: Any) -> None:
         tab.push,
         [tab.run, tab.repo_id, tab.token, tab.private, tab.merged],
         [tab.result, tab.token],
-        api_visibility="private",
+        api_name="publish",
     )
     for trigger in (demo.load, publish_tab.select):
         trigger(tab.runs, tab.run, tab.run, api_visibility="undocumented", show_progress="hidden")

@@ -48,12 +48,28 @@ def loss_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 EMPTY_LOSS = loss_frame([])
 
 
+def signed_in_user(request: gr.Request | None) -> str | None:
+    """The Hugging Face user signed in with the page's login button (a Space's OAuth session), if any."""
+    underlying = getattr(request, "request", None) if request is not None else None
+    scope = getattr(underlying, "scope", None)
+    session = scope.get("session") if isinstance(scope, dict) else None
+    info = session.get("oauth_info") if isinstance(session, dict) else None
+    if not isinstance(info, dict) or (info.get("expires_at") or float("inf")) < time.time():
+        return None
+    name = (info.get("userinfo") or {}).get("preferred_username")
+    return str(name) if name else None
+
+
 def owner_of(request: gr.Request | None) -> str:
-    """Who starts a run, as other users are told: the login name, else the browser's address."""
+    """Who starts a run, as other users are told: the login name (password or Hugging Face sign-in), else the
+    browser's address."""
     if request is None:
         return "the web app"
     if getattr(request, "username", None):
         return str(request.username)
+    user = signed_in_user(request)
+    if user:
+        return user
     host = getattr(getattr(request, "client", None), "host", None)
     return f"a browser at {host}" if host else "the web app"
 
@@ -104,7 +120,7 @@ class TrainTab:
             return (run_id, state.status, state.step, state.message, state.loss, state.eval_loss, _stamp(run))
         if not run_id:
             return ("",)
-        run = RunDir(Path(self.studio.manager.root) / run_id)
+        run = RunDir(Path(self.studio.manager.root) / Path(run_id).name)  # a run id names a folder of the runs root
         return (run_id, "files", _stamp(run), _stamp(run, "status"))
 
     def runs_key(self) -> tuple:
@@ -299,6 +315,7 @@ def build(studio: Any) -> TrainTab:
         with gr.Row():
             tab.run_pick = gr.Dropdown(
                 choices=[],
+                allow_custom_value=True,  # an API client may name any run by its id; the backend confines it
                 label="Run",
                 elem_id="train-run-pick",
                 scale=3,
