@@ -1,7 +1,11 @@
 """The web UI without a browser: build the Blocks (never launched) and call the tab handlers directly.
 
 Handlers return gradio update dicts (`{"__type__": "update", "value": ..., "visible": ...}`) or plain values; the
-tests read those. The memory estimator and the Hub are stood in where a test is about the UI, not about them.
+tests read those. Everything behind the handlers is real: the memory estimator, training runs of a tiny model, chat
+with a really trained tiny run (tests/run_fixtures.py), and publishing to the stand-in Hub (tests/hub_standin.py).
+A run that must still be going when a test acts on it is held at a step by `RunGate` (tests/test_ui_support.py);
+faults that cannot be produced for real on a CPU (out of memory, a generation that crashes mid-reply) are injected
+at the one place they would arise.
 """
 
 from __future__ import annotations
@@ -10,7 +14,6 @@ import json
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +21,27 @@ import gradio as gr
 import pytest
 
 from finetune.config import FIELD_NAMES, TrainConfig, field_groups
-from finetune.errors import BusyError, UserError
-from finetune.runs import busy_message
+from finetune.rundir import RunDir
+from finetune.runs import DeviceLock
 from finetune.studio import Studio
-from tests.run_fixtures import build_run
+from tests.run_fixtures import build_run, samples_at
+from tests.test_ui_support import (
+    BAD_TOKEN,
+    GOOD_TOKEN,
+    RunGate,
+    greedy_reply,
+    pushed_files_hold_no_secret,
+    standin_hub,
+    wait_run_ended,
+)
 from ui.app import TAB_NAMES, build_app
-from ui.chat_tab import ERROR_PREFIX, LOADING
+from ui.chat_tab import EMPTY, ERROR_PREFIX, LOADING
 from ui.config_tab import ConfigTab
 from ui.memory_tab import MEMORY_FIELDS
 
 ROOT = Path(__file__).resolve().parents[1]
+GIB, MIB = 2**30, 2**20
+PROMPT = "Question 7?"  # shaped like the tiny runs' training prompts: the tuned model answers like a pirate
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -44,6 +58,28 @@ def demo(studio):
 @pytest.fixture()
 def ui(demo):
     return demo.studio_ui
+
+
+@pytest.fixture()
+def trained_run(studio, tiny_model_dir) -> Path:
+    """A really trained tiny LoRA run (10 steps, evaluated at 5 and 10) named run-a in the studio's runs folder."""
+    return build_run(studio.manager.root / "run-a", tiny_model_dir)
+
+
+@pytest.fixture()
+def gate(monkeypatch, studio):
+    """Hold or fail this studio's runs at a step; whatever the test did, the run is ended afterwards."""
+    gate = RunGate().install(monkeypatch)
+    yield gate
+    studio.stop()
+    gate.release()
+    studio.manager.wait(timeout=120)
+
+
+@pytest.fixture()
+def hub(monkeypatch):
+    with standin_hub(monkeypatch) as standin:
+        yield standin
 
 
 def form(**changes: Any) -> list[Any]:
@@ -73,36 +109,36 @@ def tiny_data(folder: Path, n: int = 24) -> Path:
     return path
 
 
-@dataclass
-class Suggestion:
-    title: str
-    changes: dict[str, Any]
-    new_total_bytes: int
-    cost: str
+def tiny_run_form(model_dir: Path, folder: Path, **changes: Any) -> list[Any]:
+    """A Configure form that trains the tiny model for a few fast steps."""
+    values = {
+        "model": str(model_dir),
+        "dataset": str(tiny_data(folder)),
+        "eval_split": "",
+        "max_seq_length": 32,
+        "learning_rate": 0.03,
+        "warmup_steps": 0,
+        **changes,
+    }
+    return form(**values)
 
 
-@dataclass
-class FakeEstimate:
-    """The shape of `finetune.memory.MemoryEstimate` that the Memory tab reads."""
+def human(n: float) -> str:
+    """Bytes as the page writes them (GiB with 2 decimals, else MiB)."""
+    return f"{n / GIB:.2f} GiB" if abs(n) >= GIB else f"{n / MIB:.0f} MiB"
 
-    components: dict[str, int] = field(default_factory=lambda: {"weights": 2 << 30, "activations": 30 << 30})
-    tensor_bytes: int = 32 << 30
-    total_bytes: int = 33 << 30
-    overheads: dict[str, int] = field(default_factory=lambda: {"cuda_context": 1 << 30})
-    comparisons: dict[str, int] = field(default_factory=lambda: {"rule_of_thumb": 10 << 30})
-    fits: bool | None = False
-    headroom_bytes: int | None = -(9 << 30)
-    advice: list = field(
-        default_factory=lambda: [
-            Suggestion("Turn on gradient checkpointing", {"gradient_checkpointing": True}, 12 << 30, "≈30% slower"),
-            Suggestion(
-                "Micro batch 1 × accumulation 4",
-                {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 4},
-                14 << 30,
-                "slower",
-            ),
-        ]
-    )
+
+def log_steps(run_dir: Path | str) -> list[int]:
+    return [e["step"] for e in RunDir(Path(run_dir)).read_events(("log",))]
+
+
+def drain(gen) -> list:
+    return list(gen)[-1]
+
+
+def chat(ui, message: str, source: str, *, compare: bool = False, tokens: int = 12, values: list | None = None):
+    """Every [textbox, chatbot, base chatbot] the Chat tab streams for one message (greedy, no system prompt)."""
+    return list(ui.chat.respond(message, [], [], source, compare, tokens, 0.0, 1.0, "", *(values or form())))
 
 
 # ----------------------------------------------------------------------------------------------- the page
@@ -166,6 +202,12 @@ def test_app_arguments_default_to_localhost_and_honour_spaces_and_auth():
     assert args.auth == ("ann", "s3:cret") and args.port == 9000 and str(args.runs_root) == "/tmp/r"
     with pytest.raises(SystemExit):
         parse_args(["--auth", "nopassword"], env={})
+
+
+def test_the_publish_token_field_is_a_password_field(demo, ui):
+    """The page gets the token box as a password input (the browser test sees `type="password"` in the DOM)."""
+    config = next(c for c in demo.config["components"] if c["id"] == ui.publish.token._id)
+    assert config["props"]["elem_id"] == "pub-token" and config["props"]["type"] == "password"
 
 
 # ----------------------------------------------------------------------------------------------- Configure
@@ -281,39 +323,89 @@ def test_reset_restores_the_defaults(ui):
     assert out[: len(FIELD_NAMES)] == form()
 
 
+def test_config_tab_outputs_line_up(ui):
+    """Each handler returns exactly one value per output it is wired to."""
+    tab: ConfigTab = ui.config
+    assert len(tab.error_outputs) == len(tab.problem_updates({})) == len(FIELD_NAMES) + len(tab.groups) + 1
+    assert len(tab.reset()) == len(FIELD_NAMES) + len(tab.error_outputs)
+    assert len(tab.show_commands(*form(max_steps=0))) == 1 + len(tab.error_outputs)
+
+
 # ----------------------------------------------------------------------------------------------- Memory
-def test_memory_estimate_shows_verdict_breakdown_and_ranked_suggestions(ui, studio, monkeypatch):
-    calls = []
-    monkeypatch.setattr(studio, "estimate", lambda values, **kw: calls.append((values, kw)) or FakeEstimate())
-    monkeypatch.setattr(ui.memory, "cards_cache", {"NVIDIA A10G": 24.0})
-    out = ui.memory.estimate("GPU", "NVIDIA A10G", None, 1, *memory_form(max_seq_length=2048), *form())
+def _estimate_for(changes: dict[str, Any], **kwargs: Any):
+    """The estimator's own answer for these settings (what the Memory tab must show)."""
+    from finetune import memory
+
+    return memory.estimate(TrainConfig.from_dict({**Studio.default_values(), **changes}), **kwargs)
+
+
+def test_memory_estimate_shows_the_estimators_verdict_breakdown_and_ranked_advice(ui, tiny_model_dir):
+    """The real estimator on the tiny model, with a GPU 16 MiB too small: the verdict, breakdown and advice are the
+    estimator's; the tab's own fields win over the Configure form's; Apply makes the next estimate fit."""
+    mine = {
+        "model": str(tiny_model_dir),
+        "max_seq_length": 512,
+        "per_device_train_batch_size": 8,
+        "gradient_accumulation_steps": 1,
+    }
+    full = _estimate_for(mine, device="cuda")
+    gib = (full.total_bytes - 16 * MIB) / GIB
+    expected = _estimate_for(mine, device="cuda", gpu_gib=gib)
+    assert expected.fits is False and expected.advice, "the tiny config no longer needs advice: adjust the test"
+
+    # The form says 64 tokens; the Memory tab's 512 must be what is estimated.
+    out = ui.memory.estimate(
+        "GPU", "custom", gib, 1, *memory_form(**mine), *form(model=str(tiny_model_dir), max_seq_length=64)
+    )
     verdict, chart, table, comparisons, advice, pick, apply_btn, state, *errors = out
-    assert "Does not fit" in verdict and "NVIDIA A10G · 24 GiB" in verdict and "9.00 GiB short" in verdict
-    assert calls[0][0]["max_seq_length"] == 2048  # this tab's values win over the form's
-    assert calls[0][1] == {"device": "cuda", "gpus": 1, "gpu_gib": 24.0}
-    assert list(chart["value"]["component"]) == ["activations", "weights", "cuda context (overhead)"]
-    assert table["value"].iloc[0, 0] == "activations"
-    assert "rule of thumb: 10.00 GiB" in comparisons
-    assert advice["visible"] and advice["value"].iloc[0, 1] == "Turn on gradient checkpointing"
-    assert pick["choices"][0] == ("1. Turn on gradient checkpointing", 0) and apply_btn["visible"]
-    assert state == [
-        {"gradient_checkpointing": True},
-        {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 4},
-    ]
+    assert "Does not fit on a custom GPU" in verdict
+    assert f"Needs about **{human(expected.total_bytes)}**" in verdict and "16 MiB short" in verdict
+    shown = {n.replace("_", " "): v for n, v in expected.components.items() if v}
+    names = sorted(shown, key=lambda n: -shown[n]) + [f"{n.replace('_', ' ')} (overhead)" for n in expected.overheads]
+    assert list(table["value"]["Component"]) == names and table["visible"]
+    assert table["value"].iloc[0, 1] == human(max(shown.values()))
+    assert list(chart["value"]["component"]) == names
+    assert "rule of thumb" in comparisons
+    assert list(advice["value"]["Suggestion"]) == [a.title for a in expected.advice] and advice["visible"]
+    assert pick["choices"] == [(f"{i}. {a.title}", i - 1) for i, a in enumerate(expected.advice, start=1)]
+    assert apply_btn["visible"] and state == [a.changes for a in expected.advice]
     assert not any(e["visible"] for e in errors)
 
-
-def test_memory_estimate_on_cpu_and_custom_gpu(ui, studio, monkeypatch):
-    calls = []
-    monkeypatch.setattr(
-        studio, "estimate", lambda values, **kw: calls.append(kw) or FakeEstimate(fits=True, headroom_bytes=1)
+    # Apply the first suggestion: the shared form gets it, nothing else is lost, and the estimate now fits.
+    applied = ui.memory.apply(0, state, *memory_form(**mine), *form(model=str(tiny_model_dir), learning_rate=0.001))
+    config_values = dict(zip(FIELD_NAMES, applied[: len(FIELD_NAMES)], strict=True))
+    memory_values = dict(zip(MEMORY_FIELDS, applied[len(FIELD_NAMES) : -1], strict=True))
+    for name, value in expected.advice[0].changes.items():
+        assert config_values[name] == value and memory_values.get(name, value) == value, name
+    assert (
+        config_values["learning_rate"] == 0.001 and config_values["max_seq_length"] == memory_values["max_seq_length"]
     )
-    verdict = ui.memory.estimate("CPU", "custom", None, 1, *memory_form(), *form())[0]
-    assert calls[-1] == {"device": "cpu", "gpus": 1, "gpu_gib": None} and "Fits" in verdict
-    ui.memory.estimate("GPU", "custom", 80, 4, *memory_form(), *form())
-    assert calls[-1] == {"device": "cuda", "gpus": 4, "gpu_gib": 80.0}
-    verdict = ui.memory.estimate("GPU", "custom", None, 1, *memory_form(), *form())[0]
-    assert "custom GPU memory" in verdict
+    assert applied[-1].startswith("✓ Applied")
+    again = ui.memory.estimate("GPU", "custom", gib, 1, *applied[len(FIELD_NAMES) : -1], *applied[: len(FIELD_NAMES)])
+    assert again[0].startswith("### ✓ Fits on a custom GPU"), again[0]
+    assert ui.memory.apply(None, [], *memory_form(), *form())[-1] == "Nothing applied."
+
+
+def test_memory_estimate_on_the_cpu_on_several_gpus_and_on_a_named_card(ui, tiny_model_dir):
+    mine = {"model": str(tiny_model_dir), "max_seq_length": 128}
+    values = (*memory_form(**mine), *form(**mine))
+
+    verdict = ui.memory.estimate("CPU", "custom", None, 1, *values)[0]
+    assert verdict == f"### Estimated peak: about **{human(_estimate_for(mine, device='cpu').total_bytes)}**"
+
+    four = _estimate_for(mine, device="cuda", gpus=4, gpu_gib=80.0)
+    verdict = ui.memory.estimate("GPU", "custom", 80, 4, *values)[0]
+    assert "Fits on a custom GPU · 80 GiB × 4 GPUs" in verdict
+    assert f"about **{human(four.total_bytes)}** per GPU" in verdict
+
+    card = "A10G (24 GB)"
+    capacity = ui.memory.cards()[card]
+    on_card = _estimate_for(mine, device="cuda", gpu_gib=capacity)
+    verdict = ui.memory.estimate("GPU", card, None, 1, *values)[0]
+    assert f"Fits on {card} · {capacity:g} GiB" in verdict and f"{human(on_card.headroom_bytes)} to spare" in verdict
+
+    verdict = ui.memory.estimate("GPU", "custom", None, 1, *values)[0]
+    assert verdict.startswith("⚠ custom GPU memory")
 
 
 def test_memory_field_errors_appear_beside_the_memory_field(ui):
@@ -324,22 +416,6 @@ def test_memory_field_errors_appear_beside_the_memory_field(ui):
     # A problem in a field this tab does not show is named in the verdict.
     out = ui.memory.estimate("GPU", "custom", 24, 1, *memory_form(), *form(max_steps=0))
     assert "max_steps" in out[0] and "Configure" in out[0]
-
-
-def test_apply_copies_a_suggestion_into_the_shared_form(ui):
-    suggestions = [
-        {"gradient_checkpointing": True},
-        {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 4},
-    ]
-    out = ui.memory.apply(1, suggestions, *memory_form(max_seq_length=512), *form(learning_rate=0.001))
-    config_values = dict(zip(FIELD_NAMES, out[: len(FIELD_NAMES)], strict=True))
-    memory_values = dict(zip(MEMORY_FIELDS, out[len(FIELD_NAMES) : -1], strict=True))
-    assert config_values["per_device_train_batch_size"] == 1 and config_values["gradient_accumulation_steps"] == 4
-    assert config_values["learning_rate"] == 0.001 and config_values["max_seq_length"] == 512  # nothing else lost
-    assert memory_values["per_device_train_batch_size"] == 1
-    assert "Applied" in out[-1] and "gradient_accumulation_steps=4" in out[-1]
-    nothing = ui.memory.apply(None, [], *memory_form(), *form())
-    assert nothing[-1] == "Nothing applied."
 
 
 def test_memory_fields_mirror_configure_in_the_browser(demo, ui):
@@ -359,29 +435,36 @@ def test_start_with_a_bad_value_starts_nothing_and_points_at_the_field(ui, studi
     assert studio.state() is None and studio.runs() == []
 
 
-def test_start_while_busy_says_who_started_the_run_and_when(ui, studio, monkeypatch):
+def test_start_while_another_process_trains_says_who_and_since_when(ui, studio, tiny_model_dir, tmp_path):
+    """Another process (a command-line run) holds the device lock: Start names its run, owner and start time."""
     started = time.time()
+    other = DeviceLock(studio.manager.root)
+    other.acquire({"run_id": "run-x", "owner": "ann", "started_at": started, "pid": 1})
+    try:
+        message, viewing, shown, *updates = ui.train.start(None, *tiny_run_form(tiny_model_dir, tmp_path))
+    finally:
+        other.release()
+    assert message.startswith("⚠ busy: run run-x started by ann at ")
+    assert time.strftime("%H:%M:%S", time.localtime(started)) in message
+    assert viewing == {"__type__": "update"} and errors_by_field(updates) == {}
+    assert studio.state() is None and studio.runs() == []  # nothing started, no run folder
 
-    def busy(values, owner=""):
-        raise BusyError(busy_message({"run_id": "run-x", "owner": "ann", "started_at": started}))
 
-    monkeypatch.setattr(studio, "start", busy)
-    message, viewing, shown, *updates = ui.train.start(None, *form())
-    assert "run-x" in message and "ann" in message and time.strftime("%H:%M", time.localtime(started)) in message
-    assert viewing == {"__type__": "update"}
-
-
-def test_runs_list_progress_loss_plot_and_samples_for_a_past_run(ui, studio, tiny_model_dir):
-    build_run(studio.manager.root / "run-a", tiny_model_dir, steps=10)
-    out = ui.train.attach()
-    viewing, shown, progress, problem, plot, samples, log, runs, pick, start, stop = out
+def test_a_past_run_shows_its_progress_loss_curve_and_answers(ui, studio, trained_run):
+    events = RunDir(trained_run).read_events()
+    losses = [e["loss"] for e in events if e["type"] == "log"]
+    evals = [e["eval_loss"] for e in events if e["type"] == "eval"]
+    viewing, shown, progress, problem, plot, samples, log, runs, pick, start, stop = ui.train.attach()
     assert viewing == "run-a"
     assert 'data-status="completed"' in progress and "step <b>10</b> / 10" in progress
     assert problem == ""
-    assert len(plot[plot.series == "train"]) == 10 and len(plot[plot.series == "eval"]) == 2
+    assert list(plot[plot.series == "train"].loss) == losses and len(losses) == 10
+    assert list(plot[plot.series == "eval"].loss) == evals and len(evals) == 2
     assert list(samples.columns) == ["Held-out prompt", "Answer before training (step 0)", "Answer at step 10"]
-    assert samples.iloc[0, 1].startswith("I do not know") and "Paris" in samples.iloc[0, 2]
-    assert "step 10 · loss" in log and "eval loss" in log
+    before, after = samples_at(trained_run, 0)[0], samples_at(trained_run, 10)[0]
+    assert list(samples.iloc[0]) == [before["prompt"], before["answer"], after["answer"]]
+    assert samples.iloc[0, 1] != samples.iloc[0, 2]  # the tuning shows in the answers
+    assert "step 10 · loss" in log and "eval loss" in log and "status → completed" in log
     assert list(runs.iloc[0])[:3] == ["run-a", "completed", "10 / 10"]
     assert pick["value"] == "run-a" and start["interactive"] and not stop["interactive"]
 
@@ -389,186 +472,84 @@ def test_runs_list_progress_loss_plot_and_samples_for_a_past_run(ui, studio, tin
     assert again[2:] == [{"__type__": "update"}] * 9  # nothing changed: nothing redrawn
 
 
-def test_a_failed_run_shows_its_error_and_the_advice(ui, studio, tiny_model_dir):
-    run = build_run(studio.manager.root / "run-oom", tiny_model_dir, status="failed", steps=3)
-    status = json.loads((run / "status.json").read_text())
-    status.update(
-        error="out of memory at step 3: the run needs more memory than the device has",
-        advice="Turn on gradient_checkpointing: true (−60% activations).",
-    )
-    (run / "status.json").write_text(json.dumps(status))
-    problem = ui.train.select("run-oom")[3]
-    assert "The run failed." in problem and "out of memory at step 3" in problem
-    assert "What to try:" in problem and "gradient_checkpointing" in problem
-
-
-def test_resume_of_a_completed_run_is_refused_in_one_line(ui, studio, tiny_model_dir):
-    build_run(studio.manager.root / "run-a", tiny_model_dir)
+def test_resume_of_a_completed_run_is_refused_in_one_line(ui, studio, trained_run):
     message, viewing, shown = ui.train.resume(None, "run-a")
-    assert message.startswith("⚠ resume:") and "\n" not in message
+    assert message.startswith("⚠ resume:") and "already completed" in message and "\n" not in message
+    assert viewing == {"__type__": "update"} and studio.state() is None
     assert ui.train.resume(None, None)[0].startswith("Pick a run")
 
 
-def test_a_short_real_run_through_the_handlers(ui, studio, tiny_model_dir, tmp_path):
-    values = form(
-        model=str(tiny_model_dir),
-        dataset=str(tiny_data(tmp_path)),
-        eval_split="",
-        max_steps=3,
-        max_seq_length=32,
-        save_steps=3,
-        learning_rate=0.03,
-        warmup_steps=0,
-    )
-    message, viewing, shown, *_ = ui.train.start(None, *values)
-    assert message.startswith("▶ Started run") and viewing
+def test_stop_then_resume_continues_from_the_checkpoint(ui, studio, tiny_model_dir, tmp_path, gate):
+    """A run held at step 3 is really going: the page follows it, Start is refused as busy, Chat offers its latest
+    checkpoint. Stop saves checkpoint-3; Resume trains steps 4-6 only (each step is logged once)."""
+    gate.hold_at = 3
+    values = tiny_run_form(tiny_model_dir, tmp_path, max_steps=6, save_steps=2)
+    message, run_id, shown, *_ = ui.train.start(None, *values)
+    assert message.startswith(f"▶ Started run `{run_id}`") and shown is None
+    gate.wait_held()
+    run_dir = studio.manager.root / run_id
+
+    viewing, _, progress, *_ = ui.train.attach()  # a page opened (or reloaded) now follows the run
+    assert viewing == run_id and 'data-status="running"' in progress and 'data-step="3"' in progress
     busy = ui.train.start(None, *values)[0]
-    assert "busy" in busy and "the web app" in busy
-    studio.manager.wait(timeout=120)
-    out = ui.train.tick(viewing, shown)
-    assert 'data-status="completed"' in out[2] and len(out[4][out[4].series == "train"]) == 3
-    assert out[7].iloc[0, 1] == "completed"
-    assert ui.train.stop() == "Nothing is running."
-    labels = dict((v, k) for k, v in studio.chat_sources())
-    assert viewing in labels and "(final)" in labels[viewing]
+    assert busy.startswith(f"⚠ busy: run {run_id} started by the web app")
+    assert dict((v, k) for k, v in studio.chat_sources())[run_id] == f"{run_id} (checkpoint 2, running)"
+    _, history, _ = chat(ui, PROMPT, run_id, tokens=8)[-1]
+    assert history[-1]["content"] == greedy_reply(tiny_model_dir, run_dir / "checkpoint-2", PROMPT, 8)
 
-
-# ----------------------------------------------------------------------------------------------- Chat
-def drain(gen) -> list:
-    return list(gen)[-1]
-
-
-def test_chat_streams_a_reply_and_compares_with_the_base_model(ui, studio, monkeypatch):
-    calls = []
-
-    def fake_chat(source, messages, settings, base_values=None):
-        calls.append((source, messages, settings, base_values))
-        yield "Arr"
-        yield f"Arr from {source}"
-
-    monkeypatch.setattr(studio, "chat", fake_chat)
-    monkeypatch.setattr(studio, "run_config", lambda run_id: TrainConfig(model="the-run-base"))
-    steps = list(ui.chat.respond("Hello?", [], [], "run-a", True, 64, 0.0, 1.0, "Be brief.", *form()))
-    assert steps[0][1][-1]["content"] == LOADING  # visible loading state before the first token
-    text, history, base_history = steps[-1]
-    assert text == "" and history == [
-        {"role": "user", "content": "Hello?"},
-        {"role": "assistant", "content": "Arr from run-a"},
-    ]
-    assert base_history[-1] == {"role": "assistant", "content": "Arr from base"}
-    assert [c[0] for c in calls] == ["run-a", "base"]
-    assert calls[1][3]["model"] == "the-run-base"  # compared with the run's own base model, not the form's
-    assert calls[0][2].max_new_tokens == 64 and calls[0][2].system_prompt == "Be brief."
-
-    _, history, base_history = drain(ui.chat.respond("Again", history, [], "base", True, 64, 0, 1, "", *form()))
-    assert len(history) == 4 and base_history == []  # base vs base: no second column
-
-
-def test_chat_errors_are_one_line_in_the_conversation(ui, studio, monkeypatch):
-    def broken(source, messages, settings, base_values=None):
-        raise UserError("run: 'gone' is not a run in /x", field="run")
-        yield ""
-
-    monkeypatch.setattr(studio, "chat", broken)
-    _, history, _ = drain(ui.chat.respond("Hi", [], [], "gone", False, 8, 0, 1, "", *form()))
-    assert history[-1]["content"].startswith(ERROR_PREFIX + "run:") and "\n" not in history[-1]["content"]
-
-    def crash(source, messages, settings, base_values=None):
-        yield "par"
-        raise RuntimeError("CUDA error: device-side assert\nlong trace")
-
-    monkeypatch.setattr(studio, "chat", crash)
-    _, history, _ = drain(ui.chat.respond("Hi", [], [], "base", False, 8, 0, 1, "", *form()))
-    assert history[-1]["content"] == ERROR_PREFIX + "RuntimeError: CUDA error: device-side assert"
-
-    monkeypatch.setattr(studio, "chat", lambda *a, **k: iter(["  "]))
-    _, history, _ = drain(ui.chat.respond("Hi", [], [], "base", False, 8, 0, 1, "", *form()))
-    assert "answered with nothing" in history[-1]["content"]
-
-
-def test_chat_sources_list_the_base_model_and_finished_runs(ui, studio, tiny_model_dir):
-    assert ui.chat.sources()["choices"] == [("Base model", "base")]
-    build_run(studio.manager.root / "run-a", tiny_model_dir)
-    update = ui.chat.sources("base")
-    assert ("run-a (final)", "run-a") in update["choices"] and update["value"] == "base"
-    assert ui.chat.sources("deleted-run")["value"] == "base"
-
-
-# ----------------------------------------------------------------------------------------------- Publish
-def test_publish_pushes_and_always_clears_the_token(ui, studio, tiny_model_dir, monkeypatch):
-    build_run(studio.manager.root / "run-a", tiny_model_dir)
-    assert ui.publish.runs()["value"] == "run-a"
-    pushed = []
-    monkeypatch.setattr(studio, "push", lambda *a: pushed.append(a) or "https://huggingface.co/ann/pirate")
-    result, token = ui.publish.push("run-a", " ann/pirate ", "hf_secret", True, False)
-    assert pushed == [("run-a", "ann/pirate", "hf_secret", True, False)]
-    assert "https://huggingface.co/ann/pirate" in result and token == ""
-
-    def rejected(*a):
-        raise UserError("token rejected by the Hub (401); create a write token at https://huggingface.co/settings")
-
-    monkeypatch.setattr(studio, "push", rejected)
-    result, token = ui.publish.push("run-a", "ann/pirate", "hf_secret", True, False)
-    assert result.startswith("⚠ token rejected") and "hf_secret" not in result and token == ""
-
-
-def test_config_tab_outputs_line_up(ui):
-    """Each handler returns exactly one value per output it is wired to."""
-    tab: ConfigTab = ui.config
-    assert len(tab.error_outputs) == len(tab.problem_updates({})) == len(FIELD_NAMES) + len(tab.groups) + 1
-    assert len(tab.reset()) == len(FIELD_NAMES) + len(tab.error_outputs)
-    assert len(tab.show_commands(*form(max_steps=0))) == 1 + len(tab.error_outputs)
-
-
-def test_a_long_run_plot_is_thinned_but_keeps_its_ends():
-    from ui.formatting import loss_rows
-
-    events = [{"type": "log", "step": s, "loss": 1.0 / s} for s in range(1, 10_001)]
-    events += [{"type": "eval", "step": s, "eval_loss": 0.5} for s in range(1000, 10_001, 1000)]
-    rows = loss_rows(events)
-    train = [r for r in rows if r["series"] == "train"]
-    assert 500 <= len(train) <= 601 and train[0]["step"] == 1 and train[-1]["step"] == 10_000
-    assert len(rows) - len(train) == 10
-
-
-def test_stop_then_resume_from_the_train_tab(ui, studio, tiny_model_dir, tmp_path):
-    values = form(
-        model=str(tiny_model_dir),
-        dataset=str(tiny_data(tmp_path)),
-        eval_split="",
-        max_steps=40,
-        max_seq_length=32,
-        save_steps=2,
-        learning_rate=0.03,
-        warmup_steps=0,
-    )
-    _, run_id, _, *_ = ui.train.start(None, *values)
-    deadline = time.time() + 120
-    while (studio.state().step < 2 or studio.state().status != "running") and time.time() < deadline:
-        time.sleep(0.05)
     assert ui.train.stop().startswith("■ Stopping")
-    studio.manager.wait(timeout=120)
+    gate.release()
+    assert wait_run_ended(studio).status == "stopped"
     page = ui.train.select(run_id)
-    assert 'data-status="stopped"' in page[2] and "Resume" in page[3]
+    assert 'data-status="stopped"' in page[2] and 'data-step="3"' in page[2]
+    assert "Run stopped at step 3" in page[3] and "Resume" in page[3]
     run = next(r for r in studio.runs() if r["run_id"] == run_id)
     assert run["status"] == "stopped" and run["resumable"], run
-    message, viewing, _ = ui.train.resume(None, run_id)
-    assert message.startswith("▶ Resuming") and viewing == run_id
-    studio.manager.wait(timeout=120)
-    assert 'data-status="completed"' in ui.train.select(run_id)[2] and studio.state().step == 40
+    assert RunDir(run_dir).last_checkpoint().name == "checkpoint-3"
+    assert log_steps(run_dir) == [1, 2, 3]
+
+    message, viewing, shown = ui.train.resume(None, run_id)
+    assert message == f"▶ Resuming `{run_id}` from its last checkpoint." and viewing == run_id
+    assert wait_run_ended(studio).status == "completed"
+    assert log_steps(run_dir) == [1, 2, 3, 4, 5, 6]  # a restart from step 1 would log 1-3 again
+    out = ui.train.tick(viewing, shown)
+    assert 'data-status="completed"' in out[2] and "step <b>6</b> / 6" in out[2]
+    assert len(out[4][out[4].series == "train"]) == 6
+    assert list(out[7].iloc[0])[:3] == [run_id, "completed", "6 / 6"]
+    assert ui.train.stop() == "Nothing is running."
+    assert dict((v, k) for k, v in studio.chat_sources())[run_id] == f"{run_id} (final)"
 
 
-def test_a_run_that_fails_says_why_in_plain_words(ui, studio, tiny_model_dir, tmp_path):
+def test_a_run_that_runs_out_of_memory_says_why_with_advice_and_resumes(ui, studio, tiny_model_dir, tmp_path, gate):
+    """An out-of-memory error at step 2 (injected where torch raises it): the page says so in plain words with the
+    estimator's advice, the run keeps checkpoint-1, and Resume finishes it."""
+    import torch
+
+    gate.fail_at, gate.fail_with = 2, torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    message, run_id, *_ = ui.train.start(None, *tiny_run_form(tiny_model_dir, tmp_path, max_steps=3, save_steps=1))
+    assert message.startswith("▶ Started run")
+    assert wait_run_ended(studio).status == "failed"
+    page = ui.train.select(run_id)
+    assert 'data-status="failed"' in page[2]
+    assert page[3].startswith("**The run failed.** out of memory at step 2")
+    assert "**What to try:** Out of memory. This run needs about " in page[3]  # the estimator's figure and advice
+    assert "Traceback" not in page[3] and "Tried to allocate" not in page[3]
+    assert next(r for r in studio.runs() if r["run_id"] == run_id)["resumable"]
+
+    gate.fail_at = None
+    assert ui.train.resume(None, run_id)[0].startswith("▶ Resuming")
+    assert wait_run_ended(studio).status == "completed"
+    assert log_steps(studio.manager.root / run_id) == [1, 2, 3]  # steps 2-3 once, after the checkpoint at 1
+
+
+def test_data_with_the_wrong_columns_is_refused_at_start_in_plain_words(ui, studio, tiny_model_dir, tmp_path):
     bad = tmp_path / "wrong-columns.jsonl"
     bad.write_text("".join(json.dumps({"foo": i, "bar": "x"}) + "\n" for i in range(8)), encoding="utf-8")
-    message, run_id, *_ = ui.train.start(None, *form(model=str(tiny_model_dir), dataset=str(bad), eval_split=""))
-    if message.startswith("⚠ Not started"):  # refused before a run began: the reason is named at once
-        assert "dataset" in message or "column" in message
-        return
-    studio.manager.wait(timeout=120)
-    page = ui.train.select(run_id)
-    assert 'data-status="failed"' in page[2] and page[3].startswith("**The run failed.**")
-    assert "Traceback" not in page[3] and "\n\n**What to try" not in page[3]
+    message, viewing, *updates = ui.train.start(None, *form(model=str(tiny_model_dir), dataset=str(bad), eval_split=""))
+    assert message.startswith("⚠ Not started: dataset:") and "foo" in message and "\n" not in message
+    assert "Traceback" not in message and viewing == {"__type__": "update"}
+    assert "dataset" in errors_by_field(updates[1:])
+    assert studio.state() is None and studio.runs() == []
 
 
 def test_the_cli_bad_input_table_gets_the_same_one_line_errors_in_the_ui(ui, studio, tiny_model_dir, tmp_path):
@@ -587,3 +568,138 @@ def test_the_cli_bad_input_table_gets_the_same_one_line_errors_in_the_ui(ui, stu
         checked += 1
     assert checked >= 13
     assert studio.state() is None and studio.runs() == []
+
+
+def test_a_long_run_plot_is_thinned_but_keeps_its_ends():
+    from ui.formatting import loss_rows
+
+    events = [{"type": "log", "step": s, "loss": 1.0 / s} for s in range(1, 10_001)]
+    events += [{"type": "eval", "step": s, "eval_loss": 0.5} for s in range(1000, 10_001, 1000)]
+    rows = loss_rows(events)
+    train = [r for r in rows if r["series"] == "train"]
+    assert 500 <= len(train) <= 601 and train[0]["step"] == 1 and train[-1]["step"] == 10_000
+    assert len(rows) - len(train) == 10
+
+
+# ----------------------------------------------------------------------------------------------- Chat
+def test_chat_streams_the_runs_greedy_reply_beside_its_base_model(ui, studio, trained_run, tiny_model_dir):
+    """Side by side: the tuned column is the run's adapter's greedy reply, the other column the greedy reply of the
+    model the run started from (whatever the form's model is now), and the two differ."""
+    steps = chat(ui, PROMPT, "run-a", compare=True, values=form(model=str(tiny_model_dir / "not-this-model")))
+    assert steps[0][1][-1]["content"] == LOADING  # visible loading state before the first token
+    text, history, base_history = steps[-1]
+    tuned = greedy_reply(tiny_model_dir, trained_run, PROMPT, 12)
+    base = greedy_reply(tiny_model_dir, None, PROMPT, 12)
+    assert text == "" and history == [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": tuned}]
+    assert base_history == [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": base}]
+    assert tuned != base and tuned.startswith("Arr")
+    # It streamed: the tuned reply grew through several partial texts, each extending the last.
+    grown = [s[1][-1]["content"] for s in steps if s[1][-1]["content"] != LOADING]
+    assert len(set(grown)) >= 3 and all(b.startswith(a) for a, b in zip(grown, grown[1:], strict=False))
+
+    _, history, base_history = steps = chat(ui, PROMPT, "base", compare=True, values=form(model=str(tiny_model_dir)))[
+        -1
+    ]
+    assert history[-1]["content"] == base and base_history == []  # base vs base: no second column
+
+
+def test_chat_settings_reach_the_model(ui, trained_run, tiny_model_dir):
+    """max new tokens bounds the reply; the system prompt goes before the user's message."""
+    short = chat(ui, PROMPT, "run-a", tokens=3)[-1][1][-1]["content"]
+    assert short == greedy_reply(tiny_model_dir, trained_run, PROMPT, 3)
+    assert short != greedy_reply(tiny_model_dir, trained_run, PROMPT, 12)
+    values = form(model=str(tiny_model_dir))
+    _, history, _ = drain(ui.chat.respond(PROMPT, [], [], "base", False, 12, 0.0, 1.0, " Be brief. ", *values))
+    with_system = greedy_reply(tiny_model_dir, None, PROMPT, 12, system="Be brief.")
+    assert history[-1]["content"] == with_system != greedy_reply(tiny_model_dir, None, PROMPT, 12)
+
+
+def test_chat_errors_are_one_line_in_the_conversation(ui, studio, trained_run, tiny_model_dir, monkeypatch):
+    _, history, _ = chat(ui, "Hi", "gone")[-1]
+    assert history[-1]["content"].startswith(ERROR_PREFIX + "run: 'gone' is not a run in ")
+    assert "\n" not in history[-1]["content"]
+
+    # A run whose weights do not load (a damaged adapter file): one line, never a traceback.
+    (trained_run / "adapter_model.safetensors").write_bytes(b"not a safetensors file")
+    _, history, _ = chat(ui, "Hi", "run-a")[-1]
+    assert history[-1]["content"].startswith(ERROR_PREFIX) and "\n" not in history[-1]["content"]
+    assert "Traceback" not in history[-1]["content"]
+
+    # A generation that crashes after its first words (a CUDA device assert cannot happen on a CPU): injected where
+    # the model generates; the conversation shows the error's first line.
+    def crash(model, tokenizer, messages, settings):
+        yield "par"
+        raise RuntimeError("CUDA error: device-side assert\nlong trace")
+
+    monkeypatch.setattr("finetune.inference.stream_reply", crash)
+    _, history, _ = chat(ui, "Hi", "base", values=form(model=str(tiny_model_dir)))[-1]
+    assert history[-1]["content"] == ERROR_PREFIX + "RuntimeError: CUDA error: device-side assert"
+
+    monkeypatch.setattr("finetune.inference.stream_reply", lambda *a: iter(["  "]))  # a model that ends at once
+    _, history, _ = chat(ui, "Hi", "base", values=form(model=str(tiny_model_dir)))[-1]
+    assert history[-1]["content"] == EMPTY
+
+
+def test_chat_sources_list_the_base_model_and_finished_runs(ui, studio, tiny_model_dir):
+    assert ui.chat.sources()["choices"] == [("Base model", "base")]
+    build_run(studio.manager.root / "run-a", tiny_model_dir)
+    update = ui.chat.sources("base")
+    assert ("run-a (final)", "run-a") in update["choices"] and update["value"] == "base"
+    assert ui.chat.sources("deleted-run")["value"] == "base"
+
+
+# ----------------------------------------------------------------------------------------------- Publish
+def test_publish_pushes_a_trained_run_and_always_clears_the_token(ui, studio, trained_run, hub):
+    assert ui.publish.runs()["value"] == "run-a"
+    result, token = ui.publish.push("run-a", " alice/pirate-lora ", GOOD_TOKEN, True, False)
+    assert result == f"✓ Pushed the adapter of `run-a` to [{hub.url}/alice/pirate-lora]({hub.url}/alice/pirate-lora)."
+    assert token == ""
+    repo = hub.repos["alice/pirate-lora"]
+    assert repo.private and len(repo.commits) == 1
+    assert repo.files["adapter_model.safetensors"] == (trained_run / "adapter_model.safetensors").read_bytes()
+    pushed = json.loads(repo.files["adapter_config.json"])
+    trained = json.loads((trained_run / "adapter_config.json").read_text())
+    assert (pushed["r"], pushed["target_modules"]) == (trained["r"], trained["target_modules"])
+    assert "README.md" in repo.files and not any("checkpoint" in f or "optimizer" in f for f in repo.files)
+
+    result, token = ui.publish.push("run-a", "alice/pirate-merged", GOOD_TOKEN, False, True)
+    assert result.startswith("✓ Pushed the merged model of `run-a`") and token == ""
+    merged = hub.repos["alice/pirate-merged"]
+    assert not merged.private and "config.json" in merged.files and "adapter_config.json" not in merged.files
+
+    result, token = ui.publish.push("run-a", "alice/other", BAD_TOKEN, True, False)
+    assert result.startswith("⚠ ") and "token" in result and "\n" not in result and token == ""
+    assert "alice/other" not in hub.repos
+    result, token = ui.publish.push("run-a", "alice/other", "", True, False)  # no token anywhere (HF_TOKEN unset)
+    assert result.startswith("⚠ no Hugging Face token") and token == ""
+    assert BAD_TOKEN not in result and pushed_files_hold_no_secret(hub, GOOD_TOKEN)
+
+
+# ----------------------------------------------------------------------------------------------- path confinement
+@pytest.mark.parametrize("name", ["../outside", "ABSOLUTE", "run-a/../../outside", "link-to-outside"])
+def test_run_names_outside_the_runs_folder_are_refused_in_one_line(ui, studio, tiny_model_dir, hub, name):
+    """A real, resumable run sits next to the runs folder; naming it by `..`, an absolute path or a symlink from the
+    Train, Chat or Publish tab is refused in one line, and nothing is loaded, started or pushed."""
+    root = studio.manager.root
+    outside = build_run(root.parent / "outside", tiny_model_dir, status="stopped")
+    assert RunDir(outside).last_checkpoint() is not None  # resumable if it were allowed
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "link-to-outside").symlink_to(outside, target_is_directory=True)
+    name = str(outside) if name == "ABSOLUTE" else name
+    status_before = (outside / "status.json").read_bytes()
+
+    message, viewing, _ = ui.train.resume(None, name)
+    assert message.startswith("⚠ run: ") and "is not a run in" in message and "\n" not in message
+    assert viewing == {"__type__": "update"} and studio.state() is None
+
+    _, history, _ = chat(ui, "Hi", name, values=form(model=str(tiny_model_dir)))[-1]
+    assert history[-1]["content"].startswith(ERROR_PREFIX + "run: ") and "\n" not in history[-1]["content"]
+
+    result, token = ui.publish.push(name, "alice/stolen", GOOD_TOKEN, True, False)
+    assert result.startswith("⚠ run: ") and "\n" not in result and token == ""
+    assert hub.requests == [] and hub.repos == {}
+
+    if name != "link-to-outside":  # (a link placed in the runs folder on the server is listed; see the report)
+        page = ui.train.select(name)  # the Train tab shows nothing of it either
+        assert 'data-status="stopped"' not in page[2] and page[5].empty
+    assert (outside / "status.json").read_bytes() == status_before

@@ -1,0 +1,146 @@
+"""Helpers the UI tests share (this module holds no tests).
+
+- `RunGate`: holds a run of this process at a chosen step until the test releases it, or fails it there. A test
+  that needs "a run that is still going" (stop, reload, busy, chat with a running run) gets one for as long as it
+  needs, on any hardware, instead of hoping the run is slow enough.
+- `greedy_reply`: what a model answers to one prompt with greedy decoding, computed with transformers and PEFT
+  directly (not through the app's code), for checking what the Chat tab shows.
+- `standin_hub`: the stand-in Hugging Face Hub (tests/hub_standin.py) with HF_ENDPOINT pointing at it.
+- `wait_for`: a condition polled until a deadline, then asserted.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from tests.hub_standin import HubStandin
+
+GOOD_TOKEN = "hf_" + secrets.token_hex(16)  # alice's write token on the stand-in Hub (random per session)
+BAD_TOKEN = "hf_" + secrets.token_hex(16)  # a token the stand-in Hub does not know
+HOLD_LIMIT_S = 300  # a held run goes on by itself after this long, so a test that forgets it cannot hang the suite
+
+
+class RunGate:
+    """Hold or fail the runs of this process at a step, from inside the engine's per-step progress hook.
+
+    Installed over `Progress.on_step` (called at the end of every optimizer step by both engines, before the stop
+    flag is read): after the real hook has recorded step N, the run thread waits for `release()` when N is
+    `hold_at`, or raises `fail_with` when N is `fail_at`. While held, the run is "running" at step N for real."""
+
+    def __init__(self) -> None:
+        self.hold_at: int | None = None
+        self.fail_at: int | None = None
+        self.fail_with: BaseException | None = None
+        self.held = threading.Event()
+        self._release = threading.Event()
+
+    def install(self, monkeypatch: Any) -> RunGate:
+        from finetune.progress import Progress
+
+        real = Progress.on_step
+        gate = self
+
+        def on_step(progress: Any, step: int, *args: Any, **kwargs: Any) -> None:
+            real(progress, step, *args, **kwargs)
+            if step == gate.fail_at and gate.fail_with is not None:
+                raise gate.fail_with
+            if step == gate.hold_at:
+                gate.held.set()
+                gate._release.wait(HOLD_LIMIT_S)
+
+        monkeypatch.setattr(Progress, "on_step", on_step)
+        return self
+
+    def wait_held(self, timeout: float = 180) -> None:
+        """Block until a run is held at `hold_at`; fail the test if none gets there in time."""
+        assert self.held.wait(timeout), f"no run reached step {self.hold_at} within {timeout} s"
+
+    def release(self) -> None:
+        self._release.set()
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str, every: float = 0.05) -> Any:
+    """Poll `condition` until it returns something true (returned) or the deadline passes (assertion error)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(every)
+
+
+def wait_run_ended(studio: Any, timeout: float = 180) -> Any:
+    """Join the studio's run thread; fail the test if the run is still going at the deadline. Returns its state."""
+    studio.manager.wait(timeout=timeout)
+    state = studio.state()
+    assert not studio.manager.is_active(), f"the run is still going after {timeout} s: {state}"
+    return state
+
+
+_models: dict[tuple[str, str], Any] = {}
+
+
+def greedy_reply(
+    base_model_dir: Path, weights_dir: Path | None, prompt: str, max_new_tokens: int, system: str = ""
+) -> str:
+    """The greedy reply of the base model (with the LoRA adapter in `weights_dir`, if given) to one user message
+    (after a system prompt, if given), decoded without special tokens: built from transformers + PEFT, independently
+    of finetune/inference.py."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    key = (str(base_model_dir), str(weights_dir))
+    if key not in _models:
+        tokenizer = AutoTokenizer.from_pretrained(str(base_model_dir))
+        model = AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype=torch.float32)
+        if weights_dir is not None:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, str(weights_dir))
+        _models.clear()  # one model at a time: they are cheap to load, and a run's weights change between tests
+        _models[key] = (model.eval(), tokenizer)
+    model, tokenizer = _models[key]
+    messages = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": prompt})
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    inputs = tokenizer(text, add_special_tokens=False, return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(
+            **inputs, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+        )
+    return tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+
+
+def letters(text: str) -> str:
+    """Only the letters and digits of a text: what stays the same however the page renders it (Markdown, spacing)."""
+    return re.sub(r"[^0-9A-Za-z]", "", text)
+
+
+@contextmanager
+def standin_hub(monkeypatch: Any) -> Iterator[HubStandin]:
+    """A stand-in Hub that knows alice's token; HF_ENDPOINT points at it, the client's default does not."""
+    from huggingface_hub import constants
+
+    from finetune import hub as hubmod
+
+    with HubStandin(tokens={GOOD_TOKEN: "alice"}) as standin:
+        monkeypatch.setenv("HF_ENDPOINT", standin.url)
+        monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # only HF_ENDPOINT reaches the stand-in
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # conftest sets HF_HUB_OFFLINE=1 for everything else
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        monkeypatch.setattr(hubmod, "_stored_token", lambda: None)  # ignore any `hf auth login` on this machine
+        yield standin
+
+
+def pushed_files_hold_no_secret(standin: HubStandin, secret: str) -> bool:
+    """The secret is in no file of any repo and in no request body the stand-in received."""
+    blobs = [data for repo in standin.repos.values() for data in repo.files.values()]
+    return all(secret.encode() not in blob for blob in blobs) and secret.encode() not in standin.recorded_bytes()
