@@ -150,30 +150,31 @@ def check_model(config: TrainConfig) -> None:
     model_config = load_model_config(config.model, config.trust_remote_code)
     if getattr(model_config, "auto_map", None):
         return
+    import transformers
     from transformers.models.auto import modeling_auto
 
+    from finetune.plan import lora_targets, model_class_for
+
+    model_class = model_class_for(config.task)  # the class the engine will load
+    mapping = {
+        "AutoModelForSequenceClassification": modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+        "AutoModelForCausalLM": modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    }[model_class]
     model_type = getattr(model_config, "model_type", "")
-    if config.task == "sequence_classification":
-        mapping, auto_name = modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES, "ForSequenceClassification"
-        other = "task: sequence_classification needs a classification head"
-    else:
-        mapping, auto_name = modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "ForCausalLM"
-        other = "task: causal_lm needs a model that generates text"
     if model_type not in mapping:
+        need = "a classification head" if config.task == "sequence_classification" else "a model that generates text"
         raise ConfigError(
-            f"{other}; {model_type!r} models have no {auto_name} class in transformers; choose the other task or "
-            "another model",
+            f"task: {config.task} needs {need}; {model_type!r} models have no {model_class.removeprefix('Auto')} "
+            "class in transformers; choose the other task or another model",
             "task",
         )
-    targets = lora_target_modules(config)
+    targets = lora_targets(config.lora_target_modules)
     if config.method == "full" or targets == "all-linear":
         return
     import torch
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    auto = AutoModelForSequenceClassification if config.task == "sequence_classification" else AutoModelForCausalLM
     with torch.device("meta"):
-        model = auto.from_config(model_config)
+        model = getattr(transformers, model_class).from_config(model_config)
     names = [name for name, _ in model.named_modules()]
     # PEFT's rule for a list of names: a module matches when its name is the target or ends with ".target".
     if not any(name == t or name.endswith("." + t) for name in names for t in targets):
