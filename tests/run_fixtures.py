@@ -1,20 +1,63 @@
-"""Finished run directories for tests that read runs (publish, chat) without training one.
+"""Finished run directories for tests that read runs (publish, chat, the Train tab), made by really training.
 
-`build_run` writes what the training engine leaves behind (see finetune/rundir.py): a LoRA adapter saved with
-PEFT on the tiny Llama, its tokenizer, config.yaml, status.json, events.jsonl, and a checkpoint folder with an
-optimizer state that must never be published. Swap it for a really trained tiny run once the engine exists.
+`train_run` trains the tiny model through `RunManager.start` (the engine the app and CLI use), so the run directory
+is exactly what training writes: adapter, tokenizer, config.yaml, status.json, events.jsonl (dataset fingerprint,
+losses, evals, sample answers) and checkpoints with optimizer states that must never be published.
+
+`build_run` gives a test its own copy of such a run: the first call for a given (model, steps, seed, overrides)
+trains once into a per-process cache, later calls copy it (a few milliseconds) and relocate it: config.yaml's
+output_dir and status.json's run_id / run_dir are pointed at the copy, as if it had been trained there.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
-import time
+import shutil
+import tempfile
+import threading
 from pathlib import Path
+from typing import Any
 
-from finetune.config import TrainConfig
 from finetune.rundir import RunDir
+from tests.helpers import tiny_config, write_jsonl
 
 PROMPTS = ("What is the capital of France?", "What is two plus two?")
+EVAL_STEPS = 5  # a 10-step run evaluates (loss + sample answers) at steps 5 and 10
+
+_cache: dict[tuple, Path] = {}
+_cache_lock = threading.Lock()
+_cache_root: Path | None = None
+
+
+def eval_file(folder: Path) -> Path:
+    """A small held-out set in `folder`: its first prompts are the ones sampled at step 0 and at each evaluation."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [{"prompt": p, "completion": "Arr, matey! Yo-ho-ho!"} for p in PROMPTS]
+    rows += [{"prompt": f"Held-out question {i}?", "completion": "Arr, matey! Yo-ho-ho!"} for i in range(6)]
+    return write_jsonl(folder / "pirate-mini-eval.jsonl", rows)
+
+
+def train_run(run_dir: Path, base_model_dir: Path, *, steps: int = 10, seed: int = 0, **overrides: Any) -> Path:
+    """Train a tiny LoRA run on `base_model_dir` into `run_dir` (must not exist yet); returns `run_dir`."""
+    from finetune.runs import RunManager
+
+    run_dir = Path(run_dir)
+    values: dict[str, Any] = {
+        "max_steps": steps,
+        "seed": seed,
+        "eval_steps": EVAL_STEPS,
+        "save_steps": EVAL_STEPS,
+        "output_dir": str(run_dir),
+    }
+    if "eval_split" not in overrides:
+        values["eval_split"] = str(eval_file(run_dir.parent / f".{run_dir.name}-data"))
+    values.update(overrides)
+    config = tiny_config(base_model_dir, **values)
+    state = RunManager(run_dir.parent).start(config, owner="tests", background=False)
+    if state.status != "completed":
+        raise RuntimeError(f"tiny training run failed: {state.status}: {state.error}")
+    return run_dir
 
 
 def build_run(
@@ -24,76 +67,59 @@ def build_run(
     status: str = "completed",
     steps: int = 10,
     seed: int = 0,
-    **config_overrides,
+    **config_overrides: Any,
 ) -> Path:
-    """A finished LoRA run on `base_model_dir` in `run_dir` (created); returns `run_dir`."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    """A copy of a really trained tiny LoRA run in `run_dir` (created), marked `status`; returns `run_dir`."""
+    template = trained_template(base_model_dir, steps=steps, seed=seed, **config_overrides)
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(seed)
-    base = AutoModelForCausalLM.from_pretrained(str(base_model_dir))
-    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"))
-    with torch.no_grad():  # "training": move the LoRA B matrices off zero so the adapter changes the output
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0.0, 0.05)
-    model.save_pretrained(str(run_dir))
-    AutoTokenizer.from_pretrained(str(base_model_dir)).save_pretrained(str(run_dir))
-
-    config = TrainConfig(
-        model=str(base_model_dir), lora_r=4, lora_alpha=8, max_steps=steps, output_dir=str(run_dir), **config_overrides
-    )
-    rd = RunDir(run_dir)
-    rd.write_config(config)
-
-    # A checkpoint with optimizer state, as the Trainer leaves it: it must never be pushed.
-    checkpoint = run_dir / f"checkpoint-{steps}"
-    checkpoint.mkdir(exist_ok=True)
-    (checkpoint / "optimizer.pt").write_bytes(b"\0" * 64)
-    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": steps}), encoding="utf-8")
-
-    t0 = time.time() - 30
-    losses = [round(3.2 * (0.85**i) + 0.1, 4) for i in range(1, steps + 1)]
-    events = [{"time": t0, "type": "status", "status": "running"}]
-    events.append(
-        {
-            "time": t0 + 0.5,
-            "type": "samples",
-            "step": 0,
-            "samples": [{"prompt": p, "answer": f"I do not know about {p.split()[-1]}"} for p in PROMPTS],
-        }
-    )
-    for step, loss in enumerate(losses, start=1):
-        events.append({"time": t0 + step, "type": "log", "step": step, "loss": loss, "learning_rate": 5e-4})
-        if step % 5 == 0:
-            events.append({"time": t0 + step, "type": "eval", "step": step, "eval_loss": round(loss + 0.2, 4)})
-    events.append(
-        {
-            "time": t0 + steps + 1,
-            "type": "samples",
-            "step": steps,
-            "samples": [
-                {"prompt": PROMPTS[0], "answer": "Arr, the capital o' France be Paris, matey!"},
-                {"prompt": PROMPTS[1], "answer": "Two plus two be four, ye landlubber."},
-            ],
-        }
-    )
-    events.append({"time": t0 + steps + 2, "type": "status", "status": status})
-    rd.events_path.write_text("".join(json.dumps(e) + "\n" for e in events), encoding="utf-8")
-    rd.write_status(
-        {
-            "status": status,
-            "step": steps,
-            "max_steps": steps,
-            "loss": losses[-1],
-            "eval_loss": round(losses[-1] + 0.2, 4),
-            "runtime_s": 31.4,
-            "device": "cpu",
-            "started_at": t0,
-            "updated_at": t0 + steps + 2,
-        }
-    )
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(template, run_dir)
+    relocate(run_dir)
+    if status != "completed":
+        rd = RunDir(run_dir)
+        rd.write_status({**rd.read_status(), "status": status, "pid": None})
+        rd.append_event({"type": "status", "status": status, "step": steps, "error": None})
     return run_dir
+
+
+def trained_template(base_model_dir: Path, *, steps: int = 10, seed: int = 0, **overrides: Any) -> Path:
+    """The cached trained run for these settings (trained on first use, once per test process)."""
+    global _cache_root
+    key = (str(Path(base_model_dir).resolve()), steps, seed, tuple(sorted((k, repr(v)) for k, v in overrides.items())))
+    with _cache_lock:
+        if key not in _cache:
+            if _cache_root is None:
+                _cache_root = Path(tempfile.mkdtemp(prefix="finetune-test-runs-"))
+                atexit.register(shutil.rmtree, _cache_root, True)
+            folder = _cache_root / f"set-{len(_cache)}"
+            _cache[key] = train_run(folder / "run-tiny", Path(base_model_dir), steps=steps, seed=seed, **overrides)
+        return _cache[key]
+
+
+def relocate(run_dir: Path) -> None:
+    """Point a copied run's config.yaml (output_dir) and status.json (run_id, run_dir) at where it now is."""
+    rd = RunDir(Path(run_dir))
+    config = rd.load_config()
+    if config.output_dir:
+        rd.write_config(config.replace(output_dir=str(rd.path)))
+    status = rd.read_status()
+    if status:
+        rd.write_status({**status, "run_id": rd.name, "run_dir": str(rd.path)})
+
+
+def samples_at(run_dir: Path, step: int) -> list[dict[str, str]]:
+    """The sample answers the run recorded at `step` ([{prompt, answer}]); [] when none."""
+    for event in RunDir(Path(run_dir)).read_events(("samples",)):
+        if event.get("step") == step:
+            return list(event["samples"])
+    return []
+
+
+def events_of(run_dir: Path, kind: str) -> list[dict[str, Any]]:
+    """The run's events of one type, in order."""
+    return RunDir(Path(run_dir)).read_events((kind,))
+
+
+def status_of(run_dir: Path) -> dict[str, Any]:
+    """status.json of a run."""
+    return json.loads((Path(run_dir) / "status.json").read_text(encoding="utf-8"))

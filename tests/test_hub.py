@@ -17,14 +17,16 @@ import pytest
 
 from finetune import hub as hubmod
 from finetune.config import EMBEDDED_MODEL, TrainConfig
-from finetune.errors import UserError
+from finetune.errors import ConfigError, UserError
 from finetune.hub import build_model_card, push_run, register_cli
+from finetune.public import public_config
 from finetune.rundir import RunDir
 from tests.hub_standin import HubStandin
-from tests.run_fixtures import build_run
+from tests.run_fixtures import build_run, samples_at, train_run, trained_template
 
 GOOD = "hf_" + secrets.token_hex(16)  # alice's write token, random per session so a scan cannot be fooled
 BAD = "hf_" + secrets.token_hex(16)  # a token the Hub does not know
+BOB = "hf_" + secrets.token_hex(16)  # bob's write token: a visitor's own token on a public Space
 REPO = "alice/pirate-lora"
 ADAPTER_PUSH = {
     "README.md",
@@ -40,16 +42,14 @@ HUB_CALLS = {"/api/repos/create", "/api/validate-yaml", "/api/whoami-v2"}
 
 
 @pytest.fixture(scope="session")
-def run_template(tiny_model_dir, tmp_path_factory):
-    """One finished tiny LoRA run, built once; tests get their own copy."""
-    return build_run(tmp_path_factory.mktemp("template") / "run-tiny", tiny_model_dir)
+def run_template(tiny_model_dir):
+    """One really trained tiny LoRA run (10 steps, evals at 5 and 10), trained once; tests get their own copy."""
+    return trained_template(tiny_model_dir)
 
 
 @pytest.fixture
-def run_dir(run_template, studio_home):
-    target = studio_home / "runs" / run_template.name
-    shutil.copytree(run_template, target)
-    return target
+def run_dir(run_template, tiny_model_dir, studio_home):
+    return build_run(studio_home / "runs" / run_template.name, tiny_model_dir)
 
 
 @pytest.fixture
@@ -97,14 +97,21 @@ def test_push_sends_adapter_tokenizer_card_and_curve_in_one_commit(hub, run_dir)
     assert len(repo.commits) == 1
     assert repo.private is False
     assert repo.files["adapter_model.safetensors"] == (run_dir / "adapter_model.safetensors").read_bytes()
-    assert repo.files["config.yaml"] == (run_dir / "config.yaml").read_bytes()
+    # config.yaml as published: the run's config with local paths replaced, still a loadable config.
+    config = RunDir(run_dir).load_config()
+    assert repo.files["config.yaml"].decode() == public_config(config, run_dir).to_yaml()
+    published = TrainConfig.from_yaml(repo.files["config.yaml"].decode())
+    assert published.replace(model=config.model, dataset=config.dataset, eval_split=config.eval_split) == (
+        config.replace(output_dir="")
+    )
     assert repo.files["loss_curve.png"].startswith(b"\x89PNG\r\n\x1a\n")
     assert not any("checkpoint" in f or "optimizer" in f or f in ("events.jsonl", "status.json") for f in repo.files)
     assert ("POST", "/api/validate-yaml") in hub.paths()
     assert _unexpected_calls(hub) == []
-    # The pushed adapter loads with PEFT exactly as saved.
-    pushed = json.loads(repo.files["adapter_config.json"])
-    assert pushed["r"] == 4 and pushed["peft_type"] == "LORA"
+    # The pushed adapter config is the one training saved, except the base path (a local folder: no Hub id).
+    saved = json.loads((run_dir / "adapter_config.json").read_text())
+    assert saved["base_model_name_or_path"] == config.model
+    assert json.loads(repo.files["adapter_config.json"]) == {**saved, "base_model_name_or_path": None}
 
 
 def test_push_private_repo(hub, run_dir):
@@ -152,21 +159,32 @@ def test_card_has_metadata_config_losses_samples_and_snippet(hub, run_dir):
     # The tiny base is a local directory with no Hub id: no base_model, and the card says so.
     assert card.data.base_model is None
     assert "no `base_model`" in text
-    # The full resolved config, the launch command, the figures of the run.
-    assert (run_dir / "config.yaml").read_text() in text
-    assert "python -m finetune train --config config.yaml" in text
-    status = RunDir(run_dir).read_status()
+    # The full resolved config (as published), the launch command, the figures of the run.
+    rd = RunDir(run_dir)
+    config = rd.load_config()
+    assert public_config(config, run_dir).to_yaml() in text
+    assert "python -m finetune train --config config.yaml --set model=" in text
+    status = rd.read_status()
     assert f"| Final training loss | {status['loss']:.4f} |" in text
     assert "| Steps | 10 of 10 |" in text
     assert "| Hardware | cpu |" in text
-    assert "| Runtime | 31.4 s |" in text
-    assert "| Best eval loss | " in text and "(step 10)" in text
+    runtime = status["finished_at"] - status["started_at"]
+    assert 0 < runtime < 60 and f"| Runtime | {runtime:.1f} s |" in text
+    evals = [(e["step"], e["eval_loss"]) for e in rd.read_events(("eval",))]
+    assert [step for step, _ in evals] == [5, 10]
+    best = min(evals, key=lambda pair: pair[1])
+    assert f"| Best eval loss | {best[1]:.4f} (step {best[0]}) |" in text
     assert "![Training loss against step](loss_curve.png)" in text
-    # Sample answers before and after, and a PEFT snippet that loads this repo.
-    assert "I do not know about France?" in text and "Arr, the capital o' France be Paris" in text
+    # Sample answers before and after (what training recorded), and a PEFT snippet that loads this repo.
+    before, after = samples_at(run_dir, 0), samples_at(run_dir, 10)
+    assert before and after and before[0]["prompt"] == "What is the capital of France?"
+    assert f"**Prompt:** {before[0]['prompt']}" in text
+    assert before[0]["answer"].strip("\n") in text and after[0]["answer"].strip("\n") in text
     assert "Step 0 (before)" in text and "Step 10 (after)" in text
     assert f'PeftModel.from_pretrained(base, "{REPO}")' in text
-    assert "sha256" not in text or "local file" in text
+    # The dataset is named by its file name and the sha256 training recorded.
+    recorded = next(e for e in rd.read_events(("dataset",)) if e["dataset"] == config.dataset)["dataset_sha256"]
+    assert f"local file `{Path(config.dataset).name}` (sha256 `{recorded}`)" in text
 
 
 def test_card_for_embedded_base_names_smollm2_and_its_license(run_dir):
@@ -425,14 +443,17 @@ def test_cli_push_token_env(hub, run_dir, monkeypatch, capsys):
         (["--repo-id", REPO], {}, "no Hugging Face token"),
         (["--repo-id", REPO], {"HF_TOKEN": BAD}, "token rejected"),
         (["--repo-id", REPO, "--token-env", "MISSING_VAR"], {"HF_TOKEN": GOOD}, "MISSING_VAR is not set"),
+        (["--repo-id", REPO, "--merged"], {"HF_TOKEN": GOOD, "_QLORA": "1"}, "not available for a qlora run"),
     ],
 )
 def test_cli_push_errors_are_one_line(hub, run_dir, monkeypatch, capsys, argv, env, expected):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
+    if env.get("_QLORA"):
+        _set_config(run_dir, method="qlora")
     rc = _cli(["push", str(run_dir), *argv])
     out = capsys.readouterr()
-    assert rc != 0
+    assert rc == 2  # a user error, as in every other command
     assert out.err.count("\n") == 1 and out.err.startswith("error: ") and expected in out.err
     assert GOOD not in out.err + out.out and BAD not in out.err + out.out
 
@@ -450,9 +471,27 @@ def test_python_m_finetune_push_reports_one_line(run_dir):
         timeout=300,
         cwd=Path(__file__).parent.parent,
     )
-    assert proc.returncode != 0
+    assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "repo id" in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("error: repo id")
+
+
+@pytest.mark.skipif(
+    not (Path(__file__).parent.parent / "finetune" / "__main__.py").is_file(), reason="finetune/__main__.py not yet"
+)
+def test_python_m_finetune_push_of_a_folder_that_is_not_a_run_exits_2(tmp_path):
+    env = {**os.environ, "HF_TOKEN": GOOD}
+    proc = subprocess.run(
+        [sys.executable, "-m", "finetune", "push", str(tmp_path), "--repo-id", REPO],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=Path(__file__).parent.parent,
+    )
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1
+    assert lines[0].startswith("error: run: ") and "no config.yaml" in lines[0]
 
 
 def test_hub_module_stays_light():
@@ -465,5 +504,60 @@ def test_hub_module_stays_light():
     assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent.parent).returncode == 0
 
 
-def test_config_yaml_never_holds_a_token(run_dir):
-    assert "token" not in TrainConfig.load(run_dir / "config.yaml").to_dict()
+def test_the_token_never_reaches_config_yaml(hub, tiny_model_dir, tmp_path, monkeypatch):
+    # Train with a token in the environment, then push with it: config.yaml holds it nowhere, on disk or pushed.
+    monkeypatch.setenv("HF_TOKEN", GOOD)
+    run = train_run(tmp_path / "runs" / "run-with-env-token", tiny_model_dir, steps=1, eval_split="")
+    push_run(run, REPO)
+    assert GOOD not in (run / "config.yaml").read_text()
+    assert GOOD not in hub.repos[REPO].files["config.yaml"].decode()
+    # ...and a config cannot carry one: a token key is refused, and the refusal does not repeat the token.
+    for key in ("token", "hf_token"):
+        with pytest.raises(ConfigError, match=key) as err:
+            TrainConfig.from_dict({**TrainConfig.load(run / "config.yaml").to_dict(), key: GOOD})
+        assert GOOD not in str(err.value)
+
+
+# ---------------------------------------------------------------------- a public Space: no borrowed token
+
+
+def test_without_env_token_a_missing_token_is_refused(hub, run_dir, monkeypatch):
+    # The operator's HF_TOKEN and stored login are there, and must not be used.
+    monkeypatch.setenv("HF_TOKEN", GOOD)
+    monkeypatch.setattr(hubmod, "_stored_token", lambda: GOOD)
+    with pytest.raises(UserError) as err:
+        push_run(run_dir, REPO, token="  ", allow_env_token=False)
+    message = str(err.value)
+    assert err.value.field == "token" and "\n" not in message
+    assert "sign in with Hugging Face" in message and "paste a write token" in message
+    assert "HF_TOKEN" not in message  # a visitor cannot set the server's environment
+    assert hub.requests == [] and hub.repos == {}
+
+
+@pytest.mark.parametrize("merged", [False, True])
+def test_without_env_token_only_the_given_token_is_sent(hub, run_dir, monkeypatch, merged):
+    # bob (a visitor) pushes with his own token while the server holds alice's in HF_TOKEN and a stored login:
+    # every request the Hub sees is bob's, none is alice's and none goes without a token.
+    hub.tokens[BOB] = "bob"
+    monkeypatch.setenv("HF_TOKEN", GOOD)
+    monkeypatch.setattr(hubmod, "_stored_token", lambda: GOOD)
+    if not merged:  # a Hub base model: the license look-up (model_info) is one more authorised call
+        _set_config(run_dir, model="bob/tiny-base")
+        hub.add_repo("bob/tiny-base", card_data={"license": "mit"})
+
+    url = push_run(run_dir, "bob/pirate", token=BOB, merged=merged, allow_env_token=False)
+
+    assert url.endswith("bob/pirate") and len(hub.repos["bob/pirate"].commits) == 1
+    calls = hub.paths()
+    assert ("POST", "/api/repos/create") in calls and ("POST", "/api/models/bob/pirate/commit/main") in calls
+    if not merged:
+        assert ("GET", "/api/models/bob/tiny-base") in calls
+        assert _card(hub.repos["bob/pirate"].files["README.md"].decode()).data.license == "mit"
+    assert [r.authorized_as for r in hub.requests] == ["bob"] * len(hub.requests)
+
+
+def test_env_token_is_used_when_allowed(hub, run_dir, monkeypatch):
+    # The same call with the default (local use, the CLI): HF_TOKEN is the token.
+    monkeypatch.setenv("HF_TOKEN", GOOD)
+    push_run(run_dir, REPO)
+    assert {r.authorized_as for r in hub.requests} == {"alice"}
