@@ -179,7 +179,11 @@ class TrainConfig:
         choices=("adamw_torch", "adamw_8bit", "paged_adamw_8bit", "sgd"),
     )
     lr_scheduler_type: str = _f(
-        "cosine", "How the learning rate changes over the run.", "Optimisation", choices=SCHEDULERS
+        "cosine",
+        "How the learning rate changes over the run (cosine_with_min_lr ends at 10% of the peak; "
+        "warmup_stable_decay holds the peak, then decays over the last 10% of the steps).",
+        "Optimisation",
+        choices=SCHEDULERS,
     )
     warmup_steps: int = _f(2, "Steps of linear warm-up from 0 to the learning rate.", "Optimisation", min=0)
     num_train_epochs: float = _f(1.0, "Passes over the data (used when max_steps is -1).", "Optimisation", min=0.01)

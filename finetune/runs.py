@@ -442,6 +442,7 @@ def preflight(config: TrainConfig) -> None:
         from finetune.engines.common import check_sequence_length
 
         check_sequence_length(config)
+        models.check_model(config)  # the task's head and the LoRA targets, from the model's config alone
     if config.report_to not in ("none",):
         import importlib.util
 

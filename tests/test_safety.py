@@ -74,8 +74,12 @@ def test_an_output_dir_that_is_or_sits_under_a_file_is_refused(tiny_model_dir, t
     assert blocker.read_bytes() == b"%PDF"
 
 
-def _bad_targets(monkeypatch):
-    return {"lora_target_modules": "no_such_layer"}
+def _tokenizer_breaks(monkeypatch):
+    def load_tokenizer(*args, **kwargs):
+        raise ValueError("tokenizer.json is truncated")
+
+    monkeypatch.setattr(models, "load_tokenizer", load_tokenizer)
+    return {}
 
 
 def _data_cannot_load(monkeypatch):
@@ -96,7 +100,7 @@ def _oom_while_loading(monkeypatch):
     return {}
 
 
-@pytest.mark.parametrize("cause", [_bad_targets, _data_cannot_load, _oom_while_loading], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("cause", [_tokenizer_breaks, _data_cannot_load, _oom_while_loading], ids=lambda f: f.__name__)
 @pytest.mark.parametrize("folder_state", ["new", "empty"])
 def test_a_run_failing_before_its_first_step_removes_only_what_it_wrote(
     tiny_model_dir, tmp_path, monkeypatch, cause, folder_state
@@ -112,6 +116,18 @@ def test_a_run_failing_before_its_first_step_removes_only_what_it_wrote(
     # The user's files and a folder the user made stay; a folder the run made goes, with everything it wrote.
     assert snapshot(parent) == before
     assert target.is_dir() == (folder_state == "empty")
+
+
+def test_targets_that_match_no_layer_are_refused_before_the_folder_is_touched(tiny_model_dir, tmp_path):
+    parent = users_folder(tmp_path)
+    before = snapshot(parent)
+    with pytest.raises(UserError) as info:
+        RunManager().start(
+            tiny_config(tiny_model_dir, output_dir=str(parent / "run"), lora_target_modules="no_such_layer"),
+            background=False,
+        )
+    assert info.value.field == "lora_target_modules" and "matches no layer" in str(info.value)
+    assert snapshot(parent) == before
 
 
 # --------------------------------------------------------------------------------------------- 3. faults

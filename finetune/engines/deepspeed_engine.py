@@ -159,7 +159,9 @@ def trainer_world() -> Iterator[World]:
 def train(config: TrainConfig, progress: Progress, resume_from: Path | None = None) -> str:
     """Train to the end (or until stopped) with the DeepSpeed engine; returns "completed" or "stopped"."""
     if not os.environ.get("FINETUNE_DEBUG"):
-        logging.getLogger("DeepSpeed").setLevel(logging.WARNING)  # our progress replaces its per-step INFO lines
+        # Our progress replaces its per-step INFO lines; a quieter level set by the CLI (no -v) is kept.
+        ds_logger = logging.getLogger("DeepSpeed")
+        ds_logger.setLevel(max(logging.WARNING, ds_logger.level))
     with distributed_world() as world:
         return _train(config, progress, resume_from, world)
 
