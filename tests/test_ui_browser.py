@@ -1,9 +1,16 @@
 """The app end to end in a real browser: Playwright drives Debian's chromium against the app served in-process.
 
-One story, in order (each test continues from the previous one on the same page): open the app → Memory estimates →
-Configure loads a tiny test model and tiny data, shows a bad value's error beside its field, previews the data →
-Train starts, progress advances, a page reload mid-run re-attaches, the loss plot fills, the run finishes → Chat
-answers with the trained adapter. Screenshots go to test-artifacts/ui/ (gitignored); look at them.
+One story, in order (each test continues from the previous one on the same page): open the app → Memory shows the
+estimator's figure → Configure loads a tiny test model and tiny data, shows a bad value's error beside its field,
+previews the data → Train starts; the run is held at step HOLD (tests/test_ui_support.py RunGate), so a page reload
+certainly happens mid-run and re-attaches; released, the loss plot fills and the run finishes → Chat answers with
+the trained adapter, word for word what greedy decoding of its weights gives, beside the base model's different
+answer → Publish pushes the trained run to the stand-in Hub through a password field. Screenshots go to
+test-artifacts/ui/ (gitignored); look at them.
+
+Waits are on states with deadlines (Playwright's `expect`, `wait_for_function`), followed by assertions. A chat reply
+counts as finished when the backend's generation has ended (recorded by a pass-through wrapper around
+`Studio.chat`) and the page shows that text.
 
 Run: .venv/bin/python -m pytest -m browser tests/test_ui_browser.py
 """
@@ -12,13 +19,23 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import socket
 import threading
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.test_ui_support import (
+    GOOD_TOKEN,
+    RunGate,
+    greedy_reply,
+    human,
+    letters,
+    pushed_files_hold_no_secret,
+    standin_hub,
+)
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -30,7 +47,9 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts" / "ui"
-STEPS = 120  # with 2 micro batches a step, long enough (~30 s on a CPU) to reload the page mid-run
+STEPS = 30  # the tuned model answers like a pirate after this; eval and checkpoints at 15 and 30
+HOLD = 5  # the run waits at this step until the reload test has seen it there
+REPLY_TOKENS = 12  # "max new tokens" set in the Chat tab: short replies, quick to generate and compare
 
 pytestmark = [
     pytest.mark.browser,
@@ -68,28 +87,41 @@ def files(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """The app on a free 127.0.0.1 port, served from this process (so the tiny test model is on its disk)."""
+    """The app on a free 127.0.0.1 port, served from this process (so the tiny test model is on its disk), with
+    its runs held at step HOLD until released, chat replies recorded when they finish, and the stand-in Hub."""
     from finetune.studio import Studio
     from ui.app import build_app, launch
 
     home = tmp_path_factory.mktemp("ui-home")
     studio = Studio(home / "runs")
-    try:
-        import finetune.memory  # noqa: F401
-    except ImportError:  # the estimator is another module's job; without it the tab is exercised on a stand-in
-        from tests.test_ui_wiring import FakeEstimate
+    replies: queue.Queue = queue.Queue()
+    real_chat = studio.chat
 
-        studio.estimate = lambda values, **kw: FakeEstimate()
-    demo = build_app(studio)
-    port = free_port()
-    launch(demo, port=port, block=False, quiet=True)
-    yield {"url": f"http://127.0.0.1:{port}", "studio": studio}
-    demo.close()
-    studio.manager.wait(timeout=60)
-    # Let a reply still generating finish: a thread inside torch at interpreter exit can abort the process.
-    for thread in threading.enumerate():
-        if thread.name == "generate":
-            thread.join(timeout=60)
+    def chat(source, messages, settings, *args, **kwargs):
+        """The real chat, passed through; when its generation has ended, the reply is recorded."""
+        text = None
+        for text in real_chat(source, messages, settings, *args, **kwargs):
+            yield text
+        replies.put({"source": source, "prompt": messages[-1]["content"], "text": text})
+
+    studio.chat = chat
+    with pytest.MonkeyPatch.context() as monkeypatch, standin_hub(monkeypatch) as hub:
+        gate = RunGate().install(monkeypatch)
+        gate.hold_at = HOLD
+        demo = build_app(studio)
+        port = free_port()
+        launch(demo, port=port, block=False, quiet=True)
+        try:
+            yield {"url": f"http://127.0.0.1:{port}", "studio": studio, "gate": gate, "replies": replies, "hub": hub}
+        finally:
+            studio.stop()
+            gate.release()
+            demo.close()
+            studio.manager.wait(timeout=60)
+            # Let a reply still generating finish: a thread inside torch at interpreter exit can abort the process.
+            for thread in threading.enumerate():
+                if thread.name == "generate":
+                    thread.join(timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -117,23 +149,26 @@ def tab(page, name: str) -> None:
 def fill(page, elem_id: str, value) -> None:
     """Type into a textbox or number field and leave it with Tab, as a person does (the field is checked then).
 
-    A field that has just appeared (an accordion opening) can be redrawn right after a fast fill, resetting it;
-    so the value is filled again until it holds before focus moves on."""
+    A field that has just appeared (an accordion opening) can be redrawn right after a fast fill, resetting it; so
+    the value is typed again until the field holds it, and then it must hold it."""
     box = page.locator(f"#{elem_id}").locator("input, textarea").first
-    for _ in range(5):
+    expect(box).to_be_editable()
+    for _ in range(3):
         box.fill(str(value))
-        page.wait_for_timeout(200)
-        if box.input_value() == str(value):
+        box.press("Tab")
+        try:
+            expect(box).to_have_value(str(value), timeout=2_000)
             break
-    box.press("Tab")
+        except AssertionError:
+            continue
+    expect(box).to_have_value(str(value))
 
 
 def open_group(page, group: str, field: str) -> None:
     """Open a Configure accordion (Optimisation, Output ...) unless `field` is already showing."""
     if not page.locator(f"#cfg-{field}").is_visible():
         page.locator(f"#cfg-group-{group.lower()}").get_by_text(group, exact=True).first.click()
-        expect(page.locator(f"#cfg-{field}")).to_be_visible()
-        page.wait_for_timeout(300)  # let the group finish drawing its fields
+        expect(page.locator(f"#cfg-{field}").locator("input, textarea").first).to_be_editable()
 
 
 def text_of(page, elem_id: str) -> str:
@@ -150,21 +185,37 @@ def choose(page, elem_id: str, option: str) -> None:
     page.get_by_role("option", name=re.compile(re.escape(option))).first.click()
 
 
-def wait_reply(page, chatbot_id: str, timeout_s: float = 120) -> str:
-    """The last reply of a chatbot once it has finished streaming (its text stops changing)."""
-    script = (
-        "(id) => { const b = [...document.querySelectorAll(`#${id} .bot, #${id} [data-testid='bot']`)].pop();"
-        " return b ? b.innerText.trim() : ''; }"
-    )
-    deadline, last, stable = time.time() + timeout_s, None, 0
-    while time.time() < deadline:
-        text = page.evaluate(script, chatbot_id)
-        stable = stable + 1 if text and text == last and "Loading the model" not in text else 0
-        if stable >= 3:
-            return text
-        last = text
-        page.wait_for_timeout(500)
-    raise AssertionError(f"#{chatbot_id} gave no finished reply within {timeout_s} s (last text: {last!r})")
+BOT_TEXT = (
+    "(id) => { const b = [...document.querySelectorAll(`#${id} .bot, #${id} [data-testid='bot']`)].pop();"
+    " return b ? b.innerText.trim() : ''; }"
+)
+
+
+def finished_reply(server, timeout_s: float = 120) -> dict:
+    """The next chat reply whose generation ended in the backend: {source, prompt, text}."""
+    try:
+        return server["replies"].get(timeout=timeout_s)
+    except queue.Empty:
+        raise AssertionError(f"no chat reply finished within {timeout_s} s") from None
+
+
+def expect_reply(page, chatbot_id: str, text: str, timeout_s: float = 30) -> str:
+    """Wait until the last reply of a chatbot shows `text` (its letters and digits: Markdown and spacing aside), then
+    assert it does; returns what the page shows."""
+    want = letters(text)
+    script = f"([id, want]) => {{ const t = ({BOT_TEXT})(id); return t.replace(/[^0-9A-Za-z]/g, '') === want; }}"
+    try:
+        page.wait_for_function(script, arg=[chatbot_id, want], timeout=timeout_s * 1000)
+    except sync_api.TimeoutError:
+        pass  # the assertion below says what the page shows instead
+    shown = page.evaluate(BOT_TEXT, chatbot_id)
+    assert letters(shown) == want, f"#{chatbot_id} shows {shown!r}; the backend replied {text!r}"
+    return shown
+
+
+def run_of(server) -> tuple[str, Path]:
+    run = server["studio"].runs()[0]
+    return run["run_id"], Path(run["run_dir"])
 
 
 def progress_step(page) -> int:
@@ -184,14 +235,21 @@ def test_open_the_app(page):
     shot(page, "01-open")
 
 
-def test_memory_shows_an_estimate(page, tiny_model_dir):
+def test_memory_shows_the_estimators_figure(page, tiny_model_dir):
+    from finetune import memory
+    from finetune.config import TrainConfig
+    from ui.memory_tab import default_card
+
+    card = default_card(memory.GPU_CARDS)
+    config = TrainConfig.from_dict({**TrainConfig().to_dict(), "model": str(tiny_model_dir)})
+    expected = memory.estimate(config, device="cuda", gpu_gib=memory.GPU_CARDS[card])
     tab(page, "Memory")
     fill(page, "mem-model", tiny_model_dir)  # the same field as Configure's: the edit is mirrored there
     page.locator("#mem-estimate").click()
-    expect(page.locator("#mem-verdict")).to_contain_text(
-        re.compile(r"Fits|Does not fit|Estimated peak"), timeout=60_000
-    )
-    expect(page.locator("#mem-table")).to_contain_text(re.compile(r"weights.*\d+ (GiB|MiB|KiB)", re.S))
+    verdict = page.locator("#mem-verdict")
+    expect(verdict).to_contain_text(f"Fits on {card}", timeout=60_000)
+    expect(verdict).to_contain_text(f"Needs about {human(expected.total_bytes)}")
+    expect(page.locator("#mem-table")).to_contain_text(re.compile(r"activations.*\d+ (MiB|KiB)", re.S))
     shot(page, "02-memory-estimate")
     tab(page, "Configure")
     assert value_of(page, "cfg-model") == str(tiny_model_dir)
@@ -215,8 +273,8 @@ def test_configure_loads_tiny_data_and_previews_it(page, files):
     for elem_id, value in (
         ("cfg-learning_rate", 0.03),
         ("cfg-warmup_steps", 0),
-        ("cfg-eval_steps", 40),
-        ("cfg-save_steps", 40),
+        ("cfg-eval_steps", 15),
+        ("cfg-save_steps", 15),
         ("cfg-gradient_accumulation_steps", 2),
     ):
         fill(page, elem_id, value)
@@ -231,42 +289,45 @@ def test_configure_loads_tiny_data_and_previews_it(page, files):
     shot(page, "04-configure-preview")
 
 
-def test_train_starts_and_progress_advances(page):
+def test_train_starts_and_progress_advances(page, server):
     tab(page, "Train")
     page.locator("#train-start").click()
     expect(page.locator("#train-message")).to_contain_text("Started run", timeout=30_000)
-    page.wait_for_function(
-        "() => +(document.querySelector('#train-progress .fs-progress')?.dataset.step || 0) >= 3", timeout=120_000
-    )
-    assert progress_status(page) == "running"
+    server["gate"].wait_held()  # the run is at step HOLD and waits there
+    progress = page.locator("#train-progress .fs-progress")
+    expect(progress).to_have_attribute("data-step", str(HOLD), timeout=30_000)
+    expect(progress).to_have_attribute("data-status", "running")
+    expect(page.locator("#train-plot")).not_to_contain_text("No data")
     shot(page, "05-train-running")
 
 
 def test_a_reload_mid_run_reattaches(page, server):
-    before = progress_step(page)
     run_id = server["studio"].state().run_id
+    assert server["studio"].state().status == "running"  # still held at HOLD: certainly mid-run
     page.reload()
     tab(page, "Train")
     progress = page.locator("#train-progress .fs-progress")
     expect(progress).to_contain_text(run_id, timeout=30_000)
-    assert progress_status(page) == "running"  # still mid-run: the page re-attached to it
-    page.wait_for_function(
-        f"() => +(document.querySelector('#train-progress .fs-progress')?.dataset.step || 0) > {before}",
-        timeout=60_000,
-    )
+    expect(progress).to_have_attribute("data-status", "running")
+    expect(progress).to_have_attribute("data-step", str(HOLD))
+    expect(page.locator("#train-stop")).to_be_enabled()
     shot(page, "06-train-after-reload")
     # The settings typed before the reload were kept by the browser.
     tab(page, "Configure")
     open_group(page, "Optimisation", "max_steps")
     assert value_of(page, "cfg-max_steps") == str(STEPS) and value_of(page, "cfg-dataset").endswith("train.jsonl")
     tab(page, "Train")
+    server["gate"].release()  # the page follows the run on from there
+    page.wait_for_function(
+        f"() => +(document.querySelector('#train-progress .fs-progress')?.dataset.step || 0) > {HOLD}",
+        timeout=60_000,
+    )
+    assert progress_step(page) > HOLD
 
 
 def test_the_run_finishes_with_a_loss_curve_and_answers(page):
-    page.wait_for_function(
-        "() => document.querySelector('#train-progress .fs-progress')?.dataset.status === 'completed'",
-        timeout=180_000,
-    )
+    progress = page.locator("#train-progress .fs-progress")
+    expect(progress).to_have_attribute("data-status", "completed", timeout=180_000)
     expect(page.locator("#train-progress")).to_contain_text(f"step {STEPS} / {STEPS}")
     # The plot has drawn marks (vega renders the line as SVG paths or onto a canvas).
     plot = page.locator("#train-plot")
@@ -279,36 +340,66 @@ def test_the_run_finishes_with_a_loss_curve_and_answers(page):
     shot(page, "07-train-finished")
 
 
-def test_chat_answers_with_the_trained_adapter(page, server):
-    run_id = server["studio"].runs()[0]["run_id"]
+def test_chat_answers_with_the_trained_adapter(page, server, tiny_model_dir):
+    """The reply on the page is word for word the greedy reply of the run's weights, and it talks like a pirate."""
+    run_id, run_dir = run_of(server)
     tab(page, "Chat")
     page.locator("#chat-refresh").click()
     choose(page, "chat-source", run_id)
     expect(page.locator("#chat-main")).to_contain_text(f"Chat with {run_id}")
+    page.locator("#chat-settings").get_by_text("Generation settings").click()
+    tokens = page.locator("#chat-settings input[type=number]").first
+    tokens.fill(str(REPLY_TOKENS))
+    tokens.press("Enter")
     box = page.locator("#chat-input textarea, #chat-input input").first
-    box.fill("What be the capital of France?")
+    box.fill("Question 7?")
     box.press("Enter")
-    reply = wait_reply(page, "chat-main")
-    assert reply and "⚠" not in reply
+    reply = finished_reply(server)
+    expected = greedy_reply(tiny_model_dir, run_dir, "Question 7?", REPLY_TOKENS)
+    assert (reply["source"], reply["prompt"], reply["text"]) == (run_id, "Question 7?", expected)
+    assert expected.startswith("Arr")  # what a user notices: the tuned model talks like a pirate
+    expect_reply(page, "chat-main", expected)
     shot(page, "08-chat-tuned")
 
 
-def test_chat_side_by_side_with_the_base_model(page, server):
+def test_chat_side_by_side_with_the_base_model(page, server, tiny_model_dir):
+    """The same message goes to the run and to the model it started from; each column shows its own greedy reply,
+    and they differ."""
+    run_id, run_dir = run_of(server)
+    page.locator("#chat-clear").click()  # a new conversation: one message, as greedy_reply sends
+    expect(page.locator("#chat-main")).not_to_contain_text("Question 7?")
     page.locator("#chat-compare input").check()
     expect(page.locator("#chat-base")).to_be_visible()
     box = page.locator("#chat-input textarea, #chat-input input").first
-    box.fill("Who be ye?")
+    box.fill("Question 3?")
     box.press("Enter")
-    assert "⚠" not in wait_reply(page, "chat-base")
-    expect(page.locator("#chat-base")).to_contain_text("Who be ye?")
-    expect(page.locator("#chat-main")).to_contain_text("Who be ye?")
+    tuned, base = finished_reply(server), finished_reply(server)
+    assert tuned["text"] == greedy_reply(tiny_model_dir, run_dir, "Question 3?", REPLY_TOKENS)
+    assert base["text"] == greedy_reply(tiny_model_dir, None, "Question 3?", REPLY_TOKENS)
+    assert letters(tuned["text"]) != letters(base["text"])
+    expect_reply(page, "chat-main", tuned["text"])
+    expect_reply(page, "chat-base", base["text"])
+    expect(page.locator("#chat-base")).to_contain_text("Question 3?")
     shot(page, "09-chat-side-by-side")
 
 
-def test_publish_tab_lists_the_finished_run(page, server):
-    run_id = server["studio"].runs()[0]["run_id"]
+def test_publish_pushes_the_trained_run_through_a_password_field(page, server):
+    run_id, run_dir = run_of(server)
+    hub = server["hub"]
     tab(page, "Publish")
     expect(page.locator("#pub-run input")).to_have_value(re.compile(re.escape(run_id)), timeout=30_000)
     page.locator("#pub-push").click()
     expect(page.locator("#pub-result")).to_contain_text("repo", timeout=30_000)  # no repo id given: one-line error
+    assert hub.repos == {}
+    token = page.locator("#pub-token input")
+    assert token.get_attribute("type") == "password"  # the token is never shown
+    fill(page, "pub-repo", "alice/pirate-lora")
+    token.fill(GOOD_TOKEN)
+    page.locator("#pub-push").click()
+    expect(page.locator("#pub-result")).to_contain_text(f"Pushed the adapter of {run_id}", timeout=60_000)
+    expect(token).to_have_value("")  # cleared after the push
+    repo = hub.repos["alice/pirate-lora"]
+    assert repo.private
+    assert repo.files["adapter_model.safetensors"] == (run_dir / "adapter_model.safetensors").read_bytes()
+    assert pushed_files_hold_no_secret(hub, GOOD_TOKEN) and GOOD_TOKEN not in page.content()
     shot(page, "10-publish")

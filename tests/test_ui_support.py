@@ -119,6 +119,11 @@ def greedy_reply(
     return tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
+def human(n: float) -> str:
+    """Bytes as the page writes them: GiB with 2 decimals from 1 GiB up, else whole MiB."""
+    return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
 def letters(text: str) -> str:
     """Only the letters and digits of a text: what stays the same however the page renders it (Markdown, spacing)."""
     return re.sub(r"[^0-9A-Za-z]", "", text)

@@ -30,6 +30,7 @@ from tests.test_ui_support import (
     GOOD_TOKEN,
     RunGate,
     greedy_reply,
+    human,
     pushed_files_hold_no_secret,
     standin_hub,
     wait_run_ended,
@@ -121,11 +122,6 @@ def tiny_run_form(model_dir: Path, folder: Path, **changes: Any) -> list[Any]:
         **changes,
     }
     return form(**values)
-
-
-def human(n: float) -> str:
-    """Bytes as the page writes them (GiB with 2 decimals, else MiB)."""
-    return f"{n / GIB:.2f} GiB" if abs(n) >= GIB else f"{n / MIB:.0f} MiB"
 
 
 def log_steps(run_dir: Path | str) -> list[int]:
