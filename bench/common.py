@@ -150,15 +150,19 @@ def build_llama(
     kv_heads: int | None = None,
     dtype: str = "float32",
     max_positions: int = 2048,
+    vocab: int | None = None,
 ) -> Path:
-    """A random-initialised Llama-shaped model built from a config, saved with `tokenizer` to `path`."""
+    """A random-initialised Llama-shaped model built from a config, saved with `tokenizer` to `path`.
+
+    `vocab`: the model's vocabulary when it should differ from the tokenizer's (a small tokenizer's ids fit a larger
+    vocabulary, so the logits keep a realistic size without the real tokenizer)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     heads = heads or max(1, hidden // 64)
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=len(tokenizer),
+        vocab_size=max(vocab or 0, len(tokenizer)),
         hidden_size=hidden,
         intermediate_size=intermediate or hidden * 4,
         num_hidden_layers=layers,

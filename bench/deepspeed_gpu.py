@@ -47,15 +47,25 @@ CONFIGS: dict[str, dict[str, Any]] = {
 # TinyLlama-1.1B's shape (1.10B parameters); the tiny shape is the tests' model.
 SHAPES: dict[str, dict[str, int]] = {
     "1b": {"hidden": 2048, "intermediate": 5632, "layers": 22, "heads": 32, "kv_heads": 4, "vocab": 32000},
+    "small": {"hidden": 1024, "intermediate": 2816, "layers": 16, "heads": 16, "kv_heads": 4, "vocab": 32000},
     "tiny": {"hidden": 64, "intermediate": 128, "layers": 2, "heads": 4, "kv_heads": 2, "vocab": 384},
 }
 RESULT_TAG = "RESULT "
 GIB = 1024**3
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (also checked by bench/gpu/run.py --dry-run)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="2-layer model, short batches: proves the script on a CPU")
+    parser.add_argument(
+        "--shape", choices=[s for s in SHAPES if s != "tiny"], default="1b", help="model shape (1b: 1.1B; small: 0.25B)"
+    )
+    parser.add_argument(
+        "--torch-adam",
+        action="store_true",
+        help="step torch's AdamW instead of DeepSpeed's compiled Adam (no minutes-long JIT build of its ops)",
+    )
     parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of: " + ", ".join(CONFIGS))
     parser.add_argument("--batch", type=int, help="micro batch (default 4; tiny 2)")
     parser.add_argument("--seq", type=int, help="sequence length (default 1024; tiny 32)")
@@ -70,8 +80,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "none with --tiny; '' to write nothing",
     )
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one configuration in this process
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
     args = parser.parse_args(argv)
-    args.shape = "tiny" if args.tiny else "1b"
+    args.shape = "tiny" if args.tiny else args.shape
     args.batch = args.batch or (2 if args.tiny else 4)
     args.seq = args.seq or (32 if args.tiny else 1024)
     args.steps = args.steps or (3 if args.tiny else 6)
@@ -133,6 +148,7 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
             precision=config.precision,
             total_steps=config.max_steps,
             hidden_size=shape["hidden"],
+            torch_adam=True if args.torch_adam else None,
         )
         engine, optimizer, _, _ = deepspeed.initialize(
             model=model, config=ds, model_parameters=[p for p in model.parameters() if p.requires_grad]
@@ -164,7 +180,7 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
             "world_size": world.size,
             "precision": config.precision,
             "optimizer": type(inner).__name__,
-            "torch_adam": use_torch_adam(config, cuda),
+            "torch_adam": bool(args.torch_adam) or use_torch_adam(config, cuda),
             "gpu_after_init_gib": after_init / GIB if cuda else None,
             "gpu_peak_allocated_gib": torch.cuda.max_memory_allocated() / GIB if cuda else None,
             "gpu_peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB if cuda else None,
@@ -327,7 +343,22 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text("\n".join(body), encoding="utf-8")
         path.with_suffix(".json").write_text(json.dumps({"machine": info, "results": results}, indent=2) + "\n")
         print(f"written: {path} and {path.with_suffix('.json')}")
+    print(headline(results, info.get("gpu") or "CPU"), flush=True)
     return 1 if failures else 0
+
+
+def headline(results: list[dict[str, Any]], where: str) -> str:
+    """The last line: per configuration its peak memory and step time, or why it failed; how many losses fell."""
+    parts = []
+    for r in results:
+        if "error" in r:
+            parts.append(f"{r['config']} failed ({r['error'][:80]})")
+            continue
+        peak = r.get("gpu_peak_allocated_gib")
+        memory = f"peak {peak:.2f} GiB" if peak is not None else f"host RSS {r['host_peak_rss_gib']:.2f} GiB"
+        parts.append(f"{r['config']} {memory}, {r['step_s']:.3f} s/step")
+    falls = sum(bool(r.get("loss_falls")) for r in results)
+    return f"deepspeed on {where}: " + "; ".join(parts) + f"; loss fell in {falls} of {len(results)}"
 
 
 if __name__ == "__main__":

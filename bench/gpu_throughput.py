@@ -117,9 +117,17 @@ def run_side(args: argparse.Namespace, work: Path, side: str, method: str, i: in
     return {"tps": tps, "peak": figures["peak_memory_bytes"], "wall": wall, "loss": steps[-1][2]}
 
 
-def main(argv: list[str] | None = None) -> str:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (also checked by bench/gpu/run.py --dry-run)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="CPU plumbing check: tiny model, few steps")
+    parser.add_argument(
+        "--tokenizer",
+        choices=("embedded", "tiny"),
+        default="embedded",
+        help="embedded: SmolLM2's (needs the gguf package); tiny: the tests' 384-token one (use --vocab with it)",
+    )
+    parser.add_argument("--vocab", type=int, default=0, help="model vocabulary if larger than the tokenizer's")
     parser.add_argument("--methods", default="lora,qlora")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--skip", type=int, default=5, help="steps left out of in-loop tokens/s (warm-up)")
@@ -140,7 +148,11 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--method", help=argparse.SUPPRESS)
     parser.add_argument("--run-dir", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> str:
+    args = build_parser().parse_args(argv)
     if args.worker:
         worker_ours(args)
         return ""
@@ -152,6 +164,7 @@ def main(argv: list[str] | None = None) -> str:
     if args.tiny:
         args.steps, args.skip, args.batch, args.seq, args.repeats = min(args.steps, 6), 2, 4, 64, 1
         args.layers, args.hidden, args.intermediate, args.heads, args.kv_heads = 2, 64, 128, 4, 2
+        args.tokenizer, args.vocab = "tiny", 0
     elif not cuda:
         print("no GPU here: use --tiny for the CPU plumbing check (the full size is for the lent GPU machine)")
         raise SystemExit(2)
@@ -161,10 +174,10 @@ def main(argv: list[str] | None = None) -> str:
     report = Report("gpu_throughput" if not args.tiny else "gpu_throughput-tiny-cpu")
     work = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
     try:
-        tokenizer = load_tokenizer("tiny" if args.tiny else "embedded", work)
+        tokenizer = load_tokenizer(args.tokenizer, work)
         model = build_llama(
             work / "model", tokenizer, layers=args.layers, hidden=args.hidden, intermediate=args.intermediate,
-            heads=args.heads, kv_heads=args.kv_heads, dtype="bfloat16" if cuda else "float32",
+            heads=args.heads, kv_heads=args.kv_heads, dtype="bfloat16" if cuda else "float32", vocab=args.vocab,
         )  # fmt: skip
         data = write_rows(work / "rows.jsonl", args.steps * args.batch, words=max(40, args.seq * 2))
         device = torch.cuda.get_device_name(0) if cuda else "cpu"
