@@ -28,6 +28,8 @@ from pathlib import Path
 import pytest
 
 from tests.test_ui_support import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
     GOOD_TOKEN,
     RunGate,
     greedy_reply,
@@ -37,15 +39,6 @@ from tests.test_ui_support import (
     standin_hub,
 )
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts" / "ui"
 STEPS = 30  # the tuned model answers like a pirate after this; eval and checkpoints at 15 and 30
 HOLD = 5  # the run waits at this step until the reload test has seen it there

@@ -22,6 +22,15 @@ from typing import Any
 
 from tests.hub_standin import HubStandin
 
+CHROMIUM = "/usr/bin/chromium"  # Debian's chromium (`playwright install` cannot download its own browser here)
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 GOOD_TOKEN = "hf_" + secrets.token_hex(16)  # alice's write token on the stand-in Hub (random per session)
 BAD_TOKEN = "hf_" + secrets.token_hex(16)  # a token the stand-in Hub does not know
 HOLD_LIMIT_S = 300  # a held run goes on by itself after this long, so a test that forgets it cannot hang the suite
