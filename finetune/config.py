@@ -514,6 +514,12 @@ def _cross_field_errors(c: TrainConfig) -> list[ConfigError]:
                 bad(name, "applies to lora and qlora (method: full trains every weight); set it false or change method")
         if c.init_lora_weights != "true":
             bad("init_lora_weights", "applies to lora and qlora (method: full has no adapters); use true")
+    if c.init_lora_weights in ("pissa", "olora") and (c.backend == "deepspeed" or c.zero_stage == 3):
+        bad(
+            "init_lora_weights",
+            f"{c.init_lora_weights} needs backend: trainer with zero_stage 0-2 (its final adapter is converted "
+            "from the whole weights)",
+        )
     if c.method == "qlora" and c.init_lora_weights in ("pissa", "olora"):
         bad(
             "init_lora_weights",

@@ -9,11 +9,14 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from finetune.config import EMBEDDED_MODEL, TrainConfig
 from finetune.errors import ConfigError, UserError
 from finetune.paths import model_cache
+
+if TYPE_CHECKING:
+    from finetune.plan import RunPlan
 
 log = logging.getLogger(__name__)
 
@@ -219,91 +222,53 @@ def has_cuda() -> bool:
 
 
 def compute_dtype_name(config: TrainConfig) -> str:
-    """The precision actually used: fp16/bf16 need a GPU; `auto` is bf16 where supported, else fp32."""
-    import torch
+    """The precision actually used on this machine (the run plan decides it)."""
+    from finetune.plan import plan_for
 
-    if not torch.cuda.is_available():
-        return "fp32"
-    if config.precision == "auto":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-    if config.precision == "bf16" and not torch.cuda.is_bf16_supported():
-        raise ConfigError("precision: bf16 is not supported by this GPU; use fp16 or fp32", field="precision")
-    return config.precision
+    return plan_for(config).precision
 
 
-def load_model(config: TrainConfig, num_labels: int | None = None) -> Any:
-    """The model ready to train: full, LoRA-wrapped or 4-bit QLoRA-wrapped, as the config asks."""
-    import torch
+def load_model(config: TrainConfig, num_labels: int | None = None, plan: RunPlan | None = None) -> Any:
+    """The model ready to train: full, LoRA-wrapped or 4-bit QLoRA-wrapped, as the run plan says."""
+    from finetune.plan import plan_for
 
-    dtype_name = compute_dtype_name(config)
-    kwargs: dict[str, Any] = {"trust_remote_code": config.trust_remote_code}
-    # Full fine-tuning keeps fp32 master weights (Trainer's amp casts on the fly); adapters can sit on a 16-bit base.
-    if config.method == "lora" and dtype_name != "fp32":
-        kwargs["dtype"] = getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}[dtype_name])
-    else:
-        kwargs["dtype"] = torch.float32
-    if config.method == "qlora":
-        kwargs["quantization_config"] = _bnb_config(config, dtype_name)
-        kwargs["device_map"] = {"": 0 if torch.cuda.is_available() else "cpu"}
-    if config.task == "sequence_classification":
-        from transformers import AutoModelForSequenceClassification as Auto
-
-        kwargs["num_labels"] = num_labels or config.num_labels or 2
-    else:
-        from transformers import AutoModelForCausalLM as Auto
-
-    model = from_pretrained(Auto, resolve_model_path(config.model), **kwargs)
-    if model.config.pad_token_id is None and getattr(model.config, "eos_token_id", None) is not None:
-        eos = model.config.eos_token_id
-        model.config.pad_token_id = eos[0] if isinstance(eos, list) else eos
-    if config.method == "qlora":
+    plan = plan or plan_for(config)
+    model = load_base(plan, num_labels=num_labels)
+    if plan.quantization is not None:
         from peft import prepare_model_for_kbit_training
 
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=config.gradient_checkpointing)
-    if config.method in ("lora", "qlora"):
-        model = _wrap_lora(model, config)
+    if plan.lora is not None:
+        model = wrap_lora(model, plan)
     return model
 
 
-def _bnb_config(config: TrainConfig, dtype_name: str) -> Any:
-    import torch
-    from transformers import BitsAndBytesConfig
-
-    if importlib.util.find_spec("bitsandbytes") is None:
-        raise UserError("method: qlora needs the bitsandbytes package; install it or use method: lora", "method")
-    compute = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype_name, torch.float32)
-    return BitsAndBytesConfig(
-        load_in_4bit=True,
-        bnb_4bit_quant_type=config.quant_type,
-        bnb_4bit_use_double_quant=config.double_quant,
-        bnb_4bit_compute_dtype=compute,
-        bnb_4bit_quant_storage=torch.uint8,
-    )
-
-
-def lora_target_modules(config: TrainConfig) -> str | list[str]:
-    """`all-linear` (PEFT picks every linear layer but the output head) or the listed module names."""
-    value = config.lora_target_modules.strip()
-    if value in ("all-linear", "all"):
-        return "all-linear"
-    return [name.strip() for name in value.split(",") if name.strip()]
+def load_base(plan: RunPlan, num_labels: int | None = None, path: str | None = None) -> Any:
+    """The base model as the plan loads it: its class, weight dtype and 4-bit quantisation (training and chat)."""
+    config = plan.config
+    kwargs: dict[str, Any] = {"trust_remote_code": config.trust_remote_code, "dtype": plan.torch_dtype()}
+    if plan.quantization is not None:
+        if importlib.util.find_spec("bitsandbytes") is None:
+            raise UserError("method: qlora needs the bitsandbytes package; install it or use method: lora", "method")
+        kwargs["quantization_config"] = plan.quantization_config()
+        kwargs["device_map"] = {"": 0 if plan.device == "cuda" else "cpu"}
+    if plan.is_classifier:
+        kwargs["num_labels"] = num_labels or config.num_labels or 2
+    model = from_pretrained(plan.auto_class(), path or resolve_model_path(config.model), **kwargs)
+    if model.config.pad_token_id is None and getattr(model.config, "eos_token_id", None) is not None:
+        eos = model.config.eos_token_id
+        model.config.pad_token_id = eos[0] if isinstance(eos, list) else eos
+    return model
 
 
-def _wrap_lora(model: Any, config: TrainConfig) -> Any:
-    from peft import LoraConfig, TaskType, get_peft_model
+def wrap_lora(model: Any, plan: RunPlan) -> Any:
+    """`peft.get_peft_model` with the plan's LoRA settings (variants included)."""
+    from peft import get_peft_model
 
-    task = TaskType.SEQ_CLS if config.task == "sequence_classification" else TaskType.CAUSAL_LM
-    lora = LoraConfig(
-        r=config.lora_r,
-        lora_alpha=config.lora_alpha,
-        lora_dropout=config.lora_dropout,
-        target_modules=lora_target_modules(config),
-        task_type=task,
-    )
     try:
-        return get_peft_model(model, lora)
+        return get_peft_model(model, plan.lora_config())
     except ValueError as exc:
-        raise_if_no_target(exc, config)
+        raise_if_no_target(exc, plan.config)
         raise
 
 

@@ -35,6 +35,7 @@ COMPLETE_MARKER = "finetune-complete.json"
 FORMAT = 2
 # What a run writes into its directory before its first step: removed again if it fails there, and nothing else.
 _OWN_FILES = ("config.yaml", "status.json", "events.jsonl")
+_OWN_FOLDERS = ("initial-adapter",)  # PiSSA / OLoRA's saved start (engines/common.py)
 # Events tied to a step that a crash-and-resume trains again; the later copy wins.
 _STEP_EVENTS = ("log", "eval", "samples", "checkpoint")
 
@@ -133,7 +134,7 @@ class RunDir:
         for name in _OWN_FILES:
             (self.path / name).unlink(missing_ok=True)
         for child in list(self.path.iterdir()) if self.path.is_dir() else []:
-            if _CHECKPOINT.match(child.name) and child.is_dir():
+            if (_CHECKPOINT.match(child.name) or child.name in _OWN_FOLDERS) and child.is_dir():
                 shutil.rmtree(child, ignore_errors=True)
             elif child.name.startswith(tuple(f".{n}." for n in _OWN_FILES)) and child.name.endswith(".tmp"):
                 child.unlink(missing_ok=True)  # an atomic write cut short

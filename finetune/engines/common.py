@@ -8,7 +8,10 @@ from typing import Any
 from finetune import data, models
 from finetune.config import TrainConfig
 from finetune.errors import UserError
+from finetune.plan import RunPlan, plan_for
 from finetune.progress import Progress
+
+INITIAL_ADAPTER = "initial-adapter"  # PiSSA / OLoRA: the adapter as initialised, for the final conversion
 
 
 @dataclass
@@ -21,13 +24,15 @@ class Prepared:
     collator: Any
     prompts: list[str]
     precision: str
+    plan: RunPlan
 
 
 def prepare_run(config: TrainConfig, progress: Progress) -> Prepared:
     """Load tokenizer, data and model, reporting each stage to the user."""
     import torch
 
-    precision = models.compute_dtype_name(config)
+    plan = plan_for(config)
+    precision = plan.precision
     if config.precision in ("fp16", "bf16") and precision == "fp32":
         progress.message(f"precision: {config.precision} needs a GPU; none found, so this run uses fp32")
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
@@ -46,10 +51,11 @@ def prepare_run(config: TrainConfig, progress: Progress) -> Prepared:
     for note in prepared_data.notes:
         progress.message(note)
     progress.message(f"loading the model ({config.method}, {precision}) on {device}")
-    model = models.load_model(config, num_labels=prepared_data.num_labels or None)
+    model = models.load_model(config, num_labels=prepared_data.num_labels or None, plan=plan)
     if prepared_data.label_names:
         model.config.id2label = dict(enumerate(prepared_data.label_names))
         model.config.label2id = {name: i for i, name in enumerate(prepared_data.label_names)}
+    save_initial_adapter(model, plan, progress)
     trainable, total = models.parameter_counts(model)
     progress.message(
         f"model: {total / 1e6:.1f}M parameters, {trainable / 1e6:.2f}M trainable ({trainable / total:.2%})"
@@ -61,6 +67,7 @@ def prepare_run(config: TrainConfig, progress: Progress) -> Prepared:
         collator=data.collator(config, tokenizer),
         prompts=data.heldout_prompts(config),
         precision=precision,
+        plan=plan,
     )
 
 
@@ -74,10 +81,35 @@ def check_sequence_length(config: TrainConfig) -> None:
         )
 
 
-def save_final(model: Any, tokenizer: Any, progress: Progress, trainer: Any = None) -> None:
+def save_initial_adapter(model: Any, plan: RunPlan, progress: Progress) -> None:
+    """PiSSA / OLoRA move part of each base weight into the adapter. Keep the adapter as it starts, so the final
+    save can turn the trained one into a plain LoRA adapter that loads on the unchanged base (PEFT's conversion)."""
+    if plan.lora is None or not plan.lora.rewrites_base or not progress.write_files:
+        return
+    target = progress.run.path / INITIAL_ADAPTER
+    if (target / "adapter_config.json").is_file():
+        return  # a resume rebuilds the same start (the SVD / QR of the same base); the first one stays
+    adapter = model.peft_config["default"]
+    adapter.init_lora_weights = True  # as PEFT asks: the saved start must not be re-initialised when read back
+    try:
+        model.save_pretrained(str(target))
+    finally:
+        adapter.init_lora_weights = plan.lora.init_lora_weights
+
+
+def save_final(
+    model: Any, tokenizer: Any, progress: Progress, trainer: Any = None, plan: RunPlan | None = None
+) -> None:
     """Save the adapter (or full model) and tokenizer into the run directory."""
     target = progress.run.path
-    if trainer is not None:
+    if plan is not None and plan.lora is not None and plan.lora.rewrites_base:
+        if progress.write_files:
+            unwrapped = trainer.accelerator.unwrap_model(trainer.model) if trainer is not None else model
+            # The difference to the saved start, as a plain LoRA adapter of rank 2r on the unchanged base.
+            unwrapped.save_pretrained(
+                str(target), path_initial_model_for_weight_conversion=str(target / INITIAL_ADAPTER)
+            )
+    elif trainer is not None:
         trainer.save_model(str(target))  # handles DeepSpeed gathering and rank-0-only writes
     elif progress.write_files:
         model.save_pretrained(str(target))

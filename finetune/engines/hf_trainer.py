@@ -12,15 +12,8 @@ from transformers.trainer_callback import PrinterCallback
 from finetune.config import TrainConfig
 from finetune.engines.common import Prepared, prepare_run, save_final
 from finetune.inference import generate_answers
+from finetune.plan import TRAINER_OPTIMIZERS, uses_deepspeed
 from finetune.progress import Progress
-
-# Our optimizer names → TrainingArguments' names.
-OPTIMIZERS = {
-    "adamw_torch": "adamw_torch",
-    "adamw_8bit": "adamw_bnb_8bit",
-    "paged_adamw_8bit": "paged_adamw_8bit",
-    "sgd": "sgd",
-}
 
 # What the form does not ask for, chosen here so that every scheduler in config.SCHEDULERS runs with its settings.
 MIN_LR_RATE = 0.1  # cosine_with_min_lr: decay to 10% of the peak rate
@@ -33,7 +26,7 @@ def training_arguments(config: TrainConfig, output_dir: Path, precision: str, ha
     import torch
 
     kwargs: dict[str, Any] = {}
-    if config.zero_stage > 0:
+    if uses_deepspeed(config):
         from finetune.deepspeed_config import trainer_deepspeed_config
 
         kwargs["deepspeed"] = trainer_deepspeed_config(config)
@@ -45,7 +38,7 @@ def training_arguments(config: TrainConfig, output_dir: Path, precision: str, ha
         learning_rate=config.learning_rate,
         weight_decay=config.weight_decay,
         max_grad_norm=config.max_grad_norm,
-        optim=OPTIMIZERS[config.optim],
+        optim=TRAINER_OPTIMIZERS[config.optim],
         lr_scheduler_type=config.lr_scheduler_type,
         warmup_steps=config.warmup_steps,
         num_train_epochs=config.num_train_epochs,
@@ -167,7 +160,7 @@ class ProgressCallback(TrainerCallback):
 
 def train(config: TrainConfig, progress: Progress, resume_from: Path | None = None) -> str:
     """Train to the end (or until stopped); returns the final status: completed or stopped."""
-    if config.zero_stage > 0:
+    if uses_deepspeed(config):
         # DeepSpeed needs a process group: a world of size 1 without a launcher, torn down after the run.
         from finetune.engines.deepspeed_engine import trainer_world
 
@@ -197,7 +190,7 @@ def _train(config: TrainConfig, progress: Progress, resume_from: Path | None = N
             return "stopped"
         if prepared.data.eval is not None and trainer.state.global_step % config.eval_steps:
             trainer.evaluate()  # the last evaluation (and sample answers) at the final step
-        save_final(trainer.model, prepared.tokenizer, progress, trainer=trainer)
+        save_final(trainer.model, prepared.tokenizer, progress, trainer=trainer, plan=prepared.plan)
         return "completed"
     finally:
         # Drop references so the model's memory can be released before the next run in this process.
