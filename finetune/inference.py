@@ -88,30 +88,31 @@ def adapter_dir(run_path: Path) -> Path | None:
 
 
 def load_for_chat(base: TrainConfig, run_path: Path | None = None) -> tuple[Any, Any]:
-    """(model, tokenizer) for chat: the base model, or base + a run's adapter / full weights."""
+    """(model, tokenizer) for chat, built as the run plan trains it: the base (4-bit for QLoRA) plus the run's
+    adapter, or a full fine-tune's own weights."""
     from finetune import models
+    from finetune.plan import plan_for
 
     weights = None
     if run_path is not None:
         weights = adapter_dir(run_path)
         if weights is None:
             raise UserError(f"run: {Path(run_path).name} has no saved weights yet (no checkpoint so far)", field="run")
+    plan = plan_for(base)
+    if plan.is_classifier:
+        raise UserError("run: a sequence-classification model answers with labels, not chat", field="run")
     tokenizer = models.load_tokenizer(base)
     if weights is not None and not (weights / "adapter_config.json").is_file():
-        model = _causal_lm().from_pretrained(str(weights), dtype=_chat_dtype())  # a full fine-tune: its own weights
+        # A full fine-tune: its own weights, in the dtype its matmuls ran in.
+        model = _causal_lm().from_pretrained(str(weights), dtype=plan.torch_dtype(plan.compute_dtype))
     else:
-        model = models.from_pretrained(
-            _causal_lm(),
-            models.resolve_model_path(base.model),
-            dtype=_chat_dtype(),
-            trust_remote_code=base.trust_remote_code,
-        )
+        model = models.load_base(plan)
         if weights is not None:
             from peft import PeftModel
 
             model = PeftModel.from_pretrained(model, str(weights))
     model.eval()
-    return _place(model), tokenizer
+    return _place(model, plan), tokenizer
 
 
 def _causal_lm() -> Any:
@@ -120,18 +121,11 @@ def _causal_lm() -> Any:
     return AutoModelForCausalLM
 
 
-def _chat_dtype() -> Any:
-    import torch
-
-    if torch.cuda.is_available():
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.float32
-
-
-def _place(model: Any) -> Any:
-    import torch
-
-    return model.to("cuda") if torch.cuda.is_available() else model
+def _place(model: Any, plan: Any) -> Any:
+    # A 4-bit model is placed by bitsandbytes when it loads; moving it again is refused.
+    if plan.device == "cuda" and plan.quantization is None:
+        return model.to("cuda")
+    return model
 
 
 def stream_reply(

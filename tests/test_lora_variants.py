@@ -62,3 +62,15 @@ def test_a_pissa_or_olora_adapter_loads_on_the_unchanged_base_and_gives_the_trai
         published = PeftModel.from_pretrained(base, str(run.path)).eval()
         assert torch.allclose(published(INPUT).logits, trained(INPUT).logits, atol=1e-4)
         assert not torch.allclose(published(INPUT).logits, base_logits, atol=1e-3)  # it learned something
+
+
+def test_chat_with_a_qlora_run_puts_its_adapter_on_the_4_bit_base_it_trained_on(tiny_model_dir, tmp_path):
+    import bitsandbytes as bnb
+
+    from finetune.inference import load_for_chat
+
+    config = tiny_config(tiny_model_dir, method="qlora", max_steps=2, output_dir=str(tmp_path / "q"))
+    run = train(config)
+    model, _ = load_for_chat(run.load_config(), run.path)
+    assert any(isinstance(m, bnb.nn.Linear4bit) for m in model.modules())
+    assert isinstance(model, PeftModel)
