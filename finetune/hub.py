@@ -45,7 +45,7 @@ from finetune.model_card import (
     plot_loss_curve,
     summarize,
 )
-from finetune.public import local_path_needles, model_hub_id, public_config, scan_for_local_paths
+from finetune.public import check_no_local_paths, public_adapter_config, public_config
 from finetune.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -342,8 +342,7 @@ def _rewrite_adapter_base(stage: Path, config: TrainConfig) -> None:
     path = stage / "adapter_config.json"
     if not path.is_file():
         return
-    data = json.loads(path.read_text(encoding="utf-8"))
-    data["base_model_name_or_path"] = model_hub_id(config.model)
+    data = public_adapter_config(json.loads(path.read_text(encoding="utf-8")), config)
     path.unlink()  # a link into the run directory: replace it, never write through it
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
@@ -425,18 +424,6 @@ def _check_no_token(stage: Path, token: str) -> None:
             continue
         if needle in path.read_bytes():
             raise UserError(f"refusing to publish: {path.name} contains the Hub token; remove it from that file")
-
-
-def check_no_local_paths(stage: Path, config: TrainConfig, run: RunDir) -> None:
-    """Refuse to publish if a staged file names the run's local paths or the home directory (the last-line guard)."""
-    hits = scan_for_local_paths(stage, local_path_needles(config, run))
-    if hits:
-        name, what = hits[0]
-        more = f" (and {len(hits) - 1} more files)" if len(hits) > 1 else ""
-        raise UserError(
-            f"refusing to publish: {name} contains a local path ({what}){more}; nothing was uploaded; "
-            "remove that path from the file in the run directory and try again"
-        )
 
 
 @contextlib.contextmanager

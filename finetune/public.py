@@ -1,8 +1,10 @@
 """What of a run may leave the machine: its config with local paths replaced, and a last-line scan for paths.
 
     public_config(config, run) -> PublicConfig     the config as published (YAML, reproduce command, fill-ins)
+    public_adapter_config(data, config) -> dict   adapter_config.json as published (base model: Hub id or null)
     local_path_needles(config, run) -> {path: what it is}
     scan_for_local_paths(folder, needles) -> [(file, what)]
+    check_no_local_paths(folder, config, run)      raises UserError naming the file (never the path)
 
 A local model or dataset is published as its base name plus its sha256 (the weights' digest for a model folder, the
 file's digest for data, as recorded in the run's "dataset" event), or as its Hub id when one is on record (a snapshot
@@ -12,7 +14,7 @@ Paths that only meant something on the training machine (`output_dir`, `nvme_pat
 on disk is never changed: it keeps the real paths, so resume keeps working.
 
 Every publishing path (Hub push, and exporters to come) stages its files, builds them from `public_config`, and runs
-`scan_for_local_paths` over the staged folder before anything leaves. No torch / transformers imports here.
+`check_no_local_paths` over the staged folder before anything leaves. No torch / transformers imports here.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 import yaml
 
 from finetune.config import EMBEDDED_MODEL, FIELDS, TrainConfig
+from finetune.errors import UserError
 from finetune.rundir import RunDir
 
 EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -167,6 +170,11 @@ def public_config(config: TrainConfig, run: RunDir | str | Path | None = None) -
     for r in refs:
         values[r.field] = r.value
     return PublicConfig(values, refs, tuple(left_out))
+
+
+def public_adapter_config(data: dict[str, Any], config: TrainConfig) -> dict[str, Any]:
+    """adapter_config.json as published: `base_model_name_or_path` is the Hub id on record, else null (not a path)."""
+    return {**data, "base_model_name_or_path": model_hub_id(config.model)}
 
 
 def _is_path_field(name: str, value: str) -> bool:
@@ -365,3 +373,15 @@ def scan_for_local_paths(folder: str | Path, needles: dict[str, str] | Iterable[
                 hits.append((path.relative_to(root).as_posix(), found))
                 break
     return hits
+
+
+def check_no_local_paths(folder: str | Path, config: TrainConfig, run: RunDir | str | Path | None = None) -> None:
+    """Refuse to publish `folder` if a file names the run's local paths or the home directory (the last-line guard)."""
+    hits = scan_for_local_paths(folder, local_path_needles(config, run))
+    if hits:
+        name, what = hits[0]
+        more = f" (and {len(hits) - 1} more files)" if len(hits) > 1 else ""
+        raise UserError(
+            f"refusing to publish: {name} contains a local path ({what}){more}; nothing was uploaded; "
+            "remove that path from the file in the run directory and try again"
+        )
