@@ -296,15 +296,9 @@ def check_repo_id(repo_id: str) -> str:
 def resolve_run_dir(run_dir: str | Path) -> RunDir:
     """A finished run: a directory (or a run name under the runs root) with a final adapter or model."""
     from finetune.paths import runs_root
+    from finetune.rundir import find_run
 
-    path = Path(run_dir).expanduser()
-    if not path.is_dir() and not path.is_absolute() and (runs_root() / path).is_dir():
-        path = runs_root() / path
-    run = RunDir(path)
-    if not path.is_dir():
-        raise UserError(f"run: no such run directory: {path}", field="run_dir")
-    if not run.config_path.is_file():
-        raise UserError(f"run: {path} has no config.yaml; is it a Finetune Studio run directory?", field="run_dir")
+    run = find_run(run_dir, runs_root(), field="run_dir")
     state = run.effective_status()
     if state not in PUBLISHABLE_STATUSES:
         raise UserError(f"run: {run.name} is {state}, not finished; publish it once training has completed")

@@ -348,7 +348,7 @@ def test_unfinished_run_is_refused(hub, run_dir, status):
 
 
 def test_missing_run_dir(hub, tmp_path):
-    with pytest.raises(UserError, match="no such run directory"):
+    with pytest.raises(UserError, match="run_dir: .*nope is not a run directory"):
         push_run(tmp_path / "nope", REPO, token=GOOD)
 
 
