@@ -99,7 +99,7 @@ def server(tmp_path_factory):
 
     studio.chat = chat
     with pytest.MonkeyPatch.context() as monkeypatch, standin_hub(monkeypatch) as hub:
-        gate = RunGate().install(monkeypatch)
+        gate = RunGate().install(monkeypatch, studio.manager.root)
         gate.hold_at = HOLD
         demo = build_app(studio)
         port = free_port()

@@ -50,14 +50,18 @@ class RunGate:
         self.held = threading.Event()
         self._release = threading.Event()
 
-    def install(self, monkeypatch: Any) -> RunGate:
+    def install(self, monkeypatch: Any, root: Path) -> RunGate:
+        """Patch the hook for the runs under `root` (a studio's runs folder); runs elsewhere go on untouched."""
         from finetune.progress import Progress
 
         real = Progress.on_step
         gate = self
+        root = Path(root).resolve()
 
         def on_step(progress: Any, step: int, *args: Any, **kwargs: Any) -> None:
             real(progress, step, *args, **kwargs)
+            if Path(progress.run.path).resolve().parent != root:
+                return
             if step == gate.fail_at and gate.fail_with is not None:
                 raise gate.fail_with
             if step == gate.hold_at:
@@ -106,21 +110,25 @@ def greedy_reply(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    # The app's chat runs in float32 on a CPU, in bfloat16 (else float16) on a GPU: the same here, so the greedy
+    # reply is the one the app must give on this machine.
+    cuda = torch.cuda.is_available()
+    dtype = (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16) if cuda else torch.float32
     key = (str(base_model_dir), str(weights_dir))
     if key not in _models:
         tokenizer = AutoTokenizer.from_pretrained(str(base_model_dir))
-        model = AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype=dtype)
         if weights_dir is not None:
             from peft import PeftModel
 
             model = PeftModel.from_pretrained(model, str(weights_dir))
         _models.clear()  # one model at a time: they are cheap to load, and a run's weights change between tests
-        _models[key] = (model.eval(), tokenizer)
+        _models[key] = (model.to("cuda" if cuda else "cpu").eval(), tokenizer)
     model, tokenizer = _models[key]
     messages = [{"role": "system", "content": system}] if system else []
     messages.append({"role": "user", "content": prompt})
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    inputs = tokenizer(text, add_special_tokens=False, return_tensors="pt")
+    inputs = tokenizer(text, add_special_tokens=False, return_tensors="pt").to(model.device)
     with torch.no_grad():
         out = model.generate(
             **inputs, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id

@@ -11,6 +11,7 @@ at the one place they would arise.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -70,7 +71,7 @@ def trained_run(studio, tiny_model_dir) -> Path:
 @pytest.fixture()
 def gate(monkeypatch, studio):
     """Hold or fail this studio's runs at a step; whatever the test did, the run is ended afterwards."""
-    gate = RunGate().install(monkeypatch)
+    gate = RunGate().install(monkeypatch, studio.manager.root)
     yield gate
     studio.stop()
     gate.release()
@@ -431,7 +432,7 @@ def test_start_with_a_bad_value_starts_nothing_and_points_at_the_field(ui, studi
     assert studio.state() is None and studio.runs() == []
 
 
-def test_start_while_another_process_trains_says_who_and_since_when(ui, studio, tiny_model_dir, tmp_path):
+def test_start_while_another_process_trains_says_who_and_since_when(ui, studio, tiny_model_dir, tmp_path, gate):
     """Another process (a command-line run) holds the device lock: Start names its run, owner and start time."""
     started = time.time()
     other = DeviceLock(studio.manager.root)
@@ -673,12 +674,13 @@ def test_publish_pushes_a_trained_run_and_always_clears_the_token(ui, studio, tr
 
 # ----------------------------------------------------------------------------------------------- path confinement
 @pytest.mark.parametrize("name", ["../outside", "ABSOLUTE", "run-a/../../outside", "link-to-outside"])
-def test_run_names_outside_the_runs_folder_are_refused_in_one_line(ui, studio, tiny_model_dir, hub, name):
+def test_run_names_outside_the_runs_folder_are_refused_in_one_line(ui, studio, tiny_model_dir, hub, gate, name):
     """A real, resumable run sits next to the runs folder; naming it by `..`, an absolute path or a symlink from the
     Train, Chat or Publish tab is refused in one line, and nothing is loaded, started or pushed."""
     root = studio.manager.root
     outside = build_run(root.parent / "outside", tiny_model_dir, status="stopped")
-    assert RunDir(outside).last_checkpoint() is not None  # resumable if it were allowed
+    shutil.rmtree(outside / "checkpoint-10")  # stopped at step 5 of 10: resumable, were it allowed
+    assert RunDir(outside).last_checkpoint().name == "checkpoint-5"
     root.mkdir(parents=True, exist_ok=True)
     (root / "link-to-outside").symlink_to(outside, target_is_directory=True)
     name = str(outside) if name == "ABSOLUTE" else name
