@@ -182,9 +182,7 @@ class AccessPolicy:
 
     @staticmethod
     def _model_ok(value: str) -> bool:
-        if value.startswith("embedded:"):
-            return True  # the embedded model, or the backend's "not an embedded model" (no path is read)
-        return _hub_id(value)
+        return value == EMBEDDED_MODEL or _hub_id(value)
 
     @staticmethod
     def _dataset_ok(value: str, uploads: set[str]) -> bool:

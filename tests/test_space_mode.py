@@ -179,6 +179,7 @@ def refused_models(tiny_model_dir: Path) -> list[str]:
         "a/b/c",
         "finetune",  # a folder in the app's working directory (the backend would load it, not the Hub's)
         "tests/tiny.py",
+        "embedded:../../etc",
     ]
 
 
