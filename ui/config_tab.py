@@ -13,11 +13,11 @@ from typing import Any
 
 import gradio as gr
 
-from finetune.config import FIELD_NAMES, FIELDS, field_groups
+from finetune.config import FIELD_NAMES, FIELDS, MAX_YAML_BYTES, field_groups
 from finetune.errors import UserError
 from ui.formatting import one_line, plain, preview_html, size
 
-YAML_LIMIT_BYTES = 256 * 1024  # a config is a few KB; anything larger is not one
+YAML_LIMIT_BYTES = MAX_YAML_BYTES  # the backend parser's own bound: a larger file is not read at all
 DATA_LIMIT_BYTES = 200 * 1024**2
 DATA_TYPES = (".jsonl", ".json", ".csv", ".parquet")  # finetune.data.FILE_TYPES (not imported: it pulls in datasets)
 OPEN_GROUPS = ("Model", "Data", "Method")
