@@ -17,3 +17,9 @@ class ConfigError(UserError):
 
 class BusyError(UserError):
     """A run is already using the device."""
+
+
+def os_reason(exc: OSError) -> str:
+    """'No space left on device (/path)': an OS error in plain words, without errno numbers or a traceback."""
+    reason = exc.strerror or type(exc).__name__
+    return f"{reason} ({exc.filename})" if exc.filename else reason

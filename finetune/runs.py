@@ -9,11 +9,7 @@ run's config.yaml and status.json back as they were.
 
 from __future__ import annotations
 
-import fcntl
-import gc
-import json
 import os
-import re
 import threading
 import time
 import traceback
@@ -24,71 +20,22 @@ from typing import Any
 from finetune import paths
 from finetune.atomic import write_text
 from finetune.config import TrainConfig
-from finetune.errors import BusyError, ConfigError, UserError
+from finetune.device_lock import DeviceLock, busy_message, distributed_rank
+from finetune.errors import BusyError, ConfigError, UserError, os_reason
+from finetune.failures import plain_error, release_memory
+from finetune.preflight import (
+    check_new_run_dir,
+    check_resume_overrides,
+    checkpoint_step,
+    confined_path,
+    preflight,
+    unique_run_path,
+)
 from finetune.progress import Progress, TrainingState
 from finetune.rundir import ACTIVE, RunDir, find_run, list_runs
 
-
-def distributed_rank() -> tuple[int, int]:
-    """(rank, world size) under torchrun / deepspeed launchers; (0, 1) otherwise."""
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-
-
-class DeviceLock:
-    """A lock file that one process at a time holds while it trains (the CLI and the app share it)."""
-
-    def __init__(self, root: Path) -> None:
-        self.path = root / ".device.lock"
-        self._fh: Any = None
-
-    def acquire(self, holder: dict[str, Any]) -> None:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fh = open(self.path, "a+", encoding="utf-8")
-        except OSError as exc:
-            raise UserError(f"runs folder: cannot use {self.path.parent}: {_os_reason(exc)}", "output_dir") from None
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.seek(0)
-            info = _parse(fh.read())
-            fh.close()
-            raise BusyError(busy_message(info)) from None
-        self._fh = fh
-        try:
-            fh.seek(0)
-            fh.truncate()
-            fh.write(json.dumps(holder))
-            fh.flush()
-        except OSError:
-            pass  # a full disk: the lock holds all the same, only the "who" line is missing
-
-    def release(self) -> None:
-        if self._fh is not None:
-            try:
-                self._fh.truncate(0)
-            except OSError:
-                pass  # the holder line is information only; the lock itself is what matters
-            fcntl.flock(self._fh, fcntl.LOCK_UN)
-            self._fh.close()
-            self._fh = None
-
-
-def _parse(text: str) -> dict[str, Any]:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return {}
-
-
-def busy_message(info: dict[str, Any]) -> str:
-    """'busy: run X, started by Y at Z, is training …' — who holds the device and since when."""
-    when = time.strftime("%H:%M:%S", time.localtime(info["started_at"])) if info.get("started_at") else "?"
-    who = info.get("owner") or "another process"
-    return (
-        f"busy: run {info.get('run_id', '?')} started by {who} at {when} is using the device; "
-        "stop it or wait for it to finish"
-    )
+# Names other modules import from here (the CLI, the app's facade, tests).
+__all__ = ["DeviceLock", "RunManager", "distributed_rank", "unique_run_path"]
 
 
 @dataclass
@@ -110,24 +57,6 @@ class Launch:
     @property
     def fresh(self) -> bool:
         return self.resume_step is None
-
-
-# Settings a checkpoint is bound to: its weights, optimizer state or format would not fit a change.
-RESUME_FIXED = (
-    "model",
-    "task",
-    "num_labels",
-    "method",
-    "lora_r",
-    "lora_alpha",
-    "lora_target_modules",
-    "quant_type",
-    "double_quant",
-    "backend",
-    "zero_stage",
-    "optim",
-    "output_dir",
-)
 
 
 class RunManager:
@@ -260,9 +189,7 @@ class RunManager:
             with self._lock:
                 self._active = None
                 self._device_lock.release()
-            raise UserError(
-                f"output_dir: cannot write the run in {run.path}: {_os_reason(exc)}", "output_dir"
-            ) from None
+            raise UserError(f"output_dir: cannot write the run in {run.path}: {os_reason(exc)}", "output_dir") from None
         if not background:
             self._run(config, progress, resume_from, launch)
             return progress.snapshot()
@@ -375,138 +302,6 @@ class RunManager:
         return self.state()
 
 
-def plain_error(exc: BaseException, config: TrainConfig, step: int) -> tuple[str, str | None]:
-    """A one-line message for the user and, for out-of-memory, the estimator's advice."""
-    if isinstance(exc, UserError):
-        return str(exc), None
-    if isinstance(exc, OSError) and exc.errno is not None:
-        return (
-            f"could not write the run's files at step {step}: {_os_reason(exc)}",
-            "Free disk space or fix the folder's permissions, then resume: training continues from the last "
-            "complete checkpoint.",
-        )
-    if is_out_of_memory(exc):
-        try:
-            from finetune.memory import advice_text
-
-            advice = advice_text(config)
-        except Exception:  # the advice is a help, never a second failure
-            advice = "Try gradient_checkpointing: true, a smaller per_device_train_batch_size, or method: qlora."
-        return f"out of memory at step {step}: the run needs more memory than the device has", advice
-    if isinstance(exc, KeyboardInterrupt):
-        return "interrupted by the user (Ctrl-C)", None
-    first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
-    return f"training failed at step {step}: {type(exc).__name__}{': ' + first if first else ''}", None
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """torch's OOM error, or an allocator message that says the same."""
-    try:
-        import torch
-
-        if isinstance(exc, torch.OutOfMemoryError):
-            return True
-    except ImportError:
-        pass
-    return isinstance(exc, (MemoryError, RuntimeError)) and "out of memory" in str(exc).lower()
-
-
-def release_memory() -> None:
-    """Give memory back after a run so the next one in this process starts clean."""
-    gc.collect()
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    except ImportError:
-        pass
-
-
-def preflight(config: TrainConfig) -> None:
-    """Cheap checks before a run directory exists: the model and data can be found, the options suit the machine."""
-    from finetune import data, models
-    from finetune.config import EMBEDDED_MODEL
-    from finetune.data import FILE_TYPES
-
-    if config.model == EMBEDDED_MODEL:
-        models.embedded_gguf_path()
-    else:
-        models.resolve_model_path(config.model)
-    path = Path(config.dataset).expanduser()
-    if config.dataset.startswith("bundled:") or path.suffix.lower() in FILE_TYPES or path.exists():
-        # Local data is small enough to read now: a bad file is refused before any run directory exists.
-        train_raw, _ = data.load_raw(config)
-        data.detect_format(list(train_raw.column_names), config)
-    if config.model != EMBEDDED_MODEL or models.embedded_cache_dir().is_dir():
-        from finetune.engines.common import check_sequence_length
-
-        check_sequence_length(config)
-        models.check_model(config)  # the task's head and the LoRA targets, from the model's config alone
-    if config.report_to not in ("none",):
-        import importlib.util
-
-        if importlib.util.find_spec(config.report_to) is None:
-            raise ConfigError(f"report_to: {config.report_to} is not installed; use none or install it", "report_to")
-    gpu_only(config)
-
-
-def check_new_run_dir(path: Path) -> None:
-    """A new run's folder must be new or empty, and creatable: anything else is refused before a byte is written."""
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if existing != path and not existing.is_dir():
-        raise ConfigError(
-            f"output_dir: {existing} is a file, so {path} cannot be a folder; choose another", "output_dir"
-        )
-    if existing == path:
-        if not path.is_dir():
-            raise ConfigError(f"output_dir: {path} is a file, not a folder; choose a new folder", "output_dir")
-        if RunDir(path).exists():
-            raise ConfigError(f"output_dir: {path} already holds a run; resume it or choose another", "output_dir")
-        try:
-            has_files = any(path.iterdir())
-        except OSError as exc:
-            raise ConfigError(f"output_dir: cannot read {path}: {_os_reason(exc)}", "output_dir") from None
-        if has_files:
-            raise ConfigError(
-                f"output_dir: {path} already has files in it and is not a run; choose a new or empty folder",
-                "output_dir",
-            )
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"output_dir: cannot write in {existing}: permission denied", "output_dir")
-
-
-def checkpoint_step(checkpoint: Path) -> int:
-    """The optimizer step a checkpoint folder (checkpoint-N) was saved at."""
-    return int(checkpoint.name.rsplit("-", 1)[-1])
-
-
-def check_resume_overrides(saved: TrainConfig, wanted: TrainConfig, step: int) -> None:
-    """Refuse resume settings the checkpoint cannot take, before the run is touched."""
-    for name in RESUME_FIXED:
-        before, after = getattr(saved, name), getattr(wanted, name)
-        if before != after:
-            raise ConfigError(
-                f"{name}: cannot change on resume (the checkpoint was trained with {before!r}, asked {after!r}); "
-                "start a new run for that",
-                name,
-            )
-    if wanted.max_steps != -1 and wanted.max_steps <= step:
-        raise ConfigError(
-            f"max_steps: {wanted.max_steps} is not beyond the checkpoint's step {step}; give a larger number "
-            "to train further",
-            "max_steps",
-        )
-
-
-def _os_reason(exc: OSError) -> str:
-    """'No space left on device (/path)': an OS error in plain words, without errno numbers or a traceback."""
-    reason = exc.strerror or type(exc).__name__
-    return f"{reason} ({exc.filename})" if exc.filename else reason
-
-
 def _read_text(path: Path) -> str | None:
     try:
         return path.read_text(encoding="utf-8")
@@ -519,34 +314,3 @@ def _safe(call: Any, default: Any) -> Any:
         return call()
     except OSError:
         return default
-
-
-def gpu_only(config: TrainConfig) -> None:
-    """Options that only make sense with a GPU are refused on a CPU machine with a clear reason."""
-    import torch
-
-    if torch.cuda.is_available():
-        return
-    if "nvme" in (config.offload_optimizer, config.offload_param):
-        raise ConfigError("offload_optimizer: NVMe offload needs a GPU; this machine has none", "offload_optimizer")
-
-
-def confined_path(root: Path, value: str) -> Path:
-    """A run directory chosen in the UI: a plain name under the runs root (no absolute paths, no `..`)."""
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", value) or ".." in value:
-        raise ConfigError(
-            f"output_dir: {value!r} must be a plain run name (letters, digits, . _ -) inside the runs folder",
-            field="output_dir",
-        )
-    return root / value
-
-
-def unique_run_path(root: Path, config: TrainConfig) -> Path:
-    """A new run folder named after the time, the model and the method."""
-    model = re.sub(r"[^A-Za-z0-9]+", "-", Path(config.model.split(":")[-1]).name).strip("-").lower()[:40] or "model"
-    base = f"{time.strftime('%Y%m%d-%H%M%S')}-{model}-{config.method}"
-    path, n = root / base, 1
-    while path.exists():
-        n += 1
-        path = root / f"{base}-{n}"
-    return path

@@ -1,0 +1,74 @@
+"""One run at a time per machine: a lock file under the runs root that the app and the CLI share."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from finetune.errors import BusyError, UserError, os_reason
+
+
+def distributed_rank() -> tuple[int, int]:
+    """(rank, world size) under torchrun / deepspeed launchers; (0, 1) otherwise."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+class DeviceLock:
+    """A lock file that one process at a time holds while it trains (the CLI and the app share it)."""
+
+    def __init__(self, root: Path) -> None:
+        self.path = root / ".device.lock"
+        self._fh: Any = None
+
+    def acquire(self, holder: dict[str, Any]) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fh = open(self.path, "a+", encoding="utf-8")
+        except OSError as exc:
+            raise UserError(f"runs folder: cannot use {self.path.parent}: {os_reason(exc)}", "output_dir") from None
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            info = _parse(fh.read())
+            fh.close()
+            raise BusyError(busy_message(info)) from None
+        self._fh = fh
+        try:
+            fh.seek(0)
+            fh.truncate()
+            fh.write(json.dumps(holder))
+            fh.flush()
+        except OSError:
+            pass  # a full disk: the lock holds all the same, only the "who" line is missing
+
+    def release(self) -> None:
+        if self._fh is not None:
+            try:
+                self._fh.truncate(0)
+            except OSError:
+                pass  # the holder line is information only; the lock itself is what matters
+            fcntl.flock(self._fh, fcntl.LOCK_UN)
+            self._fh.close()
+            self._fh = None
+
+
+def _parse(text: str) -> dict[str, Any]:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return {}
+
+
+def busy_message(info: dict[str, Any]) -> str:
+    """'busy: run X, started by Y at Z, is training …' — who holds the device and since when."""
+    when = time.strftime("%H:%M:%S", time.localtime(info["started_at"])) if info.get("started_at") else "?"
+    who = info.get("owner") or "another process"
+    return (
+        f"busy: run {info.get('run_id', '?')} started by {who} at {when} is using the device; "
+        "stop it or wait for it to finish"
+    )

@@ -1,0 +1,139 @@
+"""Every check before a run writes anything: the model and data can be read, the options suit this machine, the
+run folder is new or empty, and a resume only changes what its checkpoint can take."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+from finetune.config import TrainConfig
+from finetune.errors import ConfigError, os_reason
+from finetune.rundir import RunDir
+
+# Settings a checkpoint is bound to: its weights, optimizer state or format would not fit a change.
+RESUME_FIXED = (
+    "model",
+    "task",
+    "num_labels",
+    "method",
+    "lora_r",
+    "lora_alpha",
+    "lora_target_modules",
+    "quant_type",
+    "double_quant",
+    "backend",
+    "zero_stage",
+    "optim",
+    "output_dir",
+)
+
+
+def preflight(config: TrainConfig) -> None:
+    """Cheap checks before a run directory exists: the model and data can be found, the options suit the machine."""
+    from finetune import data, models
+    from finetune.config import EMBEDDED_MODEL
+    from finetune.data import FILE_TYPES
+
+    if config.model == EMBEDDED_MODEL:
+        models.embedded_gguf_path()
+    else:
+        models.resolve_model_path(config.model)
+    path = Path(config.dataset).expanduser()
+    if config.dataset.startswith("bundled:") or path.suffix.lower() in FILE_TYPES or path.exists():
+        # Local data is small enough to read now: a bad file is refused before any run directory exists.
+        train_raw, _ = data.load_raw(config)
+        data.detect_format(list(train_raw.column_names), config)
+    if config.model != EMBEDDED_MODEL or models.embedded_cache_dir().is_dir():
+        from finetune.engines.common import check_sequence_length
+
+        check_sequence_length(config)
+        models.check_model(config)  # the task's head and the LoRA targets, from the model's config alone
+    if config.report_to not in ("none",):
+        import importlib.util
+
+        if importlib.util.find_spec(config.report_to) is None:
+            raise ConfigError(f"report_to: {config.report_to} is not installed; use none or install it", "report_to")
+    gpu_only(config)
+
+
+def check_new_run_dir(path: Path) -> None:
+    """A new run's folder must be new or empty, and creatable: anything else is refused before a byte is written."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing != path and not existing.is_dir():
+        raise ConfigError(
+            f"output_dir: {existing} is a file, so {path} cannot be a folder; choose another", "output_dir"
+        )
+    if existing == path:
+        if not path.is_dir():
+            raise ConfigError(f"output_dir: {path} is a file, not a folder; choose a new folder", "output_dir")
+        if RunDir(path).exists():
+            raise ConfigError(f"output_dir: {path} already holds a run; resume it or choose another", "output_dir")
+        try:
+            has_files = any(path.iterdir())
+        except OSError as exc:
+            raise ConfigError(f"output_dir: cannot read {path}: {os_reason(exc)}", "output_dir") from None
+        if has_files:
+            raise ConfigError(
+                f"output_dir: {path} already has files in it and is not a run; choose a new or empty folder",
+                "output_dir",
+            )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"output_dir: cannot write in {existing}: permission denied", "output_dir")
+
+
+def checkpoint_step(checkpoint: Path) -> int:
+    """The optimizer step a checkpoint folder (checkpoint-N) was saved at."""
+    return int(checkpoint.name.rsplit("-", 1)[-1])
+
+
+def check_resume_overrides(saved: TrainConfig, wanted: TrainConfig, step: int) -> None:
+    """Refuse resume settings the checkpoint cannot take, before the run is touched."""
+    for name in RESUME_FIXED:
+        before, after = getattr(saved, name), getattr(wanted, name)
+        if before != after:
+            raise ConfigError(
+                f"{name}: cannot change on resume (the checkpoint was trained with {before!r}, asked {after!r}); "
+                "start a new run for that",
+                name,
+            )
+    if wanted.max_steps != -1 and wanted.max_steps <= step:
+        raise ConfigError(
+            f"max_steps: {wanted.max_steps} is not beyond the checkpoint's step {step}; give a larger number "
+            "to train further",
+            "max_steps",
+        )
+
+
+def gpu_only(config: TrainConfig) -> None:
+    """Options that only make sense with a GPU are refused on a CPU machine with a clear reason."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    if "nvme" in (config.offload_optimizer, config.offload_param):
+        raise ConfigError("offload_optimizer: NVMe offload needs a GPU; this machine has none", "offload_optimizer")
+
+
+def confined_path(root: Path, value: str) -> Path:
+    """A run directory chosen in the UI: a plain name under the runs root (no absolute paths, no `..`)."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", value) or ".." in value:
+        raise ConfigError(
+            f"output_dir: {value!r} must be a plain run name (letters, digits, . _ -) inside the runs folder",
+            field="output_dir",
+        )
+    return root / value
+
+
+def unique_run_path(root: Path, config: TrainConfig) -> Path:
+    """A new run folder named after the time, the model and the method."""
+    model = re.sub(r"[^A-Za-z0-9]+", "-", Path(config.model.split(":")[-1]).name).strip("-").lower()[:40] or "model"
+    base = f"{time.strftime('%Y%m%d-%H%M%S')}-{model}-{config.method}"
+    path, n = root / base, 1
+    while path.exists():
+        n += 1
+        path = root / f"{base}-{n}"
+    return path
