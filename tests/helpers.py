@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -60,3 +61,68 @@ def assert_loss_falls(run_dir: str | Path, k: int = 2) -> tuple[float, float]:
     first, last = sum(values[:k]) / k, sum(values[-k:]) / k
     assert last < 0.9 * first, f"loss did not fall: {values}"
     return first, last
+
+
+# ----------------------------------------------------------------------------- events as written, and resume checks
+def events_size(run_dir: str | Path) -> int:
+    """Bytes in events.jsonl now: what a later process appends starts at this offset."""
+    path = RunDir(Path(run_dir)).events_path
+    return path.stat().st_size if path.is_file() else 0
+
+
+def raw_events(run_dir: str | Path, start: int = 0, end: int | None = None, types: tuple[str, ...] = ("log",)) -> list:
+    """Events exactly as written between two byte offsets of events.jsonl, duplicates included (RunDir.read_events
+    may tidy them): how a test tells what each process of an interrupted and resumed run logged."""
+    data = RunDir(Path(run_dir)).events_path.read_bytes()[start:end]
+    events = [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
+    return [e for e in events if e.get("type") in types]
+
+
+def assert_resumed_exactly(run_dir: str | Path, mark: int, checkpoint_step: int, max_steps: int) -> tuple[list, list]:
+    """What only a true continuation gives: the resumed process (events after byte `mark`) logged exactly the steps
+    after the checkpoint, once each; every step up to the checkpoint was logged once, before it, by the first process.
+    Returns (first process's log events, resumed process's log events)."""
+    before, after = raw_events(run_dir, 0, mark), raw_events(run_dir, mark)
+    assert [e["step"] for e in after] == list(range(checkpoint_step + 1, max_steps + 1)), [e["step"] for e in after]
+    early = [e["step"] for e in before if e["step"] <= checkpoint_step]
+    assert early == list(range(1, checkpoint_step + 1)), early  # trained once, with their first timestamps
+    return before, after
+
+
+# ----------------------------------------------------------------------------- holding a run at a known step
+def hold_at_step(monkeypatch: Any, step: int) -> threading.Event:
+    """Hold the next run of this process at the end of optimizer step `step` until it is asked to stop.
+
+    Returns an event that is set once the run is held: a test then acts on a run that is certainly still active
+    (stop, a second start, chat) instead of hoping it has not finished yet. One-shot: later steps and runs pass."""
+    from finetune.progress import Progress
+
+    held = threading.Event()
+    original = Progress.on_step
+
+    def on_step(self, current, *args, **kwargs):
+        original(self, current, *args, **kwargs)
+        if current == step and not held.is_set():
+            held.set()
+            self.stop_requested.wait(HOLD_LIMIT_S)
+
+    monkeypatch.setattr(Progress, "on_step", on_step)
+    return held
+
+
+HOLD_LIMIT_S = 300  # a held run goes on by itself after this, so a failing test never hangs the suite
+
+
+def wait_for_file(path: Path, proc: Any, timeout: float = 240) -> None:
+    """Wait until `path` exists while `proc` (a subprocess.Popen) runs; fail at once if the process ends first."""
+    import subprocess
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, f"the process ended with code {proc.returncode} before {path.name} appeared"
+        assert time.monotonic() < deadline, f"{path.name} did not appear within {timeout:.0f}s"
+        try:
+            proc.wait(timeout=0.1)  # returns early if the process ends; checked on the next round
+        except subprocess.TimeoutExpired:
+            pass

@@ -10,7 +10,15 @@ import torch
 
 from finetune.rundir import RunDir
 from finetune.runs import RunManager
-from tests.helpers import assert_loss_falls, losses, tiny_config, write_jsonl
+from tests.helpers import (
+    assert_loss_falls,
+    assert_resumed_exactly,
+    events_size,
+    hold_at_step,
+    raw_events,
+    tiny_config,
+    write_jsonl,
+)
 
 
 def train(config, **kwargs):
@@ -48,12 +56,62 @@ def test_full_fine_tuning_saves_a_full_model(tiny_model_dir):
     assert (run.path / "model.safetensors").is_file() and not (run.path / "adapter_config.json").exists()
 
 
-def test_qlora_4bit_nf4_with_double_quant_and_paged_optimizer(tiny_model_dir):
+def test_qlora_trains_linear4bit_layers_nf4_double_quant_with_a_paged_8bit_optimizer(tiny_model_dir, monkeypatch):
+    """The model the Trainer steps has bitsandbytes 4-bit layers (the very ones loaded with NF4 + double quantisation),
+    only LoRA weights train, and the optimizer is bitsandbytes' paged 8-bit AdamW: a silent fallback to plain LoRA
+    or to a 32-bit optimizer fails here."""
+    import bitsandbytes as bnb
+    from transformers import Trainer
+
+    from finetune import models
+
+    loaded: dict[int, tuple] = {}
+    trained: list[dict] = []
+    original_load, original_step = models.load_model, Trainer.training_step
+
+    def load_model(*args, **kwargs):
+        model = original_load(*args, **kwargs)
+        for m in model.modules():
+            if isinstance(m, bnb.nn.Linear4bit):  # before any forward pass (CPU inference may repack the weights)
+                loaded[id(m)] = (m.weight.quant_state.quant_type, m.weight.quant_state.nested)
+        return model
+
+    def training_step(self, model, *args, **kwargs):
+        four_bit = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+        inner = getattr(self.optimizer, "optimizer", self.optimizer)
+        trained.append(
+            {
+                "layers": {id(m) for m in four_bit},
+                "packed": all(m.weight.dtype == torch.uint8 and not m.weight.requires_grad for m in four_bit),
+                "trainable": {_lora_part(n) for n, p in model.named_parameters() if p.requires_grad},
+                "optimizer": (
+                    isinstance(inner, bnb.optim.optimizer.Optimizer8bit),
+                    getattr(getattr(inner, "args", None), "optim_bits", 32),
+                ),
+                "paged": getattr(inner, "is_paged", False),
+            }
+        )
+        return original_step(self, model, *args, **kwargs)
+
+    monkeypatch.setattr(models, "load_model", load_model)
+    monkeypatch.setattr(Trainer, "training_step", training_step)
     config = tiny_config(tiny_model_dir, method="qlora", optim="paged_adamw_8bit", max_steps=10)
     run, _ = train(config)
     assert_loss_falls(run.path)
+    assert len(trained) == 10
+    step = trained[0]
+    assert len(step["layers"]) == 2 * 7, "expected q k v o gate up down of both blocks as Linear4bit"
+    assert step["layers"] == set(loaded) and all(s["layers"] == step["layers"] for s in trained)
+    assert set(loaded.values()) == {("nf4", True)}  # NF4 with the constants quantised again (double quant)
+    assert step["packed"] and step["trainable"] == {"lora_A", "lora_B"}
+    assert step["optimizer"] == (True, 8) and step["paged"]  # bitsandbytes AdamW, 8-bit states, paged
     adapter = json.loads((run.path / "adapter_config.json").read_text())
     assert adapter["r"] == 8
+
+
+def _lora_part(name: str) -> str:
+    """'lora_A' / 'lora_B' for an adapter weight's name, else the name itself."""
+    return next((part for part in ("lora_A", "lora_B") if f".{part}." in name), name)
 
 
 def test_sequence_classification_trains(tiny_model_dir, tmp_path):
@@ -74,37 +132,85 @@ def test_fp16_on_a_cpu_falls_back_to_fp32_and_says_so(tiny_model_dir):
     assert any("fp16 needs a GPU" in m and "uses fp32" in m for m in messages)
 
 
-def test_stop_saves_a_checkpoint_and_resume_continues_at_the_same_step(tiny_model_dir):
+def test_trust_remote_code_puts_a_warning_in_the_run_log(tiny_model_dir):
+    """README (Security): turning trust_remote_code on puts a warning in the run log."""
+    run, _ = train(tiny_config(tiny_model_dir, trust_remote_code=True, max_steps=1))
+    messages = [e["text"] for e in run.read_events(("message",))]
+    assert any(m.startswith("warning: trust_remote_code is on") and "runs on this machine" in m for m in messages)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="product bug: the Trainer path builds the LoRA adapter before anything seeds torch (Trainer seeds later), "
+    "so its initialisation depends on what the process did before; fix: transformers.set_seed(config.seed) at the "
+    "start of finetune/engines/hf_trainer.py:_train (the DeepSpeed engine already does). Remove this mark then.",
+)
+def test_the_same_config_trains_the_same_adapter(tiny_model_dir):
+    """`seed` covers "data order and initialisation": two runs of one config give the same adapter, whatever ran
+    before them in the process."""
+    from safetensors.torch import load_file
+
+    config = tiny_config(tiny_model_dir, max_steps=3)
+    torch.manual_seed(1)  # whatever the process did before
+    first, _ = train(config)
+    torch.manual_seed(2)
+    second, _ = train(config)
+    a, b = (load_file(run.path / "adapter_model.safetensors") for run in (first, second))
+    for name, tensor in a.items():
+        torch.testing.assert_close(tensor, b[name], rtol=0, atol=0, msg=name)
+
+
+def test_stop_saves_a_checkpoint_and_resume_continues_exactly(tiny_model_dir, monkeypatch):
+    """Stop at step 5 (the Stop button's call), resume: the resumed process trains steps 6-12 only, with the learning
+    rate of a decaying schedule, the losses and the final adapter of an uninterrupted run. A resume that restarts at
+    step 1, or that reloads the weights but not the optimizer or scheduler state, fails here."""
+    from safetensors.torch import load_file
+
+    config = tiny_config(tiny_model_dir, max_steps=12, save_steps=100, lr_scheduler_type="linear", warmup_steps=2)
+    torch.manual_seed(config.seed)  # the adapter's initialisation is not seeded by the run itself (see below)
+    reference, _ = train(config)
+    expected = {e["step"]: e for e in raw_events(reference.path)}
+
     manager = RunManager()
-    config = tiny_config(tiny_model_dir, max_steps=40, save_steps=100)
+    held = hold_at_step(monkeypatch, 5)
+    torch.manual_seed(config.seed)
     manager.start(config)
-    while (manager.state().step or 0) < 3:
-        assert manager.is_active(), manager.state().error
-        manager.wait(0.05)
-    manager.stop()
-    stopped = manager.wait(60)
-    assert stopped.status == "stopped"
+    assert held.wait(120), manager.state()
+    assert manager.state().status == "running"
+    assert manager.stop()
+    stopped = manager.wait(120)
+    assert stopped.status == "stopped" and stopped.step == 5, (stopped.status, stopped.step, stopped.error)
     run = RunDir(Path(stopped.run_dir))
-    checkpoint = run.last_checkpoint()
-    assert checkpoint is not None and int(checkpoint.name.split("-")[1]) == stopped.step
+    assert [p.name for p in run.checkpoints()] == ["checkpoint-5"] and not run.has_final_model()
 
+    mark = events_size(run.path)
     resumed = manager.resume(run.path, background=False)
-    assert resumed.status == "completed" and resumed.step == 40
-    steps = [s for s, _ in losses(run.path)]
-    after = [s for s in steps if s > stopped.step]
-    assert after[0] == stopped.step + 1 and after[-1] == 40  # same numbering, no restart from 1
+    assert resumed.status == "completed" and resumed.step == 12, (resumed.status, resumed.error)
+    before, after = assert_resumed_exactly(run.path, mark, checkpoint_step=5, max_steps=12)
+    for event in before + after:
+        want = expected[event["step"]]
+        assert event["learning_rate"] == pytest.approx(want["learning_rate"], rel=1e-9), (event, want)
+        assert event["loss"] == pytest.approx(want["loss"], rel=1e-4), (event, want)
+    assert len({e["learning_rate"] for e in after}) == len(after)  # the schedule really moves at every step
+    ours, theirs = (load_file(d / "adapter_model.safetensors") for d in (run.path, reference.path))
+    assert ours.keys() == theirs.keys()
+    for name, tensor in ours.items():
+        torch.testing.assert_close(tensor, theirs[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_a_second_start_while_training_is_refused_naming_the_run(tiny_model_dir):
+def test_a_second_start_while_training_is_refused_naming_the_run(tiny_model_dir, monkeypatch):
     from finetune.errors import BusyError
 
     manager = RunManager()
-    first = manager.start(tiny_config(tiny_model_dir, max_steps=30), owner="alice")
+    held = hold_at_step(monkeypatch, 1)
+    first = manager.start(tiny_config(tiny_model_dir, max_steps=3), owner="alice")
     try:
+        assert held.wait(120), manager.state()  # certainly still training
         with pytest.raises(BusyError, match=f"busy: run {first.run_id} started by alice at"):
             manager.start(tiny_config(tiny_model_dir), owner="bob")
         with pytest.raises(BusyError, match="started by alice"):  # another process (the CLI) is refused too
             RunManager().start(tiny_config(tiny_model_dir), owner="bob")
     finally:
         manager.stop()
-        manager.wait(60)
+        manager.wait(120)
+    assert manager.state().status == "stopped" and manager.state().step == 1
