@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--activation-checkpointing", action="store_true", help="recompute activations in backward")
     parser.add_argument("--timeout", type=int, default=420, help="seconds per configuration (default 420)")
     parser.add_argument(
+        "--deadline", type=float, default=0, help="seconds for all configurations; later ones are skipped (0 = none)"
+    )
+    parser.add_argument(
         "--out",
         help="results path (.md; a .json is written beside it); default bench/results/deepspeed_gpu.md, "
         "none with --tiny; '' to write nothing",
@@ -303,7 +306,14 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     results = []
+    started = time.time()
     for name in args.configs.split(","):
+        left = args.deadline - (time.time() - started) if args.deadline else float("inf")
+        if left < 15:
+            results.append({"config": name, "error": "skipped: out of time"})
+            print(f"  {name}: skipped: out of time", flush=True)
+            continue
+        args.timeout = int(min(args.timeout, left))
         result = run_one(name, args, argv)
         results.append(result)
         status = (

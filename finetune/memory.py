@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -262,6 +263,7 @@ def _overheads(tensor_bytes: int, config: TrainConfig) -> dict[str, int]:
 CALIBRATED_SOURCE = "calibrated on an H200 (torch 2.11, CUDA 13): CUDA context 1144 MiB + kernels 240 MiB"
 CONTEXT_RANGE = (128 * MiB, 8 * GiB)  # a measured context outside this is a disturbed reading: keep the calibration
 _MEASURED: dict[str, Any] = {}
+_MEASURE_LOCK = threading.Lock()
 
 # Run in a child process: create the CUDA context, print the device's used memory; then either hold the context until
 # stdin closes ("hold"), or do what a training step's first iterations load (16-bit and fp32 GEMMs with backward,
@@ -291,20 +293,24 @@ print(json.dumps({"used": total - free, "reserved": torch.cuda.memory_reserved()
 """
 
 
-def measured_cuda_overhead(timeout: float = 90.0) -> dict[str, int] | None:
+def measured_cuda_overhead(timeout: float = 30.0) -> dict[str, int] | None:
     """This machine's CUDA context and kernel bytes, measured once per process in child processes; None without a
-    CUDA GPU (then nothing touches CUDA), when FINETUNE_MEASURE_CUDA_CONTEXT=0, or when a reading is implausible."""
+    CUDA GPU (then nothing touches CUDA), when FINETUNE_MEASURE_CUDA_CONTEXT=0, or when a reading is implausible.
+
+    The first call on a GPU machine takes a few seconds (two Python processes import torch); a caller that minds can
+    make it early in a background thread."""
     import os
 
-    if "value" not in _MEASURED:
-        value = None
-        if os.environ.get("FINETUNE_MEASURE_CUDA_CONTEXT", "1") != "0" and _cuda_present():
-            try:
-                value = _measure_context(timeout)
-            except Exception:  # noqa: BLE001 - a failed measurement falls back to the calibrated figures
-                value = None
-        _MEASURED["value"] = value
-    return _MEASURED["value"]
+    with _MEASURE_LOCK:  # concurrent estimates (the UI) measure once
+        if "value" not in _MEASURED:
+            value = None
+            if os.environ.get("FINETUNE_MEASURE_CUDA_CONTEXT", "1") != "0" and _cuda_present():
+                try:
+                    value = _measure_context(timeout)
+                except Exception:  # noqa: BLE001 - a failed measurement falls back to the calibrated figures
+                    value = None
+            _MEASURED["value"] = value
+        return _MEASURED["value"]
 
 
 def _cuda_present() -> bool:

@@ -13,6 +13,8 @@ Steps, most important first (a step starts only if the deadline leaves it its mi
   memory-totals  bench/gpu/memory_totals.py: tensor_bytes vs max_memory_allocated, total_bytes vs device use
   throughput     bench/gpu_throughput.py: ours vs the plain Trainer + PEFT script, LoRA and QLoRA
   deepspeed      bench/deepspeed_gpu.py: ZeRO-2 / ZeRO-3, with and without CPU offload, one GPU
+  overhead-parts bench/overhead_parts.py --device cuda: our per-step pieces switched on one at a time (if time is left;
+                 else a second call: bash bench/gpu/run.sh --only overhead-parts)
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_RESULTS = ROOT / "bench" / "results" / "gpu"
 DEADLINE_S = 450  # the whole call may take 8 minutes: this leaves the wheel install and the copy-back their time
+DEADLINE = "{deadline}"  # in a step's argv: replaced by its time limit less REPORT_MARGIN_S when it starts
+REPORT_MARGIN_S = 15  # what a step keeps to write its report after its last measurement
 
 ENV_SNIPPET = r"""
 import importlib.metadata as md, json, os, platform, shutil, subprocess, sys
@@ -103,13 +107,14 @@ def steps(cpu: bool, results: Path) -> list[Step]:
         if cpu
         else ["--shape", "small", "--seq", "512", "--warmup", "1", "--steps", "3", "--torch-adam", "--timeout", "45"]
     )
+    parts = ["--rounds", "1", "--steps", "6", "--skip", "2", "--variants", "base,ours"] if cpu else ["--device", "cuda"]
     return [
         Step("env", [py, "-c", ENV_SNIPPET], budget=40, minimum=5),
         Step("pytest-gpu", [py, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", *tests], budget=90),
         Step(
             "memory-totals",
-            [py, "bench/gpu/memory_totals.py", *memory, "--out", f"{out}/memory_totals.md"],
-            budget=220,
+            [py, "bench/gpu/memory_totals.py", *memory, "--deadline", DEADLINE, "--out", f"{out}/memory_totals.md"],
+            budget=230,
             minimum=60,
             script="bench/gpu/memory_totals.py",
             outputs=["memory_totals.md", "memory_totals.json"],
@@ -124,11 +129,19 @@ def steps(cpu: bool, results: Path) -> list[Step]:
         ),
         Step(
             "deepspeed",
-            [py, "bench/deepspeed_gpu.py", *deepspeed, "--out", f"{out}/deepspeed_gpu.md"],
+            [py, "bench/deepspeed_gpu.py", *deepspeed, "--deadline", DEADLINE, "--out", f"{out}/deepspeed_gpu.md"],
             budget=200,
             minimum=45,
             script="bench/deepspeed_gpu.py",
             outputs=["deepspeed_gpu.md", "deepspeed_gpu.json"],
+        ),
+        Step(  # last: it runs when the others leave time, else alone: run.sh --only overhead-parts
+            "overhead-parts",
+            [py, "bench/overhead_parts.py", *parts, "--out", f"{out}/overhead-parts{'-cpu' if cpu else '-gpu'}.md"],
+            budget=150,
+            minimum=90 if not cpu else 30,
+            script="bench/overhead_parts.py",
+            outputs=["overhead-parts-gpu.md"],
         ),
     ]
 
@@ -157,7 +170,7 @@ def check_parses(step: Step) -> None:
     sys.modules[spec.name] = module  # dataclasses look their module up while the module runs
     spec.loader.exec_module(module)
     try:
-        module.build_parser().parse_args(step.argv[2:])
+        module.build_parser().parse_args([a.replace(DEADLINE, "100") for a in step.argv[2:]])
     except SystemExit as exc:
         raise ValueError(f"{step.script} refuses {' '.join(step.argv[2:])}") from exc
 
@@ -166,13 +179,14 @@ def run_step(step: Step, timeout: float, logs: Path, env: dict[str, str]) -> Out
     """Run one step in its own process group; kill the group at the timeout. Output goes to logs/NAME.log."""
     logs.mkdir(parents=True, exist_ok=True)
     log = logs / f"{step.name}.log"
-    command = " ".join(step.argv if step.argv[1:2] != ["-c"] else [*step.argv[:2], "<snippet>"])
+    argv = [a.replace(DEADLINE, f"{max(1.0, timeout - REPORT_MARGIN_S):.0f}") for a in step.argv]
+    command = " ".join(argv if argv[1:2] != ["-c"] else [*argv[:2], "<snippet>"])
     started = time.time()
     with open(log, "w", encoding="utf-8") as fh:
         fh.write(f"$ {command}\n\n")
         fh.flush()
         proc = subprocess.Popen(
-            step.argv, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, text=True, start_new_session=True
+            argv, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, text=True, start_new_session=True
         )
         try:
             code = proc.wait(timeout=max(1.0, timeout))
