@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune.config import BUNDLED_DATASET, EMBEDDED_MODEL, TrainConfig
+from finetune.plan import model_class_for
 from finetune.public import (
     CANONICAL_NAME,
     EMBEDDED_HUB_ID,
@@ -419,6 +420,16 @@ def _method_text(c: TrainConfig) -> str:
     text = (
         f"LoRA r={c.lora_r}, alpha={c.lora_alpha}, dropout={c.lora_dropout}, target modules `{c.lora_target_modules}`"
     )
+    variants = [name for name, on in (("DoRA", c.use_dora), ("rsLoRA scaling (alpha/√r)", c.use_rslora)) if on]
+    if c.init_lora_weights in ("pissa", "olora"):
+        start = {"pissa": "PiSSA", "olora": "OLoRA"}[c.init_lora_weights]
+        variants.append(
+            f"{start} start (published as a plain LoRA adapter of rank {2 * c.lora_r} for the unchanged base)"
+        )
+    elif c.init_lora_weights == "gaussian":
+        variants.append("Gaussian start")
+    if variants:
+        text += "; " + ", ".join(variants)
     if c.method == "qlora":
         dq = "with" if c.double_quant else "without"
         text = f"QLoRA: {text}, on a 4-bit {c.quant_type.upper()} base {dq} double quantisation"
@@ -544,10 +555,7 @@ def _snippet(s: RunSummary, repo_id: str, *, merged: bool) -> str:
             prompt = " ".join(str(entry[1][0]["prompt"]).split())
             break
     prompt = prompt.replace("\\", "\\\\").replace('"', '\\"')
-    if c.task == "sequence_classification":
-        model_cls = "AutoModelForSequenceClassification"
-    else:
-        model_cls = "AutoModelForCausalLM"
+    model_cls = model_class_for(c.task)
     full_model = merged or c.method == "full"
     lines: list[str] = []
     if full_model:
@@ -574,6 +582,8 @@ def _snippet(s: RunSummary, repo_id: str, *, merged: bool) -> str:
             lines += [f'base = {model_cls}.from_pretrained(\n    "{base_ref}"{load_kwargs})']
         else:
             lines += [f'base = {model_cls}.from_pretrained("{base_ref}")']
+        if c.use_dora:
+            lines += ["# DoRA: PEFT reads use_dora from adapter_config.json; nothing else to set"]
         lines += [
             f'model = PeftModel.from_pretrained(base, "{repo_id}")',
             f'tokenizer = AutoTokenizer.from_pretrained("{repo_id}")',

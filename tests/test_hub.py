@@ -492,7 +492,7 @@ def test_python_m_finetune_push_of_a_folder_that_is_not_a_run_exits_2(tmp_path):
     )
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1
-    assert lines[0].startswith("error: run: ") and "no config.yaml" in lines[0]
+    assert lines[0].startswith("error: run_dir: ") and "no config.yaml" in lines[0]
 
 
 def test_hub_module_stays_light():
