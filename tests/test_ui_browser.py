@@ -297,20 +297,23 @@ def test_train_starts_and_progress_advances(page, server):
 def test_a_reload_mid_run_reattaches(page, server):
     run_id = server["studio"].state().run_id
     assert server["studio"].state().status == "running"  # still held at HOLD: certainly mid-run
-    page.reload()
+    try:
+        page.reload()
+        tab(page, "Train")
+        progress = page.locator("#train-progress .fs-progress")
+        expect(progress).to_contain_text(run_id, timeout=30_000)
+        expect(progress).to_have_attribute("data-status", "running")
+        expect(progress).to_have_attribute("data-step", str(HOLD))
+        expect(page.locator("#train-stop")).to_be_enabled()
+        shot(page, "06-train-after-reload")
+        # The settings typed before the reload were kept by the browser.
+        tab(page, "Configure")
+        open_group(page, "Optimisation", "max_steps")
+        assert value_of(page, "cfg-max_steps") == str(STEPS)
+        assert value_of(page, "cfg-dataset").endswith("train.jsonl")
+    finally:
+        server["gate"].release()  # the page follows the run on from there (and the story goes on if this failed)
     tab(page, "Train")
-    progress = page.locator("#train-progress .fs-progress")
-    expect(progress).to_contain_text(run_id, timeout=30_000)
-    expect(progress).to_have_attribute("data-status", "running")
-    expect(progress).to_have_attribute("data-step", str(HOLD))
-    expect(page.locator("#train-stop")).to_be_enabled()
-    shot(page, "06-train-after-reload")
-    # The settings typed before the reload were kept by the browser.
-    tab(page, "Configure")
-    open_group(page, "Optimisation", "max_steps")
-    assert value_of(page, "cfg-max_steps") == str(STEPS) and value_of(page, "cfg-dataset").endswith("train.jsonl")
-    tab(page, "Train")
-    server["gate"].release()  # the page follows the run on from there
     page.wait_for_function(
         f"() => +(document.querySelector('#train-progress .fs-progress')?.dataset.step || 0) > {HOLD}",
         timeout=60_000,
@@ -319,6 +322,7 @@ def test_a_reload_mid_run_reattaches(page, server):
 
 
 def test_the_run_finishes_with_a_loss_curve_and_answers(page):
+    tab(page, "Train")
     progress = page.locator("#train-progress .fs-progress")
     expect(progress).to_have_attribute("data-status", "completed", timeout=180_000)
     expect(page.locator("#train-progress")).to_contain_text(f"step {STEPS} / {STEPS}")
@@ -384,7 +388,7 @@ def test_publish_pushes_the_trained_run_through_a_password_field(page, server):
     page.locator("#pub-push").click()
     expect(page.locator("#pub-result")).to_contain_text("repo", timeout=30_000)  # no repo id given: one-line error
     assert hub.repos == {}
-    token = page.locator("#pub-token input")
+    token = page.locator("#pub-token").locator("input, textarea").first
     assert token.get_attribute("type") == "password"  # the token is never shown
     fill(page, "pub-repo", "alice/pirate-lora")
     token.fill(GOOD_TOKEN)
