@@ -85,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--build", help=argparse.SUPPRESS)  # internal: build a random model of this arch
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one config (YAML) and measure
     parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("--estimate", help=argparse.SUPPRESS)  # internal: estimate these configs (comma-separated)
+    parser.add_argument("--cuda", action="store_true", help=argparse.SUPPRESS)
     return parser
 
 
@@ -231,43 +233,73 @@ def pct(value: float, reference: float) -> float:
     return 100.0 * (value - reference) / reference if reference else float("nan")
 
 
-def measure_case(case: Case, args: argparse.Namespace, work: Path, cuda: bool, remaining: float) -> dict[str, Any]:
-    """Build the model if needed, estimate, run the child, compare."""
+def prepare_case(case: Case, args: argparse.Namespace, work: Path, cuda: bool, remaining: float) -> Path | str:
+    """Build the case's model if needed and write its config: the config's path, or why it could not be."""
+    model = work / f"model-{case.arch}"
+    if not (model / "config.json").is_file():
+        built = child(["--build", case.arch, "--work", str(model)], child_env(), remaining)
+        if built.returncode != 0:
+            return "building the model failed: " + _tail(built.stderr)
+    seq = case.settings["max_seq_length"]
+    data = write_rows(work / f"rows-{seq}.jsonl", 32, words=seq)
+    run_dir = work / f"run-{case.name.replace(' ', '-')}"
+    config_path = work / f"{run_dir.name}.yaml"
+    case_config(case, model, data, run_dir, args, cuda).save(config_path)
+    return config_path
+
+
+def estimate_all(configs: list[Path], work: Path, cuda: bool, timeout: float) -> dict[str, Any]:
+    """Estimates of every config, and this machine's measured context, from one child process.
+
+    A child, so that whatever the estimator touches (bitsandbytes may create a CUDA context when it loads) is gone
+    before a run is measured: the device-use poll sees the whole device, other processes included."""
+    result = work / "estimates.json"
+    env = child_env(FINETUNE_MEASURE_CUDA_CONTEXT="1" if cuda else "0")
+    args = ["--estimate", ",".join(str(c) for c in configs), "--result", str(result)]
+    done = child(args + (["--cuda"] if cuda else []), env, timeout)
+    if done.returncode != 0 or not result.is_file():
+        raise RuntimeError("estimating failed: " + _tail(done.stderr))
+    return json.loads(result.read_text(encoding="utf-8"))
+
+
+def estimate_child(configs: str, result_path: str, cuda: bool) -> None:
+    """In the estimate child: estimate each config (a replay on fake tensors) and measure the CUDA context."""
+    import torch
+
+    from finetune import memory
+    from finetune.config import TrainConfig
+
+    out: dict[str, Any] = {"estimates": {}}
+    for path in configs.split(","):
+        t0 = time.time()
+        est = memory.estimate(TrainConfig.load(path), device="cuda" if cuda else "cpu")
+        out["estimates"][path] = {
+            "class": est.allocator_class or "-",
+            "tensor": est.tensor_bytes,
+            "allocator": est.overheads.get("allocator", 0),
+            "total": est.total_bytes,
+            "overheads": est.overheads,
+            "est_s": time.time() - t0,
+        }
+    # Did estimating create a CUDA context? (It would hold device memory in the app's process.)
+    out["cuda_initialized_by_estimates"] = bool(cuda and torch.cuda.is_initialized())
+    out["measured"] = memory.measured_cuda_overhead() if cuda else None
+    Path(result_path).write_text(json.dumps(out), encoding="utf-8")
+
+
+def run_case(case: Case, config_path: Path, est: dict[str, Any], args: argparse.Namespace, remaining: float) -> dict:
+    """Run the case's child (the CLI, measured) and put its figures beside the estimate."""
     from finetune import memory
 
-    model = work / f"model-{case.arch}"
+    result = config_path.with_suffix(".json")
     env = child_env(FINETUNE_MEASURE_CUDA_CONTEXT="0", **case.env)
-    if not (model / "config.json").is_file():
-        built = child(["--build", case.arch, "--work", str(model)], env, remaining)
-        if built.returncode != 0:
-            return {"name": case.name, "error": "building the model failed: " + _tail(built.stderr)}
-    data = write_rows(work / f"rows-{case.settings['max_seq_length']}.jsonl", 32, words=case.settings["max_seq_length"])
-    run_dir = work / f"run-{case.name.replace(' ', '-')}"
-    config = case_config(case, model, data, run_dir, args, cuda)
-    config_path = work / f"{run_dir.name}.yaml"
-    config.save(config_path)
-    t0 = time.time()
-    est = memory.estimate(config, device="cuda" if cuda else "cpu")
-    est_s = time.time() - t0
-    result = work / f"{run_dir.name}.json"
     done = child(["--one", str(config_path), "--result", str(result), "--interval", str(args.interval)], env, remaining)
     if done.returncode != 0 or not result.is_file():
         reason = "out of memory" if "out of memory" in (done.stderr + done.stdout).lower() else _tail(done.stderr)
-        return {"name": case.name, "error": f"exit {done.returncode}: {reason}", "total": est.total_bytes}
+        return {"name": case.name, "error": f"exit {done.returncode}: {reason}", "total": est["total"]}
     got = json.loads(result.read_text(encoding="utf-8"))
-    return {
-        "name": case.name,
-        "class": est.allocator_class or "-",
-        "tensor": est.tensor_bytes,
-        "total": est.total_bytes,
-        "total_calibrated": est.tensor_bytes
-        + est.overheads.get("allocator", 0)
-        + memory.CUDA_CONTEXT
-        + memory.CUDA_KERNELS,
-        "overheads": est.overheads,
-        "est_s": est_s,
-        **got,
-    }
+    calibrated = est["tensor"] + est["allocator"] + memory.CUDA_CONTEXT + memory.CUDA_KERNELS
+    return {"name": case.name, **est, "total_calibrated": calibrated, **got}
 
 
 def _tail(text: str) -> str:
@@ -339,6 +371,9 @@ def main(argv: list[str] | None = None) -> str:
         return ""
     if args.one:
         raise SystemExit(run_one(args.one, args.result, args.interval))
+    if args.estimate:
+        estimate_child(args.estimate, args.result, args.cuda)
+        return ""
     started = time.time()
     from bench.common import set_offline
 
@@ -347,7 +382,7 @@ def main(argv: list[str] | None = None) -> str:
 
     from finetune import memory
 
-    cuda = torch.version.cuda is not None and torch.cuda.is_available()  # the parent itself never creates a context
+    cuda = torch.version.cuda is not None and torch.cuda.is_available()  # no CUDA context in this process
     if not cuda and not args.tiny:
         print("no CUDA GPU here: use --tiny for the CPU plumbing check", file=sys.stderr)
         raise SystemExit(2)
@@ -358,7 +393,22 @@ def main(argv: list[str] | None = None) -> str:
         raise SystemExit(f"--cases: unknown {', '.join(unknown)}; choose from {', '.join(c.name for c in cases)}")
     cases = [c for c in cases if not wanted or c.name in wanted]
     report = Report("memory_totals")
-    measured = memory.measured_cuda_overhead() if cuda else None
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bench-memtotals-"))
+    work.mkdir(parents=True, exist_ok=True)
+
+    def left() -> float:
+        return args.deadline - (time.time() - started) if args.deadline else 3600.0
+
+    rows: list[dict[str, Any]] = []
+    prepared: dict[str, Path] = {}
+    for case in cases:  # the models first (one build per architecture), then every estimate in one child
+        got = prepare_case(case, args, work, cuda, left()) if left() > MIN_SECONDS.get(case.arch, 20) else "skipped"
+        if isinstance(got, Path):
+            prepared[case.name] = got
+        else:
+            rows.append({"name": case.name, "error": got if got != "skipped" else "skipped: out of time"})
+    estimates = estimate_all(sorted(set(prepared.values())), work, cuda, left()) if prepared else {"estimates": {}}
+    measured = estimates.get("measured")
     calibrated = (memory.CUDA_CONTEXT + memory.CUDA_KERNELS) / MiB
     context = (
         f"estimator context+kernels: measured here {sum(measured.values()) / MiB:.0f} MiB (calibrated {calibrated:.0f})"
@@ -366,17 +416,18 @@ def main(argv: list[str] | None = None) -> str:
         else f"estimator context+kernels: calibrated {calibrated:.0f} MiB"
         + (" (the measurement here failed)" if cuda else "")
     )
+    if estimates.get("cuda_initialized_by_estimates"):
+        context += "; NOTE: estimating created a CUDA context in the estimating process"
     device = "cpu"
-    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bench-memtotals-"))
-    work.mkdir(parents=True, exist_ok=True)
-    rows: list[dict[str, Any]] = []
     for case in cases:
-        remaining = args.deadline - (time.time() - started) if args.deadline else 3600.0
-        if remaining < MIN_SECONDS.get(case.arch, 20):
+        if case.name not in prepared:
+            continue
+        if left() < MIN_SECONDS.get(case.arch, 20):
             rows.append({"name": case.name, "error": "skipped: out of time"})
             continue
         try:
-            r = measure_case(case, args, work, cuda, remaining)
+            est = estimates["estimates"][str(prepared[case.name])]
+            r = run_case(case, prepared[case.name], est, args, left())
         except subprocess.TimeoutExpired:
             r = {"name": case.name, "error": "timed out"}
         rows.append(r)
