@@ -226,7 +226,9 @@ def list_runs(root: Path) -> list[RunDir]:
         children = list(root.iterdir()) if root.is_dir() else []
     except OSError:  # an unreadable runs folder lists nothing rather than breaking every page that lists runs
         return []
-    runs = [RunDir(p) for p in children if p.is_dir() and not p.name.startswith(".")]
+    # A link that leads out of the runs folder is not listed: every other door (find_run) refuses it too.
+    inside = root.resolve()
+    runs = [RunDir(p) for p in children if p.is_dir() and not p.name.startswith(".") and p.resolve().parent == inside]
     return sorted((r for r in runs if r.exists()), key=_modified, reverse=True)
 
 
