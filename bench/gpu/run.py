@@ -100,7 +100,7 @@ def steps(cpu: bool, results: Path) -> list[Step]:
     throughput = (
         ["--tiny", "--methods", "lora", "--steps", "3"]
         if cpu
-        else ["--tokenizer", "tiny", "--vocab", "49152", "--steps", "25", "--skip", "5", "--repeats", "1"]
+        else ["--tokenizer", "tiny", "--vocab", "49152", "--steps", "20", "--skip", "5", "--repeats", "1"]
     )  # the GPU shape: 1.07B parameters as in issue 13 (SmolLM2's vocabulary size, the tests' tokenizer)
     deepspeed = (
         ["--tiny", "--configs", "zero2", "--steps", "2", "--warmup", "1", "--timeout", "120"]
@@ -114,7 +114,7 @@ def steps(cpu: bool, results: Path) -> list[Step]:
         Step(
             "memory-totals",
             [py, "bench/gpu/memory_totals.py", *memory, "--deadline", DEADLINE, "--out", f"{out}/memory_totals.md"],
-            budget=230,
+            budget=210,
             minimum=60,
             script="bench/gpu/memory_totals.py",
             outputs=["memory_totals.md", "memory_totals.json"],
@@ -122,7 +122,7 @@ def steps(cpu: bool, results: Path) -> list[Step]:
         Step(
             "throughput",
             [py, "bench/gpu_throughput.py", *throughput, "--out", f"{out}/gpu_throughput.md"],
-            budget=140,
+            budget=120,
             minimum=60,
             script="bench/gpu_throughput.py",
             outputs=["gpu_throughput.md"],
