@@ -9,8 +9,11 @@ from pathlib import Path
 from typing import Any
 
 
-def write_text(path: Path, text: str) -> None:
-    """Replace `path` with `text` so readers see the old file or the new one, never half of it."""
+def write_text(path: Path, text: str, durable: bool = True) -> None:
+    """Replace `path` with `text` so readers see the old file or the new one, never half of it.
+
+    `durable` also flushes the new file to the disk before the rename, so it survives a power cut; a file that is
+    rewritten every half second (the live status) skips that: after a power cut the previous copy is as good."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -18,16 +21,17 @@ def write_text(path: Path, text: str) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def write_json(path: Path, data: Any) -> None:
+def write_json(path: Path, data: Any, durable: bool = True) -> None:
     """Atomically write `data` as indented JSON."""
-    write_text(path, json.dumps(data, indent=2, default=str) + "\n")
+    write_text(path, json.dumps(data, indent=2, default=str) + "\n", durable=durable)
 
 
 def read_json(path: Path, default: Any = None) -> Any:

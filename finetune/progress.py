@@ -66,9 +66,19 @@ def memory_in_use() -> int:
             return int(torch.cuda.memory_allocated())
     except ImportError:
         pass
-    import psutil
+    return int(_this_process().memory_info().rss)
 
-    return int(psutil.Process().memory_info().rss)
+
+_PROCESS: Any = None
+
+
+def _this_process() -> Any:
+    global _PROCESS
+    if _PROCESS is None:
+        import psutil
+
+        _PROCESS = psutil.Process()
+    return _PROCESS
 
 
 class Progress:
@@ -106,7 +116,10 @@ class Progress:
             if due:
                 self._last_write = time.time()
         if state is not None and self.write_files:
-            self._write(self.run.write_status, state.to_dict())
+            # A change of status is flushed to the disk; the half-second progress refreshes are not (their fsync
+            # was most of our per-step cost: bench/results/overhead-analysis.md).
+            durable = force or status_changed
+            self._write(lambda status: self.run.write_status(status, durable=durable), state.to_dict())
             if status_changed:
                 self._write(
                     self.run.append_event,
@@ -143,12 +156,9 @@ class Progress:
         if self.write_error is not None:
             raise self.write_error
         now = time.time()
-        changes: dict[str, Any] = {
-            "step": step,
-            "max_steps": max_steps,
-            "epoch": epoch,
-            "memory_bytes": memory_in_use(),
-        }
+        changes: dict[str, Any] = {"step": step, "max_steps": max_steps, "epoch": epoch}
+        if now - self._last_write > self.STATUS_EVERY_S:  # read memory only when the status is about to be written
+            changes["memory_bytes"] = memory_in_use()
         if tokens_seen is not None:
             changes["tokens_seen"] = tokens_seen
             if self._rate_mark is None:

@@ -76,8 +76,8 @@ class RunDir:
     def read_status(self) -> dict[str, Any]:
         return read_json(self.status_path, default={}) or {}
 
-    def write_status(self, status: dict[str, Any]) -> None:
-        write_json(self.status_path, status)
+    def write_status(self, status: dict[str, Any], durable: bool = True) -> None:
+        write_json(self.status_path, status, durable=durable)
 
     def append_event(self, event: dict[str, Any]) -> None:
         """Append one event line; a single write() of a short line keeps lines whole for readers."""
