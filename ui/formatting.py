@@ -303,7 +303,8 @@ def verdict_markdown(estimate: Any, card: str, capacity_gib: float | None, gpus:
     total = pick(estimate, "total_bytes")
     fits, headroom = pick(estimate, "fits"), pick(estimate, "headroom_bytes")
     where = f"{card}" + (f" · {capacity_gib:g} GiB" if capacity_gib else "") + (f" × {gpus} GPUs" if gpus > 1 else "")
-    per = " per GPU" if gpus > 1 else ""
+    whole = " of the whole GPU (as nvidia-smi shows it)" if pick(estimate, "device") == "cuda" else ""
+    per = (" per GPU" if gpus > 1 else "") + whole
     if fits is True:
         spare = f", {size(headroom)} to spare" if headroom is not None else ""
         return f"### ✓ Fits on {where}\nNeeds about **{size(total)}**{per}{spare}."
@@ -326,6 +327,14 @@ def details_markdown(estimate: Any) -> str:
         parts.append("Estimated with formulas.")
     if phase:
         parts.append(f"The peak is at the {phase}.")
+    compared = pick(estimate, "compared_with") or {}
+    if compared.get("tensor_bytes") and compared.get("total_bytes"):
+        parts.append(
+            f"Tensors at peak ({size(pick(estimate, 'tensor_bytes'))}): compare with {compared['tensor_bytes']}. "
+            f"Total: compare with {compared['total_bytes']}."
+        )
+    if pick(estimate, "overhead_source"):
+        parts.append(f"Overheads (CUDA context, kernels, allocator reserve): {pick(estimate, 'overhead_source')}.")
     parts += [f"{note[0].upper()}{note[1:]}." for note in pick(estimate, "notes") or [] if note]
     comparisons = pick(estimate, "comparisons") or {}
     if isinstance(comparisons, dict):
