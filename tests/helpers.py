@@ -126,3 +126,19 @@ def wait_for_file(path: Path, proc: Any, timeout: float = 240) -> None:
             proc.wait(timeout=0.1)  # returns early if the process ends; checked on the next round
         except subprocess.TimeoutExpired:
             pass
+
+
+def wait_until_gone(pids: list[int], timeout: float = 60) -> None:
+    """Wait until killed processes that are not our children have been reaped (their pids no longer exist)."""
+    import os
+    import time
+
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            assert time.monotonic() < deadline, f"process {pid} still exists {timeout:.0f}s after it was killed"
+            threading.Event().wait(0.05)  # a poll tick: nothing to block on for another process's child

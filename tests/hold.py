@@ -2,9 +2,9 @@
 
     python -m tests.hold STEP MARKER train --config run.yaml ...        (also under torchrun / the deepspeed launcher)
 
-At the end of optimizer step STEP the training thread of rank 0 writes MARKER (its pid), then every rank waits there
-until its run is asked to stop (Ctrl-C) or the process is killed. A test that waits for MARKER acts on a run that is
-certainly still training, at a known step, whatever the speed of the machine: no sleeps, no races.
+At the end of optimizer step STEP every rank writes MARKER.rank<N> (its pid; rank 0 also writes MARKER itself), then
+waits there until its run is asked to stop (Ctrl-C) or the process is killed. A test that waits for MARKER acts on a
+run that is certainly still training, at a known step, whatever the speed of the machine: no sleeps, no races.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ def main(argv: list[str]) -> int:
     def on_step(self, current, *rest, **kwargs):
         original(self, current, *rest, **kwargs)
         if current == step:
-            if os.environ.get("RANK", "0") == "0":
+            rank = os.environ.get("RANK", "0")
+            Path(f"{marker}.rank{rank}").write_text(str(os.getpid()))
+            if rank == "0":
                 marker.write_text(str(os.getpid()))
             self.stop_requested.wait(HOLD_LIMIT_S)
 

@@ -5,13 +5,14 @@ offload, stop and resume.
 Tolerance of one process vs two: both runs see the same examples in every optimizer step (global batch 4: one process
 with micro 4 × accumulation 1 (full) or micro 2 × accumulation 2 (LoRA) vs two processes with micro 2 × 1;
 DistributedSampler with the same seed; every row has the same number of answer tokens, so a mean of per-batch means is
-the token mean), and LoRA dropout is 0. The two runs then differ only by
-floating-point summation order, so every logged loss must agree within 1% (+1e-3 absolute). Measured: LoRA agrees to
-about 1e-6 relative; full fine-tuning at this learning rate drifts to about 0.2% by step 8.
+the token mean), and LoRA dropout is 0. The two runs then differ only by floating-point summation order. LoRA must
+agree within 1e-5 relative (README: "about 1e-6"); full fine-tuning at this learning rate drifts to about 0.2% by
+step 8, so it is held to 1% (+1e-3 absolute).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import subprocess
@@ -22,14 +23,26 @@ import pytest
 import torch
 
 from finetune.atomic import read_json
+from finetune.engines.deepspeed_engine import free_port
 from finetune.launch import launch_commands
 from finetune.progress import Progress
 from finetune.rundir import RunDir
 from finetune.runs import RunManager
-from tests.helpers import assert_loss_falls, losses, mini_dataset, tiny_config
+from tests.helpers import (
+    assert_loss_falls,
+    assert_resumed_exactly,
+    events_size,
+    losses,
+    mini_dataset,
+    raw_events,
+    tiny_config,
+    wait_for_file,
+    wait_until_gone,
+)
 
 REPO = Path(__file__).resolve().parents[1]
-REL_TOL, ABS_TOL = 0.01, 1e-3
+REL_TOL, ABS_TOL = 0.01, 1e-3  # full fine-tuning
+LORA_REL_TOL = 1e-5  # LoRA: README says the two-process losses match "to about 1e-6"
 STEPS = 8
 CASES = [(2, "lora"), (3, "lora"), (2, "full"), (3, "full")]
 _single_runs: dict[tuple[int, str], tuple[Path, list[tuple[int, float]]]] = {}
@@ -79,10 +92,13 @@ def assert_world_torn_down() -> None:
     assert not {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"} & set(os.environ)
 
 
-def assert_close(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> None:
+def assert_close(a: list[tuple[int, float]], b: list[tuple[int, float]], method: str = "full") -> float:
+    """Same steps, every loss within the method's tolerance; returns the largest relative difference."""
     assert [s for s, _ in a] == [s for s, _ in b], (a, b)
+    rel, abs_ = (LORA_REL_TOL, 0.0) if method == "lora" else (REL_TOL, ABS_TOL)
     for (step, x), (_, y) in zip(a, b, strict=True):
-        assert abs(x - y) <= REL_TOL * abs(x) + ABS_TOL, f"step {step}: {x} vs {y}\n{a}\n{b}"
+        assert abs(x - y) <= rel * abs(x) + abs_, f"step {step}: {x} vs {y} (tolerance {rel:g})\n{a}\n{b}"
+    return max(abs(x - y) / abs(x) for (_, x), (_, y) in zip(a, b, strict=True))
 
 
 def final_model_loss(run_dir: Path, model_dir: Path, config) -> float:
@@ -145,10 +161,11 @@ def test_engine_loop_one_process_and_torchrun_two_processes(tiny_model_dir, tmp_
     shards = sorted(p.name for p in (two_dir / "checkpoint-8").glob("zero_pp_rank_*_optim_states.pt"))
     assert len(shards) == 2, shards  # each rank saved its own ZeRO partition
     assert read_json(two_dir / "checkpoint-8" / "trainer_state.json")["world_size"] == 2
-    assert_close(single, two)
+    worst = assert_close(single, two, method)
+    print(f"zero{stage}-{method}: largest relative loss difference, 1 vs 2 processes: {worst:.1e}")
     evals = [[(e["step"], e["eval_loss"]) for e in RunDir(d).read_events(("eval",))] for d in (single_dir, two_dir)]
     assert [s for s, _ in evals[0]] == [4, 8] and evals[0][1][1] < evals[0][0][1]
-    assert_close(*evals)
+    assert_close(*evals, method)
     assert RunDir(two_dir).read_status()["tokens_per_second"] > 0
 
     # The saved results are a normal adapter / HF model (ZeRO-3 gathered on rank 0), trained and equal.
@@ -157,7 +174,8 @@ def test_engine_loop_one_process_and_torchrun_two_processes(tiny_model_dir, tmp_
         final_model_loss(single_dir, tiny_model_dir, config),
         final_model_loss(two_dir, tiny_model_dir, config),
     )
-    assert loss_one < 0.3 * first_loss and abs(loss_one - loss_two) <= REL_TOL * loss_one + ABS_TOL
+    assert loss_one < 0.3 * first_loss
+    assert abs(loss_one - loss_two) <= (LORA_REL_TOL * loss_one if method == "lora" else REL_TOL * loss_one + ABS_TOL)
     expected = "adapter_model.safetensors" if method == "lora" else "model.safetensors"
     assert (single_dir / expected).is_file() and (two_dir / expected).is_file()
 
@@ -191,13 +209,72 @@ def test_stop_saves_a_deepspeed_checkpoint_and_resume_continues_exactly(tiny_mod
     assert_world_torn_down()
 
     monkeypatch.setattr(Progress, "on_step", original)
+    mark = events_size(run.path)
     resumed = RunManager().resume(run.path, background=False)
     assert resumed.status == "completed" and resumed.step == STEPS, (resumed.status, resumed.error)
     assert run.has_final_model()
-    after = losses(run.path)
-    assert [s for s, _ in after] == list(range(1, STEPS + 1))  # same step numbering, no step repeated
-    assert_close(reference, after)
+    before, after = assert_resumed_exactly(run.path, mark, checkpoint_step=stopped.step, max_steps=STEPS)
+    assert_close(reference, [(e["step"], e["loss"]) for e in before + after], "lora")
     assert_world_torn_down()
+
+
+def test_a_two_process_run_killed_then_resumed_with_the_deepspeed_launcher(tiny_model_dir, tmp_path):
+    """README: `--resume` works for a multi-process run, and the printed `deepspeed` launcher command runs.
+    ZeRO-2 + LoRA under `torchrun --nproc_per_node 2`, held at step 5 (checkpoint-4 written by both ranks), every
+    process killed with SIGKILL; then the printed `deepspeed --num_gpus 2 ... --module finetune` with `train --resume`
+    finishes it: the resumed processes train steps 5-8 only, and every loss is the one-process run's."""
+    import signal
+
+    _, reference = single_process_run(tiny_model_dir, 2, "lora")
+    out = tmp_path / "two"
+    config = ds_config(tiny_model_dir, 2, "lora", per_device_train_batch_size=2, output_dir=str(out))
+    config.save(tmp_path / "run.yaml")
+    commands = launch_commands(config, tmp_path / "run.yaml", gpus=2)
+    marker = tmp_path / "held"
+    torchrun = shlex.split(commands["torchrun"])
+    module = torchrun.index("finetune")
+    torchrun[module : module + 1] = ["tests.hold", "5", str(marker)]
+    torchrun[0] = str(Path(sys.executable).parent / "torchrun")
+    proc = subprocess.Popen(
+        [*torchrun, "--no-progress"],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    pids = []
+    try:
+        for rank in (0, 1):
+            wait_for_file(Path(f"{marker}.rank{rank}"), proc)
+            pids.append(int(Path(f"{marker}.rank{rank}").read_text()))
+    finally:
+        for pid in pids:  # torchrun starts each rank in a session of its own: kill them one by one
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    wait_until_gone(pids)  # killed ranks are orphans now: reaped by init, not by us
+    run = RunDir(out)
+    assert run.effective_status() == "interrupted"
+    assert [p.name for p in run.checkpoints()] == ["checkpoint-4"]
+    assert len(list((out / "checkpoint-4").glob("zero_pp_rank_*_optim_states.pt"))) == 2
+
+    mark = events_size(out)
+    launcher = shlex.split(commands["deepspeed"])
+    launcher = launcher[: launcher.index("finetune") + 1] + ["train", "--resume", str(out)]
+    launcher[1:1] = ["--master_port", str(free_port())]  # not the default 29500, which another job may hold
+    run_cli(shlex.join(launcher))
+    assert run.read_status()["status"] == "completed" and run.has_final_model()
+    before, after = assert_resumed_exactly(out, mark, checkpoint_step=4, max_steps=STEPS)
+    assert_close(
+        reference,
+        [(e["step"], e["loss"]) for e in before if e["step"] <= 4] + [(e["step"], e["loss"]) for e in after],
+        "lora",
+    )
+    evals = [(e["step"], e["eval_loss"]) for e in raw_events(out, types=("eval",))]
+    assert [s for s, _ in evals] == [4, 8]
 
 
 def test_trainer_path_zero2_with_cpu_optimizer_offload(tiny_model_dir, monkeypatch):
