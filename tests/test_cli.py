@@ -1,4 +1,5 @@
-"""The command line: training from YAML, resume after kill -9, and one clear line for every kind of bad input."""
+"""The command line: training from YAML, kill -9 and Ctrl-C with resume, chat with a run, and one clear line for every
+kind of bad input. Runs that a test signals are held at a known step (tests/hold.py), never raced."""
 
 from __future__ import annotations
 

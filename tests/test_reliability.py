@@ -12,7 +12,7 @@ import torch
 from transformers import Trainer
 
 from finetune import models
-from finetune.errors import BusyError
+from finetune.errors import BusyError, UserError
 from finetune.rundir import RunDir
 from finetune.runs import RunManager
 from finetune.studio import Studio
@@ -164,5 +164,6 @@ def test_run_names_from_the_ui_are_confined_to_the_runs_root(tiny_model_dir):
     for bad in ("../escape", "/etc/passwd", "a/../../b", "~root", ".hidden"):
         with pytest.raises(ConfigError, match="output_dir: .* must be a plain run name"):
             studio.start(tiny_config(tiny_model_dir, output_dir=bad).to_dict())
-    with pytest.raises(Exception, match="is not a run in"):
+    with pytest.raises(UserError, match=r"^run: '\.\./\.\./etc' is not a run in ") as caught:
         studio.events("../../etc")
+    assert caught.value.field == "run"
