@@ -99,7 +99,7 @@ def test_preview_shows_what_is_masked(tiny_model_dir, tokenizer):
 BAD_DATA = [
     ("missing.jsonl", None, "dataset: file not found"),
     ("empty.jsonl", b"", "is empty"),
-    ("binary.jsonl", b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", "is not"),
+    ("binary.jsonl", b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", "dataset: binary.jsonl is not text (is it a binary file?)"),
     ("broken.jsonl", b'{"prompt": "a", "completion": "b"}\n{"prompt": \n', "line 2 of broken.jsonl is not valid JSON"),
     ("columns.jsonl", b'{"foo": "a", "bar": "b"}\n', "cannot tell the format from columns foo, bar"),
     ("blank.jsonl", b'{"prompt": "", "completion": "b"}\n', "dataset: row 1 of blank.jsonl, column 'prompt' is empty"),

@@ -139,12 +139,6 @@ def test_trust_remote_code_puts_a_warning_in_the_run_log(tiny_model_dir):
     assert any(m.startswith("warning: trust_remote_code is on") and "runs on this machine" in m for m in messages)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug: the Trainer path builds the LoRA adapter before anything seeds torch (Trainer seeds later), "
-    "so its initialisation depends on what the process did before; fix: transformers.set_seed(config.seed) at the "
-    "start of finetune/engines/hf_trainer.py:_train (the DeepSpeed engine already does). Remove this mark then.",
-)
 def test_the_same_config_trains_the_same_adapter(tiny_model_dir):
     """`seed` covers "data order and initialisation": two runs of one config give the same adapter, whatever ran
     before them in the process."""

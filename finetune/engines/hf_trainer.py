@@ -170,6 +170,9 @@ def train(config: TrainConfig, progress: Progress, resume_from: Path | None = No
 
 
 def _train(config: TrainConfig, progress: Progress, resume_from: Path | None = None) -> str:
+    from transformers import set_seed
+
+    set_seed(config.seed)  # before the adapter is built: the Trainer seeds only later, too late for LoRA's init
     prepared = prepare_run(config, progress)
     if progress.stop_requested.is_set():
         return "stopped"
