@@ -25,6 +25,7 @@ from finetune.config import FIELD_NAMES, TrainConfig, field_groups
 from finetune.rundir import RunDir
 from finetune.runs import DeviceLock
 from finetune.studio import Studio
+from tests.helpers import assert_resumed_exactly, events_size
 from tests.run_fixtures import build_run, samples_at
 from tests.test_ui_support import (
     BAD_TOKEN,
@@ -505,10 +506,12 @@ def test_stop_then_resume_continues_from_the_checkpoint(ui, studio, tiny_model_d
     assert RunDir(run_dir).last_checkpoint().name == "checkpoint-3"
     assert log_steps(run_dir) == [1, 2, 3]
 
+    mark = events_size(run_dir)
     message, viewing, shown = ui.train.resume(None, run_id)
     assert message == f"▶ Resuming `{run_id}` from its last checkpoint." and viewing == run_id
     assert wait_run_ended(studio).status == "completed"
     assert log_steps(run_dir) == [1, 2, 3, 4, 5, 6]  # a restart from step 1 would log 1-3 again
+    assert_resumed_exactly(run_dir, mark, checkpoint_step=3, max_steps=6)  # read as written, duplicates included
     out = ui.train.tick(viewing, shown)
     assert 'data-status="completed"' in out[2] and "step <b>6</b> / 6" in out[2]
     assert len(out[4][out[4].series == "train"]) == 6
