@@ -430,7 +430,9 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
     if value is None:
         return ""
     if isinstance(value, (list, tuple)) and name == "lora_target_modules":
-        return ",".join(str(v) for v in value)
+        if len(value) > 1000 or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{name}: give layer names as text, e.g. [q_proj, v_proj]", field=name)
+        value = ",".join(value)
     if isinstance(value, (int, float)) and not isinstance(value, bool) and name in ("dataset_split", "eval_split"):
         return str(value)
     if not isinstance(value, str):

@@ -251,12 +251,13 @@ def test_a_resume_that_fails_before_a_new_step_leaves_the_finished_run_as_it_was
 
 
 # --------------------------------------------------------------------------------------------- 5. bounded input
-def alias_bomb() -> str:
-    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
-    for i in range(1, 9):
+def alias_bomb(levels: int = 9) -> str:
+    """A few hundred bytes that expand to 9**levels strings once anything walks the value (here: the one list key)."""
+    items = ['&a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for i in range(1, levels):
         prev, cur = chr(96 + i), chr(97 + i)
-        lines.append(f"{cur}: &{cur} [" + ",".join([f"*{prev}"] * 9) + "]")
-    return "\n".join(lines) + "\n"
+        items.append(f"&{cur} [" + ",".join([f"*{prev}"] * 9) + "]")
+    return "lora_target_modules: [" + ", ".join(items) + "]\n"
 
 
 @pytest.mark.parametrize(
