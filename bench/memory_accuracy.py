@@ -2,7 +2,7 @@
 
 For each configuration: build a random-initialised model from a config, save it, load and train it exactly as the
 engine does (`finetune.models.load_model` + `finetune.engines.hf_trainer.training_arguments` + `Trainer`, 3 optimizer
-steps), count live tensor storages with a TorchDispatchMode (`finetune.memory_trace.LiveBytes`: every storage any op
+steps), count live tensor storages with a TorchDispatchMode (`finetune.memory.trace.LiveBytes`: every storage any op
 creates, and every weight, buffer and quantisation constant that exists before), and print the peak beside
 `finetune.memory.estimate(...)`, accelerate's `estimate-memory` figure and the "about 5x the model" rule of thumb.
 
@@ -263,7 +263,7 @@ def measure(config: Any, device: str, memtracker: bool = False) -> dict[str, int
 
     from finetune import models
     from finetune.engines.hf_trainer import training_arguments
-    from finetune.memory_trace import LiveBytes, _quant_state_tensors
+    from finetune.memory.trace import LiveBytes, _quant_state_tensors
 
     precision = models.compute_dtype_name(config)
     model = models.load_model(config)

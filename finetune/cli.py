@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import os
 import signal
 import sys
@@ -12,29 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from finetune.config import TrainConfig, parse_set_option
+from finetune.cli_args import add_config_args, load_config
+from finetune.config import parse_set_option
 from finetune.errors import UserError
-
-# Sub-commands that live with the feature they drive; each module has register_cli(subparsers).
-PLUGINS = ("finetune.memory", "finetune.hub", "finetune.launch")
-
-
-def load_config(path: str | None, sets: list[str] | None) -> TrainConfig:
-    """The config from a YAML file (or the defaults) with `--set key=value` overrides applied."""
-    base = TrainConfig.load(path).to_dict() if path else TrainConfig().to_dict()
-    for item in sets or []:
-        key, value = parse_set_option(item)
-        base[key] = value
-    return TrainConfig.from_dict(base)
-
-
-def add_config_args(parser: argparse.ArgumentParser) -> None:
-    """--config, --set and -v, shared by every command that takes a run configuration."""
-    parser.add_argument("--config", help="YAML run configuration (flat, one key per field); default: built-in defaults")
-    parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config field (repeatable)")
-    parser.add_argument(
-        "-v", "--verbose", action="store_true", help="also show the libraries' own warnings and progress bars"
-    )
 
 
 def quiet_libraries() -> None:
@@ -95,9 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--prompt", help="answer this one prompt and exit")
     chat.set_defaults(func=cmd_chat)
 
-    for name in PLUGINS:
-        if importlib.util.find_spec(name) is not None:
-            importlib.import_module(name).register_cli(sub)
+    # The sub-commands that live with the feature they drive, each registered by its own module.
+    from finetune import launch, memory
+    from finetune.publish import hub
+
+    for module in (memory, hub, launch):
+        module.register_cli(sub)
     return parser
 
 

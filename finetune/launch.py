@@ -137,7 +137,7 @@ def _join(parts: list[str]) -> str:
 # --------------------------------------------------------------------------- CLI
 def register_cli(subparsers: Any) -> None:
     """`python -m finetune launch-command`."""
-    from finetune.cli import add_config_args
+    from finetune.cli_args import add_config_args
 
     parser = subparsers.add_parser("launch-command", help="print the commands that launch a config on 1..N GPUs")
     add_config_args(parser)
@@ -153,7 +153,7 @@ def register_cli(subparsers: Any) -> None:
 
 
 def cmd_launch_command(args: Any) -> int:
-    from finetune.cli import load_config
+    from finetune.cli_args import load_config
 
     config = load_config(args.config, args.set)
     commands = launch_commands(

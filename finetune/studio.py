@@ -340,7 +340,7 @@ class Studio:
 
         The server's own token (HF_TOKEN, a stored login) is used only where the policy lends it: the local app, or
         a public one whose operator passed --lend-server-token (with --auth)."""
-        from finetune import hub
+        from finetune.publish import hub
 
         token = (token or "").strip() or None
         if token is not None and (len(token) > TOKEN_LIMIT or any(c.isspace() for c in token)):

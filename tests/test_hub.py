@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from finetune import hub as hubmod
 from finetune.config import EMBEDDED_MODEL, TrainConfig
 from finetune.errors import ConfigError, UserError
-from finetune.hub import build_model_card, push_run, register_cli
-from finetune.public import public_config
+from finetune.publish import hub as hubmod
+from finetune.publish.hub import build_model_card, push_run, register_cli
+from finetune.publish.public import public_config
 from finetune.rundir import RunDir
 from tests.hub_standin import HubStandin
 from tests.run_fixtures import build_run, samples_at, train_run, trained_template
@@ -496,9 +496,9 @@ def test_python_m_finetune_push_of_a_folder_that_is_not_a_run_exits_2(tmp_path):
 
 
 def test_hub_module_stays_light():
-    # The UI imports finetune.hub; it must not pull in gradio, and torch only on a --merged push.
+    # The UI imports finetune.publish.hub; it must not pull in gradio, and torch only on a --merged push.
     code = (
-        "import sys, finetune.hub, finetune.model_card; "
+        "import sys, finetune.publish.hub, finetune.publish.model_card; "
         "bad = [m for m in ('gradio', 'torch', 'transformers', 'peft') if m in sys.modules]; "
         "sys.exit(1 if bad else 0)"
     )

@@ -78,7 +78,7 @@ def test_chat_with_a_qlora_run_puts_its_adapter_on_the_4_bit_base_it_trained_on(
 
 def test_the_model_card_names_the_variants():
     from finetune.config import TrainConfig
-    from finetune.model_card import _method_text
+    from finetune.publish.model_card import _method_text
 
     text = _method_text(TrainConfig(use_dora=True, use_rslora=True, init_lora_weights="pissa", lora_r=4))
     assert "DoRA" in text and "rsLoRA" in text and "PiSSA start" in text and "rank 8" in text

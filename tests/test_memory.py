@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from finetune import memory
-from finetune import memory_analytic as ma
 from finetune.config import TrainConfig
 from finetune.errors import UserError
+from finetune.memory import analytic as ma
 
 # The tiny test Llama (tests/tiny.py): hidden 64, MLP 128, 2 layers, 4 heads of 16, 2 KV heads, vocab 384, tied.
 H, MLP, LAYERS, HEADS, KV, V = 64, 128, 2, 4, 2, 384
@@ -157,7 +157,7 @@ def test_replay_agrees_with_formulas(tiny, method):
 def test_deep_models_are_extrapolated_exactly(tiny):
     from transformers import LlamaConfig
 
-    from finetune import memory_trace as mt
+    from finetune.memory import trace as mt
 
     config = LlamaConfig(
         hidden_size=32,
@@ -180,7 +180,7 @@ def test_estimate_matches_a_measured_cpu_step(tiny):
 
     from finetune import models
     from finetune.engines.hf_trainer import training_arguments
-    from finetune.memory_trace import LiveBytes
+    from finetune.memory.trace import LiveBytes
 
     config = cfg(tiny, method="lora", per_device_train_batch_size=2, max_seq_length=128, max_steps=2, eval_split="")
     model = models.load_model(config)

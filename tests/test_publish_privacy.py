@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from finetune import hub as hubmod
 from finetune.cli import load_config
 from finetune.config import TrainConfig
 from finetune.errors import UserError
-from finetune.hub import push_run
-from finetune.public import public_config, scan_for_local_paths
+from finetune.publish import hub as hubmod
+from finetune.publish.hub import push_run
+from finetune.publish.public import public_config, scan_for_local_paths
 from finetune.rundir import RunDir
 from tests.helpers import mini_dataset, write_jsonl
 from tests.hub_standin import HubStandin
@@ -79,7 +79,7 @@ def hub(monkeypatch, alice):
 
 
 def _needles(alice: dict) -> dict[str, str]:
-    """What must never be published, found independently of finetune.public."""
+    """What must never be published, found independently of finetune.publish.public."""
     config = RunDir(alice["run"]).load_config()
     needles = {
         "the model folder": str(alice["model"]),

@@ -17,7 +17,7 @@ from typing import Any
 import gradio as gr
 import pytest
 
-import finetune.hub as hubmod
+import finetune.publish.hub as hubmod
 from finetune.access import REFUSED, AccessPolicy
 from finetune.config import BUNDLED_DATASET, EMBEDDED_MODEL, FIELD_NAMES
 from finetune.errors import ConfigError, UserError

@@ -151,7 +151,7 @@ def standin_hub(monkeypatch: Any) -> Iterator[HubStandin]:
     """A stand-in Hub that knows alice's token; HF_ENDPOINT points at it, the client's default does not."""
     from huggingface_hub import constants
 
-    from finetune import hub as hubmod
+    from finetune.publish import hub as hubmod
 
     with HubStandin(tokens={GOOD_TOKEN: "alice"}) as standin:
         monkeypatch.setenv("HF_ENDPOINT", standin.url)

@@ -193,14 +193,9 @@ def census(model_config: Any, config: Any, trust_remote_code: bool = False) -> C
         return out
     from peft import LoraConfig, get_peft_model
 
-    from finetune.memory_trace import lora_target_modules
+    from finetune.memory.trace import estimation_lora_kwargs
 
-    lc = LoraConfig(
-        r=config.lora_r,
-        lora_alpha=config.lora_alpha,
-        target_modules=lora_target_modules(config.lora_target_modules),
-        task_type="SEQ_CLS" if seq_cls else "CAUSAL_LM",
-    )
+    lc = LoraConfig(**estimation_lora_kwargs(config))
     with torch.device("meta"):
         peft_model = get_peft_model(model, lc)
     out.trainable = [p.numel() for p in peft_model.parameters() if p.requires_grad]
@@ -237,7 +232,7 @@ def _skipped(name: str, skip: list[str]) -> bool:
 
 def _no_decay(name: str) -> bool:
     """Trainer's no-weight-decay group: biases and norms."""
-    from finetune.memory_trace import _no_decay as rule
+    from finetune.memory.trace import _no_decay as rule
 
     return rule(name)
 

@@ -10,7 +10,7 @@ import contextlib
 import threading
 import weakref
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -133,6 +133,7 @@ class Plan:
     lora_targets: str = "all-linear"
     quant_type: str = "nf4"
     double_quant: bool = True
+    lora_kwargs: dict = field(default_factory=dict)  # peft.LoraConfig arguments from the run plan (variants included)
 
 
 def plan_for(config: Any, device: str = "cuda") -> Plan:
@@ -165,7 +166,16 @@ def plan_for(config: Any, device: str = "cuda") -> Plan:
         lora_targets=config.lora_target_modules,
         quant_type=config.quant_type,
         double_quant=config.double_quant,
+        lora_kwargs=estimation_lora_kwargs(config) if config.method in ("lora", "qlora") else {},
     )
+
+
+def estimation_lora_kwargs(config: Any) -> dict[str, Any]:
+    """The run plan's `LoraConfig` arguments, with the default start: PiSSA / OLoRA only change the values the
+    adapters start from (an SVD or QR of each weight), not what is allocated, and cannot run on fake tensors."""
+    from finetune.plan import lora_plan
+
+    return {**lora_plan(config).kwargs(), "init_lora_weights": True}
 
 
 def _half_dtype(precision: str, device: str) -> torch.dtype | None:
@@ -179,9 +189,11 @@ def _half_dtype(precision: str, device: str) -> torch.dtype | None:
 
 
 def lora_target_modules(spec: str) -> str | list[str]:
-    """PEFT's `target_modules` value for our `lora_target_modules` text."""
-    spec = spec.strip()
-    return "all-linear" if spec == "all-linear" else [s.strip() for s in spec.split(",") if s.strip()]
+    """PEFT's `target_modules` value for our `lora_target_modules` text (the run plan decides it)."""
+    from finetune.plan import lora_targets
+
+    targets = lora_targets(spec)
+    return targets if isinstance(targets, str) else list(targets)
 
 
 def build_model(model_config: Any, plan: Plan, trust_remote_code: bool = False) -> torch.nn.Module:
@@ -221,6 +233,8 @@ def wrap_lora(model: torch.nn.Module, plan: Plan) -> torch.nn.Module:
     """`peft.get_peft_model` with the LoRA settings of the plan (adapters end up fp32, as PEFT's default autocast)."""
     from peft import LoraConfig, get_peft_model
 
+    if plan.lora_kwargs:
+        return get_peft_model(model, LoraConfig(**plan.lora_kwargs))
     task = "SEQ_CLS" if plan.task == "sequence_classification" else "CAUSAL_LM"
     lc = LoraConfig(
         r=plan.lora_r,

@@ -2,7 +2,7 @@
 
 How: the model is built from its config on fake tensors (no weights, no memory) and one steady training step is
 replayed exactly as the engine runs it (Trainer + PEFT + bitsandbytes), counting live tensor storages
-(`finetune.memory_trace`). That peak is `tensor_bytes`. The analytic model (`finetune.memory_analytic`) explains it
+(`finetune.memory.trace`). That peak is `tensor_bytes`. The analytic model (`finetune.memory.analytic`) explains it
 component by component, prices the advice, and is the fallback where a replay cannot run (DeepSpeed ZeRO, offload).
 For a GPU, the CUDA context and the caching allocator's slack are added on top (`overheads`).
 
@@ -17,7 +17,7 @@ import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from finetune.config import TrainConfig, parse_set_option
+from finetune.config import TrainConfig
 from finetune.errors import UserError
 
 GiB = 2**30
@@ -200,7 +200,7 @@ def _check_args(device: str, gpus: int, gpu_gib: float | None) -> None:
 
 def _estimate_core(config: TrainConfig, device: str, gpus: int, trace_it: bool = True) -> MemoryEstimate:
     """The breakdown and totals (no fit verdict)."""
-    from finetune import memory_analytic as ma
+    from finetune.memory import analytic as ma
 
     model_config = model_config_of(config)
     shape, census = ma.shape_of(model_config), _census(config, model_config)
@@ -406,8 +406,8 @@ def _traced(
     config: TrainConfig, model_config: Any, device: str, census: Any, notes: list[str]
 ) -> tuple[int, dict[str, int], str] | None:
     """Replay the step on fake tensors: (peak bytes, live bytes by component at the peak, phase); None on failure."""
-    from finetune import memory_analytic as ma
-    from finetune import memory_trace as mt
+    from finetune.memory import analytic as ma
+    from finetune.memory import trace as mt
 
     plan = mt.plan_for(config, device)
     key = (_model_key(config), repr(plan))
@@ -458,7 +458,7 @@ def _analytic_split(a: Any) -> dict[str, int]:
 
 def _comparisons(census: Any, s: Any) -> dict[str, int]:
     """The rule of thumb (about 5x the model's size) and accelerate's estimate-memory training figure."""
-    from finetune import memory_analytic as ma
+    from finetune.memory import analytic as ma
 
     model_bytes = ma.weights_bytes(census, s) + ma.quant_constants_bytes(census, s)
     out = {"rule_of_thumb": 5 * model_bytes}
@@ -514,9 +514,17 @@ def _model_key(config: TrainConfig) -> tuple:
 
 def _census(config: TrainConfig, model_config: Any) -> Any:
     """Parameter counts for the method (cached: the UI estimates the same model many times)."""
-    from finetune import memory_analytic as ma
+    from finetune.memory import analytic as ma
 
-    key = (_model_key(config), config.method, config.lora_r, config.lora_target_modules, config.task, config.num_labels)
+    key = (
+        _model_key(config),
+        config.method,
+        config.lora_r,
+        config.lora_target_modules,
+        config.task,
+        config.num_labels,
+        config.use_dora,
+    )
     if key not in _CENSUS_CACHE:
         try:
             _bounded(_CENSUS_CACHE)[key] = ma.census(model_config, config, config.trust_remote_code)
@@ -712,14 +720,15 @@ def _this_device() -> tuple[str, int | None]:
 
 def register_cli(subparsers: Any) -> None:
     """Add `estimate` to the `python -m finetune` sub-commands."""
+    from finetune.cli_args import add_config_args
+
     p = subparsers.add_parser(
         "estimate",
         help="estimate peak memory of a run, check it against a GPU, and suggest changes",
         description="Peak memory per device of one training step (replayed on fake tensors: no download of "
         "weights), with a breakdown, a fit verdict for --gpu-gib and ranked suggestions.",
     )
-    p.add_argument("--config", help="YAML run configuration (flat, one key per field); default: built-in defaults")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one config field")
+    add_config_args(p)
     p.add_argument("--device", default="cuda", help="cuda (default: a GPU run, bf16 unless fp32) or cpu (fp32)")
     p.add_argument("--gpus", default="1", help="GPUs per node (DDP replicas, or ZeRO shards)")
     p.add_argument("--gpu-gib", default=None, help=f"GPU memory in GiB, or a card: {', '.join(GPU_CARDS)}")
@@ -729,10 +738,9 @@ def register_cli(subparsers: Any) -> None:
 
 def run_cli(args: Any) -> int:
     """Handle `python -m finetune estimate`; returns the exit code (bad input raises UserError)."""
-    config = TrainConfig.load(args.config) if getattr(args, "config", None) else TrainConfig()
-    changes = dict(parse_set_option(item) for item in (getattr(args, "set", None) or []))
-    if changes:
-        config = config.replace(**changes)
+    from finetune.cli_args import load_config
+
+    config = load_config(getattr(args, "config", None), getattr(args, "set", None))
     device = str(getattr(args, "device", "cuda") or "cuda").lower()
     gpus = _parse_int(getattr(args, "gpus", 1), "--gpus")
     gib = _parse_gib(getattr(args, "gpu_gib", None))

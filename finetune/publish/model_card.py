@@ -1,9 +1,9 @@
 """The model card of a published run: Hub metadata plus a body that lets anyone reproduce and use the run.
 
 Everything here is read from the run directory (config.yaml, status.json, events.jsonl), so the card describes
-the run as it happened. What the card says about the config goes through `finetune.public.public_config`: a local
+the run as it happened. What the card says about the config goes through `public.public_config`: a local
 model or dataset appears as its base name and sha256 (or its Hub id when one is on record), never as a local path,
-and the reproduce command names the values a reader fills in. No network access: `finetune.hub` looks up what needs
+and the reproduce command names the values a reader fills in. No network access: `hub` looks up what needs
 the Hub (a base model's license) and passes it in. No torch / transformers / peft imports; matplotlib is imported
 only to draw the loss curve.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 from finetune.config import BUNDLED_DATASET, EMBEDDED_MODEL, TrainConfig
 from finetune.plan import model_class_for
-from finetune.public import (
+from finetune.publish.public import (
     CANONICAL_NAME,
     EMBEDDED_HUB_ID,
     HUB_ID,
@@ -243,7 +243,7 @@ def _recorded(summary: RunSummary, key: str) -> str | None:
 
 
 def _bundled_sha256(name: str) -> str | None:
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # the finetune package (bundled data lives there)
     for candidate in sorted(package.rglob(f"{name}*")):
         if candidate.is_file() and candidate.suffix in _DATA_SUFFIXES:
             return sha256_file(candidate)
@@ -301,7 +301,7 @@ def build_model_card(
     """The README.md (metadata header + body) for a run.
 
     repo_id fills the loading snippet (a placeholder when None); merged describes a LoRA merged into its base;
-    license overrides the offline look-up (`finetune.hub` asks the Hub); loss_curve is the image file name
+    license overrides the offline look-up (`finetune.publish.hub` asks the Hub); loss_curve is the image file name
     uploaded beside the card (None: no image).
     """
     from huggingface_hub import ModelCard, ModelCardData

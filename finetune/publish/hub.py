@@ -8,7 +8,7 @@ What is pushed is staged in a temporary folder first, so only these files can re
 (the model card) and loss_curve.png. Never checkpoints, optimizer states, events or status files.
 
 Nothing pushed names a path of this machine: config.yaml, the card and adapter_config.json are built from
-`finetune.public.public_config` (a local model or dataset appears as its base name and sha256, or its Hub id when
+`public.public_config` (a local model or dataset appears as its base name and sha256, or its Hub id when
 one is on record; output_dir and nvme_path are left out), and the staged folder is scanned for the run's local
 paths and the home directory before anything is uploaded. The run directory itself is never changed.
 
@@ -38,14 +38,14 @@ from pathlib import Path
 
 from finetune.config import TrainConfig
 from finetune.errors import UserError
-from finetune.model_card import (
+from finetune.publish.model_card import (
     LOSS_CURVE,
     build_model_card,
     known_license,
     plot_loss_curve,
     summarize,
 )
-from finetune.public import check_no_local_paths, public_adapter_config, public_config
+from finetune.publish.public import check_no_local_paths, public_adapter_config, public_config
 from finetune.rundir import RunDir
 
 log = logging.getLogger(__name__)
