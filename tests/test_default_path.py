@@ -58,3 +58,30 @@ def test_the_default_run_converts_the_embedded_model_once_and_trains_on_the_bund
     (samples,) = run.read_events(("samples",))
     answers = {s["prompt"]: s["answer"] for s in samples["samples"]}
     assert len(answers) == 5 and "Tokyo" in answers["What is the capital of Japan?"], answers
+
+    # The same default path through the app: the Train tab's Start with the Configure form's defaults (only the
+    # length cut), the converted model found in the cache, and Chat answering with the run's adapter.
+    from finetune.config import FIELD_NAMES
+    from finetune.studio import Studio
+    from tests.test_ui_support import wait_run_ended
+    from ui.app import build_app
+
+    studio = Studio(studio_home / "runs")
+    ui = build_app(studio).studio_ui
+    values = {**Studio.default_values(), **dict(item.split("=", 1) for item in SHORT)}
+    message, run_id, *_ = ui.train.start(None, *[values[name] for name in FIELD_NAMES])
+    assert message.startswith(f"▶ Started run `{run_id}`"), message
+    state = wait_run_ended(studio, timeout=480)
+    assert state.status == "completed" and state.step == 2, (state.status, state.error)
+    app_run = studio.manager.root / run_id
+    assert app_run.resolve() != run.path.resolve() and (app_run / "adapter_model.safetensors").is_file()
+    assert not list((studio_home / "models").glob("*.tmp*"))
+    from finetune.inference import GenerationSettings
+    from tests.test_ui_support import greedy_reply
+
+    assert run_id in dict((value, label) for label, value in studio.chat_sources())
+    prompt = [{"role": "user", "content": "What is the capital of Japan?"}]
+    *_, reply = studio.chat(run_id, prompt, GenerationSettings(max_new_tokens=12))
+    # Greedy decoding of the CLI run's adapter, computed without the app's code: the same seed trained the same
+    # adapter, so the app's run answers word for word as the command line's does.
+    assert reply == greedy_reply(cache, run.path, prompt[0]["content"], 12), reply
