@@ -22,6 +22,7 @@ from typing import Any
 from finetune.access import DATA_SUFFIXES, AccessPolicy
 from finetune.config import FIELDS, TrainConfig
 from finetune.errors import ConfigError, UserError
+from finetune.inference import GenerationSettings
 from finetune.progress import TrainingState
 from finetune.rundir import RunDir, find_run
 from finetune.runs import RunManager
@@ -214,6 +215,19 @@ class Studio:
     def state(self) -> TrainingState | None:
         return self.manager.state()
 
+    @staticmethod
+    def gpu_cards() -> dict[str, float]:
+        """Common GPU cards (name → GiB) the Memory tab offers."""
+        from finetune.memory import GPU_CARDS
+
+        return {str(k): float(v) for k, v in dict(GPU_CARDS).items()}
+
+    def run_stamp(self, run_id: str) -> tuple:
+        """(size, mtime) of a run's event log and status file: changes whenever the run writes (cheap, for polling;
+        a run of another process is followed through its files)."""
+        run = RunDir(self.manager.root / Path(run_id).name)  # a run id names a folder of the runs root
+        return (_file_stamp(run.events_path), _file_stamp(run.status_path))
+
     def runs(self) -> list[dict[str, Any]]:
         return self.manager.runs()
 
@@ -379,3 +393,14 @@ def _safe_name(name: str) -> str:
     stem = path[: len(path) - len(suffix)] if suffix else path
     keep = "".join(c if c.isalnum() or c in "._-" else "_" for c in stem).lstrip(".")
     return (keep[:80] or "data") + suffix
+
+
+def _file_stamp(path: Path) -> tuple[int, float]:
+    try:
+        st = path.stat()
+    except OSError:
+        return (0, 0.0)
+    return (st.st_size, st.st_mtime)
+
+
+__all__ = ["BASE", "BASE_OF", "GenerationSettings", "Studio"]

@@ -14,7 +14,7 @@ from typing import Any
 import gradio as gr
 
 from finetune.errors import UserError
-from finetune.studio import BASE_OF
+from finetune.studio import BASE_OF, GenerationSettings
 from ui.config_tab import ConfigTab, form_values, warn
 from ui.formatting import one_line, plain
 
@@ -64,8 +64,6 @@ class ChatTab:
         *values: Any,
     ) -> Iterator[list]:
         """Stream replies: yields [textbox, chatbot, base chatbot] as the text grows."""
-        from finetune.inference import GenerationSettings
-
         history, base_history = list(history or []), list(base_history or [])
         message = (message or "").strip()
         if not message:

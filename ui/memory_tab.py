@@ -51,12 +51,10 @@ BREAKDOWN_HEADERS = ["Component", "Memory", "Share"]
 
 
 def gpu_cards() -> dict[str, float]:
-    """Common cards (name → GiB) from the estimator; empty when the estimator is not installed."""
-    try:
-        from finetune.memory import GPU_CARDS
-    except ImportError:
-        return {}
-    return {str(k): float(v) for k, v in dict(GPU_CARDS).items()}
+    """Common cards (name → GiB) from the estimator."""
+    from finetune.studio import Studio
+
+    return Studio.gpu_cards()
 
 
 def card_choices(cards: dict[str, float]) -> list[tuple[str, str]]:

@@ -17,7 +17,6 @@ import gradio as gr
 import pandas as pd
 
 from finetune.errors import BusyError, UserError
-from finetune.rundir import RunDir
 from ui.config_tab import ConfigTab, form_values, warn
 from ui.formatting import (
     RUN_HEADERS,
@@ -116,12 +115,11 @@ class TrainTab:
         (a run of another process, such as a multi-GPU launch, is followed through its files)."""
         state = self.studio.state()
         if state is not None and state.run_id == run_id:
-            run = RunDir(Path(state.run_dir))
-            return (run_id, state.status, state.step, state.message, state.loss, state.eval_loss, _stamp(run))
+            stamp = self.studio.run_stamp(run_id)
+            return (run_id, state.status, state.step, state.message, state.loss, state.eval_loss, stamp[0])
         if not run_id:
             return ("",)
-        run = RunDir(Path(self.studio.manager.root) / Path(run_id).name)  # a run id names a folder of the runs root
-        return (run_id, "files", _stamp(run), _stamp(run, "status"))
+        return (run_id, "files", *self.studio.run_stamp(run_id))
 
     def runs_key(self) -> tuple:
         """Changes when this process's run changes status or a run folder appears or goes."""
@@ -241,15 +239,6 @@ def _mtime(path: Path) -> float:
         return Path(path).stat().st_mtime
     except OSError:
         return 0.0
-
-
-def _stamp(run: RunDir, which: str = "events") -> tuple:
-    """(size, mtime) of the run's event log or status file: changes whenever the run writes."""
-    try:
-        st = (run.events_path if which == "events" else run.status_path).stat()
-    except OSError:
-        return (0, 0.0)
-    return (st.st_size, st.st_mtime)
 
 
 def _samples_frame(headers: list[str], rows: list[list[str]]) -> pd.DataFrame:
