@@ -142,3 +142,31 @@ def wait_until_gone(pids: list[int], timeout: float = 60) -> None:
                 break
             assert time.monotonic() < deadline, f"process {pid} still exists {timeout:.0f}s after it was killed"
             threading.Event().wait(0.05)  # a poll tick: nothing to block on for another process's child
+
+
+def measured_peak(config: TrainConfig) -> int:
+    """Live tensor storages of two real Trainer steps as the engine runs them (the estimator's own counter on real
+    tensors: the CPU measurement bench/memory_accuracy.py uses)."""
+    import tempfile
+
+    import torch
+    from transformers import Trainer, default_data_collator
+
+    from finetune import models
+    from finetune.engines.hf_trainer import training_arguments
+    from finetune.memory.trace import LiveBytes
+
+    model = models.load_model(config)
+    ids = torch.randint(3, 300, (4, config.max_seq_length), generator=torch.Generator().manual_seed(0))
+    rows = [{"input_ids": r, "attention_mask": torch.ones_like(r), "labels": r.clone()} for r in ids]
+    with tempfile.TemporaryDirectory() as out:
+        args = training_arguments(config, Path(out), "fp32", has_eval=False)
+        args.logging_strategy, args.save_strategy = "no", "no"
+        trainer = Trainer(model=model, args=args, train_dataset=rows, data_collator=default_data_collator)
+        counter = LiveBytes()
+        for t in [*model.parameters(), *model.buffers()]:
+            counter.track(t)
+        counter.reset("train")
+        with counter:
+            trainer.train()
+    return counter.peak

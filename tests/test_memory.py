@@ -175,28 +175,10 @@ def test_deep_models_are_extrapolated_exactly(tiny):
 
 def test_estimate_matches_a_measured_cpu_step(tiny):
     """Three real Trainer steps as the engine runs them, live tensor storages counted: within 3%, never under 2%."""
-    import torch
-    from transformers import Trainer, default_data_collator
-
-    from finetune import models
-    from finetune.engines.hf_trainer import training_arguments
-    from finetune.memory.trace import LiveBytes
+    from tests.helpers import measured_peak
 
     config = cfg(tiny, method="lora", per_device_train_batch_size=2, max_seq_length=128, max_steps=2, eval_split="")
-    model = models.load_model(config)
-    ids = torch.randint(3, 300, (4, 128), generator=torch.Generator().manual_seed(0))
-    rows = [{"input_ids": r, "attention_mask": torch.ones_like(r), "labels": r.clone()} for r in ids]
-    with tempfile.TemporaryDirectory() as out:
-        args = training_arguments(config, Path(out), "fp32", has_eval=False)
-        args.logging_strategy, args.save_strategy = "no", "no"
-        trainer = Trainer(model=model, args=args, train_dataset=rows, data_collator=default_data_collator)
-        counter = LiveBytes()
-        for t in [*model.parameters(), *model.buffers()]:
-            counter.track(t)
-        counter.reset("train")
-        with counter:
-            trainer.train()
-    measured = counter.peak
+    measured = measured_peak(config)
     est = memory.estimate(config, device="cpu")
     err = (est.tensor_bytes - measured) / measured
     assert -0.02 <= err <= 0.03, (est.tensor_bytes, measured)

@@ -3,15 +3,13 @@ the one the engine loads, for every method and LoRA variant, and `all` means `al
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 import pytest
 import torch
 
 from finetune import memory, models
 from finetune.config import TrainConfig
 from finetune.memory import trace
+from tests.helpers import measured_peak
 
 MATRIX = {
     "full": {"method": "full"},
@@ -50,30 +48,6 @@ def test_all_and_all_linear_give_the_same_estimate(tiny):
     a = memory.estimate(TrainConfig(model=str(tiny), lora_target_modules="all"), device="cpu")
     b = memory.estimate(TrainConfig(model=str(tiny), lora_target_modules="all-linear"), device="cpu")
     assert a.tensor_bytes == b.tensor_bytes and a.components == b.components
-
-
-def measured_peak(config: TrainConfig) -> int:
-    """Live tensor storages of two real Trainer steps as the engine runs them (the estimator's own counter on real
-    tensors: the CPU measurement bench/memory_accuracy.py uses)."""
-    from transformers import Trainer, default_data_collator
-
-    from finetune.engines.hf_trainer import training_arguments
-    from finetune.memory.trace import LiveBytes
-
-    model = models.load_model(config)
-    ids = torch.randint(3, 300, (4, config.max_seq_length), generator=torch.Generator().manual_seed(0))
-    rows = [{"input_ids": r, "attention_mask": torch.ones_like(r), "labels": r.clone()} for r in ids]
-    with tempfile.TemporaryDirectory() as out:
-        args = training_arguments(config, Path(out), "fp32", has_eval=False)
-        args.logging_strategy, args.save_strategy = "no", "no"
-        trainer = Trainer(model=model, args=args, train_dataset=rows, data_collator=default_data_collator)
-        counter = LiveBytes()
-        for t in [*model.parameters(), *model.buffers()]:
-            counter.track(t)
-        counter.reset("train")
-        with counter:
-            trainer.train()
-    return counter.peak
 
 
 def test_dora_costs_more_and_the_estimate_follows_the_measured_peak(tiny):
