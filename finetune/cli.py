@@ -1,4 +1,4 @@
-"""Command line: python -m finetune {train,estimate,chat,push,launch-command}. Bad input: one line, non-zero exit."""
+"""Command line: python -m finetune {train,estimate,chat,push,export,launch-command}. Bad input: one line, exit 2."""
 
 from __future__ import annotations
 
@@ -75,9 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     # The sub-commands that live with the feature they drive, each registered by its own module.
     from finetune import launch, memory
-    from finetune.publish import hub
+    from finetune.publish import export, hub
 
-    for module in (memory, hub, launch):
+    for module in (memory, hub, export, launch):
         module.register_cli(sub)
     return parser
 

@@ -1,0 +1,280 @@
+"""Export a finished run to run outside Python: a merged Transformers model, or one GGUF file plus an Ollama Modelfile.
+
+    export_run(run_dir, "merged" | "gguf", quant="f16" | "q8_0", out=None, progress=None) -> ExportResult
+    python -m finetune export RUN_DIR --format merged|gguf [--quant f16|q8_0] [--out PATH]
+
+LoRA adapters are merged onto the base in its saved precision; a QLoRA adapter is merged onto the full-precision base
+(never 4-bit), with a warning that this is not exactly the model training evaluated. A full fine-tune's run directory
+already holds the model. Everything is written into a hidden folder beside the target and renamed into place at the
+end, so a failed export leaves nothing under the final name. Export writes only under `--out`, or under the run's
+`exports/` folder, never into the run's own files. Its output is scanned for local paths like a Hub push.
+torch / transformers / peft / gguf are imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from finetune.config import TrainConfig
+from finetune.errors import UserError, os_reason
+from finetune.publish.hub import FULL_MODEL_FILES, PUBLISHABLE_STATUSES, TOKENIZER_FILES
+from finetune.publish.public import check_no_local_paths, looks_like_path
+from finetune.rundir import RunDir
+
+FORMATS = ("merged", "gguf")
+QUANTS = ("f16", "q8_0")
+EXPORTS_FOLDER = "exports"
+QLORA_WARNING = (
+    "warning: this qlora adapter was trained against 4-bit rounded base weights; it is merged into the full-precision "
+    "base, so the exported model differs slightly from the one you evaluated (check its answers before you ship it)"
+)
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What an export wrote: the folder, the main file (the .gguf, or the folder for merged), total bytes, warnings."""
+
+    folder: Path
+    main: Path
+    size_bytes: int
+    warnings: tuple[str, ...] = ()
+
+    def summary(self) -> str:
+        """One line: what was written and its size."""
+        return f"wrote {self.main} ({human_size(self.size_bytes)})"
+
+
+def human_size(n: int) -> str:
+    """Bytes in a short human form (1.2 MB)."""
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{n} B"
+
+
+# ------------------------------------------------------------------------------------------------ public API
+
+
+def export_run(
+    run_dir: str | Path,
+    fmt: str,
+    quant: str | None = None,
+    out: str | Path | None = None,
+    progress: Progress | None = None,
+) -> ExportResult:
+    """Export a finished run as `fmt` under `out` (default: the run's exports/ folder); UserError on bad input."""
+    say = progress or (lambda message: None)
+    fmt, quant = check_format(fmt, quant)
+    run = finished_run(run_dir)
+    config = run.load_config()
+    if config.task != "causal_lm":
+        raise UserError(f"format: export supports causal_lm runs, not {config.task}; push the adapter", "format")
+    target = _target(run, fmt, quant, out)
+    warnings = (QLORA_WARNING,) if config.method == "qlora" else ()
+    for warning in warnings:
+        say(warning)
+    with tempfile.TemporaryDirectory(prefix=".export-", dir=target.parent) as tmp:
+        stage = Path(tmp) / target.name
+        try:
+            main = _write(run, config, fmt, quant, stage, say)
+            check_no_local_paths(stage, config, run)
+            _replace(stage, target)
+        except OSError as exc:
+            raise UserError(f"out: cannot write the export: {os_reason(exc)}; nothing was written", "out") from None
+    main = target / main.relative_to(stage) if main != stage else target
+    size = sum(p.stat().st_size for p in target.rglob("*") if p.is_file())
+    result = ExportResult(target, main, size, warnings)
+    say(result.summary())
+    return result
+
+
+def check_format(fmt: str, quant: str | None) -> tuple[str, str | None]:
+    """The format and quantisation, checked: (merged, None) or (gguf, f16|q8_0)."""
+    fmt = (fmt or "").strip().lower()
+    if fmt not in FORMATS:
+        raise UserError(f"format: expected one of {', '.join(FORMATS)}, got {fmt!r}", "format")
+    quant = (quant or "").strip().lower() or None
+    if fmt == "merged" and quant:
+        raise UserError("quant: only for --format gguf (a merged model keeps its own precision)", "quant")
+    if fmt == "gguf":
+        quant = quant or "f16"
+        if quant not in QUANTS:
+            raise UserError(f"quant: expected one of {', '.join(QUANTS)}, got {quant!r}", "quant")
+    return fmt, quant
+
+
+def finished_run(run_dir: str | Path) -> RunDir:
+    """A run that finished with a final adapter or model, or a UserError saying why not."""
+    from finetune.paths import runs_root
+    from finetune.rundir import find_run
+
+    run = find_run(run_dir, runs_root(), field="run_dir")
+    state = run.effective_status()
+    if state not in PUBLISHABLE_STATUSES:
+        raise UserError(f"run_dir: {run.name} is {state}, not finished; export it once training has completed")
+    if not run.has_final_model():
+        raise UserError(f"run_dir: {run.name} has no final adapter or model to export", "run_dir")
+    return run
+
+
+def _target(run: RunDir, fmt: str, quant: str | None, out: str | Path | None) -> Path:
+    """Where the export goes; a user's --out must not exist yet (or be empty); the default is replaced each time."""
+    if out:
+        target = Path(out).expanduser().absolute()
+        if target.exists() and (not target.is_dir() or any(target.iterdir())):
+            raise UserError(f"out: {target.name} already exists and is not empty; pick a new folder", "out")
+        if target.resolve().is_relative_to(run.path.resolve()) and EXPORTS_FOLDER not in target.parts:
+            raise UserError(f"out: not among the run's own files; use its {EXPORTS_FOLDER}/ folder or elsewhere", "out")
+    else:
+        target = run.path / EXPORTS_FOLDER / (fmt if fmt == "merged" else f"gguf-{quant}")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"out: cannot create {target.parent.name}: {os_reason(exc)}", "out") from None
+    return target
+
+
+def _replace(stage: Path, target: Path) -> None:
+    """Move the finished export into place; a previous export there (ours or an empty folder) goes only now."""
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        target.rename(old)
+    stage.rename(target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# -------------------------------------------------------------------------------------------------- writing
+
+
+def _write(run: RunDir, config: TrainConfig, fmt: str, quant: str | None, stage: Path, say: Progress) -> Path:
+    """Write the export into `stage`; returns its main file (the folder itself for merged)."""
+    if fmt == "merged":
+        write_merged(run, config, stage, say)
+        return stage
+    from finetune.publish import gguf_writer
+
+    stage.mkdir()
+    with tempfile.TemporaryDirectory(prefix=".merged-", dir=stage.parent) as tmp:
+        merged = Path(tmp) / "merged"
+        if config.method == "full":
+            gguf_writer.check_gguf_support(run.path)  # refuse before any work
+            merged = run.path
+        else:
+            _check_base_supported(config)
+            write_merged(run, config, merged, say)
+        name = _export_name(run)
+        gguf_file = stage / f"{name}-{quant}.gguf"
+        gguf_writer.write_gguf(merged, gguf_file, quant or "f16", name, say)
+        say("Writing the Ollama Modelfile…")
+        (stage / "Modelfile").write_text(gguf_writer.modelfile_text(merged, gguf_file.name), encoding="utf-8")
+    return gguf_file
+
+
+def _check_base_supported(config: TrainConfig) -> None:
+    """Refuse an unsupported base before spending minutes on the merge."""
+    from finetune.models import resolve_model_path
+    from finetune.publish import gguf_writer
+
+    path = Path(resolve_model_path(config.model))
+    if path.is_dir():
+        gguf_writer.check_gguf_support(path)
+
+
+def _export_name(run: RunDir) -> str:
+    keep = "".join(c if c.isalnum() or c in "._-" else "-" for c in run.name).strip(".-")
+    return keep or "model"
+
+
+def write_merged(run: RunDir, config: TrainConfig, stage: Path, say: Progress) -> None:
+    """A standalone Transformers model in `stage`: weights (adapter merged in), config, tokenizer, chat template."""
+    stage.mkdir(parents=True)
+    if config.method == "full":
+        say("Copying the model files…")
+        _copy_files(run.path, stage, FULL_MODEL_FILES)
+    else:
+        say("Merging the adapter into the base model…")
+        _merge_adapter(run, config, stage)
+    _copy_files(run.path, stage, TOKENIZER_FILES)
+    _drop_local_name(stage / "config.json")
+
+
+def _merge_adapter(run: RunDir, config: TrainConfig, stage: Path) -> None:
+    """Load the base as the run plan loads it, but never 4-bit (a QLoRA run's plan as LoRA), merge, save."""
+    import torch
+    from peft import PeftModel
+
+    from finetune.models import load_base
+    from finetune.plan import plan_for
+
+    plan = plan_for(config.replace(method="lora") if config.method == "qlora" else config, device="cpu")
+    base = load_base(plan)
+    with torch.no_grad():
+        model = PeftModel.from_pretrained(base, str(run.path)).merge_and_unload()
+    model.save_pretrained(str(stage))
+
+
+def _copy_files(source: Path, stage: Path, patterns: tuple[str, ...]) -> None:
+    """Copy (never link: the export must stand alone) the top-level files matching `patterns`."""
+    for pattern in patterns:
+        for path in sorted(source.glob(pattern)):
+            if path.is_file() and not (stage / path.name).exists():
+                shutil.copy2(path, stage / path.name)
+
+
+def _drop_local_name(path: Path) -> None:
+    """A saved config may record the local folder it came from: that names this machine, and means nothing elsewhere."""
+    if not path.is_file():
+        return
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if isinstance(data.get("_name_or_path"), str) and looks_like_path(data["_name_or_path"]):
+        data.pop("_name_or_path")
+        path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+# ------------------------------------------------------------------------------------------------------ CLI
+
+
+def register_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add `export RUN_DIR --format merged|gguf [--quant f16|q8_0] [--out PATH]` to the CLI."""
+    parser = subparsers.add_parser(
+        "export",
+        help="export a finished run as a merged model or a GGUF file with an Ollama Modelfile",
+        description=(
+            "Export a finished run to run outside Python: --format merged writes a standalone Transformers model "
+            "(adapter merged in); --format gguf writes one .gguf file (weights, tokenizer, chat template) for "
+            "llama.cpp, Ollama and LM Studio, with an Ollama Modelfile beside it. Written under --out, or under the "
+            f"run's {EXPORTS_FOLDER}/ folder."
+        ),
+    )
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="run directory, or the name of a run under the runs root")
+    parser.add_argument("--format", default="merged", metavar="FORMAT", help="merged (default) or gguf")
+    parser.add_argument("--quant", metavar="QUANT", help="gguf weight type: f16 (default) or q8_0")
+    parser.add_argument("--out", metavar="PATH", help=f"folder to create (default: RUN_DIR/{EXPORTS_FOLDER}/FORMAT)")
+    parser.set_defaults(func=_cli_export)
+    return parser
+
+
+def _cli_export(args: argparse.Namespace) -> int:
+    result = export_run(
+        args.run_dir,
+        args.format,
+        quant=args.quant,
+        out=args.out,
+        progress=lambda message: print(message, file=sys.stderr, flush=True),
+    )
+    print(result.main)
+    return 0

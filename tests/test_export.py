@@ -1,0 +1,268 @@
+"""Export, checked by reading it back: transformers loads the merged model and the GGUF, and they predict alike.
+
+Tiny Llama runs really trained through RunManager: a LoRA run on the tied-embedding base, a full run on an untied
+copy, a QLoRA-method config merged through the LoRA plan, and a GPT-2 full run that GGUF export must refuse.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from finetune.errors import UserError
+from finetune.publish import export as exportmod
+from finetune.publish import gguf_writer
+from finetune.publish.export import check_format, export_run
+from tests.run_fixtures import train_run
+from tests.tiny import build_llama, build_tokenizer
+
+# Text the runs never saw (their data is pirate answers to numbered questions).
+UNSEEN = (
+    "The quick brown fox jumps over the lazy dog. Explain why the sky is blue in one sentence. "
+    "You are a helpful assistant; what is two plus two? Sentence one and sentence two are paraphrases."
+)
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def untied_model_dir(tmp_path_factory):
+    """The tiny Llama with its own output head (tie_word_embeddings=False), the shape of most larger models."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    path = build_llama(tmp_path_factory.mktemp("tiny-untied"))
+    model = LlamaForCausalLM.from_pretrained(path)
+    model.config.tie_word_embeddings = False
+    torch.manual_seed(1)
+    head = model.model.embed_tokens.weight.detach().clone() + 0.1 * torch.randn_like(model.model.embed_tokens.weight)
+    model.lm_head.weight = torch.nn.Parameter(head)
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory, tiny_model_dir):
+    return train_run(tmp_path_factory.mktemp("export-runs") / "lora-run", tiny_model_dir, steps=6, eval_split="")
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory, untied_model_dir):
+    root = tmp_path_factory.mktemp("export-runs")
+    return train_run(root / "full-run", untied_model_dir, steps=4, eval_split="", method="full", learning_rate=1e-3)
+
+
+@pytest.fixture(scope="module")
+def gpt2_run(tmp_path_factory):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    path = tmp_path_factory.mktemp("tiny-gpt2")
+    tokenizer = build_tokenizer(path)
+    config = GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=2, n_positions=128)
+    GPT2LMHeadModel(config).save_pretrained(path)
+    root = tmp_path_factory.mktemp("export-runs")
+    return train_run(root / "gpt2-run", path, steps=1, eval_split="", method="full", learning_rate=1e-3)
+
+
+def _ids(model_dir: Path, text: str = UNSEEN):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)(text, return_tensors="pt")["input_ids"]
+
+
+def _logits(model, ids):
+    import torch
+
+    with torch.no_grad():
+        return model(input_ids=ids).logits[0].float()
+
+
+def _agreement(a, b) -> float:
+    return (a.argmax(-1) == b.argmax(-1)).float().mean().item()
+
+
+def _load(folder: Path, gguf_file: str | None = None):
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    return AutoModelForCausalLM.from_pretrained(folder, dtype="float32", **kwargs).eval()
+
+
+# ---------------------------------------------------------------------------------------------- merged
+
+
+def test_merged_lora_equals_the_peft_model_and_stands_alone(lora_run, tiny_model_dir, tmp_path):
+    from peft import PeftModel
+
+    messages = []
+    result = export_run(lora_run, "merged", out=tmp_path / "merged", progress=messages.append)
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= {p.name for p in result.folder.iterdir()}
+    assert not any(p.is_symlink() for p in result.folder.iterdir())
+    assert re.fullmatch(r"wrote .*merged \(\d+\.\d (KB|MB)\)", messages[-1]), messages[-1]
+    ids = _ids(result.folder)
+    merged = _logits(_load(result.folder), ids)
+    peft = PeftModel.from_pretrained(_load(tiny_model_dir), str(lora_run)).eval()
+    expected = _logits(peft, ids)
+    assert (merged - expected).abs().max().item() < 1e-4
+    base = _logits(_load(tiny_model_dir), ids)
+    assert (base - expected).abs().max().item() > 1e-2  # the adapter changed the model: the merge is visible
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(result.folder)
+    assert tokenizer.chat_template and "<|im_start|>" in tokenizer.chat_template
+
+
+def test_export_writes_only_under_exports_and_never_into_the_run(lora_run):
+    before = sorted(p.relative_to(lora_run) for p in lora_run.rglob("*") if "exports" not in p.parts)
+    result = export_run(lora_run, "merged")
+    assert result.folder == lora_run / "exports" / "merged"
+    export_run(lora_run, "merged")  # a second export replaces the first
+    after = sorted(p.relative_to(lora_run) for p in lora_run.rglob("*") if "exports" not in p.parts)
+    assert before == after
+    assert sorted(p.name for p in (lora_run / "exports").iterdir()) == ["merged"]
+
+
+def test_qlora_run_merges_onto_the_full_precision_base_with_a_warning(lora_run, monkeypatch, tmp_path):
+    from finetune.config import TrainConfig
+    from finetune.rundir import RunDir
+
+    real = RunDir.load_config
+    monkeypatch.setattr(RunDir, "load_config", lambda self: real(self).replace(method="qlora"))
+    loaded = []
+    import finetune.models
+
+    original = finetune.models.load_base
+    monkeypatch.setattr(finetune.models, "load_base", lambda plan, **kw: loaded.append(plan) or original(plan, **kw))
+    messages = []
+    result = export_run(lora_run, "merged", out=tmp_path / "q", progress=messages.append)
+    assert result.warnings == (exportmod.QLORA_WARNING,) and exportmod.QLORA_WARNING in messages
+    assert loaded and loaded[0].quantization is None and isinstance(loaded[0].config, TrainConfig)
+
+
+# ------------------------------------------------------------------------------------------------ gguf
+
+
+@pytest.mark.parametrize("quant,floor", [("f16", 0.99), ("q8_0", 0.90)])
+def test_gguf_of_a_lora_run_reads_back_and_predicts_like_the_merged_model(lora_run, tmp_path, quant, floor):
+    merged = export_run(lora_run, "merged", out=tmp_path / "merged").folder
+    result = export_run(lora_run, "gguf", quant=quant, out=tmp_path / "gguf")
+    assert result.main.suffix == ".gguf" and result.main.parent == result.folder
+    assert sorted(p.name for p in result.folder.iterdir()) == sorted(["Modelfile", result.main.name])
+    ids = _ids(merged)
+    expected = _logits(_load(merged), ids)
+    got = _logits(_load(result.folder, result.main.name), ids)
+    agreement = _agreement(got, expected)
+    print(f"{quant}: {agreement:.1%} of {ids.shape[1]} positions, {result.size_bytes} bytes")
+    assert agreement >= floor
+    if quant == "f16":
+        assert (got - expected).abs().mean().item() < 0.02  # f16 rounding only
+
+
+def test_gguf_of_an_untied_full_run_keeps_its_own_output_head(full_run, tmp_path):
+    from gguf import GGUFReader
+
+    result = export_run(full_run, "gguf", quant="f16", out=tmp_path / "gguf")
+    names = {t.name for t in GGUFReader(result.main).tensors}
+    assert "output.weight" in names and "token_embd.weight" in names
+    ids = _ids(full_run)
+    expected = _logits(_load(full_run), ids)
+    model = _load(result.folder, result.main.name)
+    assert model.config.tie_word_embeddings is False
+    assert _agreement(_logits(model, ids), expected) >= 0.99
+
+
+def test_gguf_of_a_tied_model_has_no_output_tensor(lora_run, tmp_path):
+    from gguf import GGUFReader
+
+    result = export_run(lora_run, "gguf", out=tmp_path / "gguf")
+    assert "output.weight" not in {t.name for t in GGUFReader(result.main).tensors}
+
+
+def test_gguf_tokenizer_encodes_exactly_as_the_original(lora_run, tmp_path):
+    from transformers import AutoTokenizer
+
+    result = export_run(lora_run, "gguf", out=tmp_path / "gguf")
+    original = AutoTokenizer.from_pretrained(lora_run)
+    restored = AutoTokenizer.from_pretrained(result.folder, gguf_file=result.main.name)
+    chat = original.apply_chat_template(
+        [{"role": "user", "content": "Ahoy, what is two plus two?"}], tokenize=False, add_generation_prompt=True
+    )
+    for text in (UNSEEN, chat, "  spaces\tand\nnewlines 12345 ünïcödé <|im_end|>"):
+        assert restored(text)["input_ids"] == original(text)["input_ids"], text
+    assert (restored.eos_token, restored.bos_token, restored.pad_token) == ("<|im_end|>", "<|im_start|>", "<|im_end|>")
+    assert restored.chat_template == original.chat_template
+
+
+def test_modelfile_has_from_template_and_stops(lora_run, tmp_path):
+    result = export_run(lora_run, "gguf", quant="q8_0", out=tmp_path / "gguf")
+    text = (result.folder / "Modelfile").read_text()
+    assert f"FROM ./{result.main.name}\n" in text
+    assert 'TEMPLATE """{{- range .Messages }}<|im_start|>{{ .Role }}\n{{ .Content }}<|im_end|>\n' in text
+    assert 'PARAMETER stop "<|im_end|>"' in text and "PARAMETER temperature" in text
+
+
+def test_modelfile_falls_back_clearly_for_a_template_that_is_not_chatml(tmp_path):
+    build_llama(tmp_path)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    (tmp_path / "chat_template.jinja").unlink(missing_ok=True)
+    config["chat_template"] = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{% endfor %}"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    text = gguf_writer.modelfile_text(tmp_path, "m.gguf")
+    assert "not ChatML" in text and 'TEMPLATE """' in text and 'PARAMETER stop "<|im_end|>"' in text
+
+
+# ------------------------------------------------------------------------------------------- refusals
+
+
+def test_unsupported_architecture_is_refused_in_one_line_by_the_cli(gpt2_run, tmp_path):
+    out = tmp_path / "gguf"
+    proc = subprocess.run(
+        [sys.executable, "-m", "finetune", "export", str(gpt2_run), "--format", "gguf", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "'gpt2'" in lines[0] and "not" in lines[0], proc.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "fmt,quant,field",
+    [("onnx", None, "format"), ("gguf", "q4_k", "quant"), ("merged", "q8_0", "quant")],
+)
+def test_bad_format_or_quant_is_one_line_naming_the_field(fmt, quant, field):
+    with pytest.raises(UserError) as err:
+        check_format(fmt, quant)
+    assert err.value.field == field and "\n" not in str(err.value) and str(err.value).startswith(field)
+
+
+def test_an_unfinished_run_is_refused(lora_run, tmp_path):
+    import shutil
+
+    from finetune.rundir import RunDir
+
+    copy = tmp_path / "running"
+    shutil.copytree(lora_run, copy, ignore=shutil.ignore_patterns("exports"))
+    run = RunDir(copy)
+    run.write_status({**run.read_status(), "status": "failed", "pid": None})
+    with pytest.raises(UserError, match="not finished"):
+        export_run(copy, "merged", out=tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_failed_write_leaves_nothing_under_the_final_name(lora_run, tmp_path, monkeypatch):
+    def no_space(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(gguf_writer, "write_gguf", no_space)
+    (tmp_path / "out").mkdir()
+    with pytest.raises(UserError, match="No space left on device"):
+        export_run(lora_run, "gguf", out=tmp_path / "out" / "gguf")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []
