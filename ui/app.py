@@ -13,6 +13,7 @@ from typing import Any
 
 import gradio as gr
 
+from finetune.studio import Studio
 from ui import chat_tab, config_tab, memory_tab, publish_tab, train_tab
 
 TITLE = "Finetune Studio"
@@ -64,7 +65,7 @@ CSS = """
 class AppUI:
     """The tabs' component bundles and handlers (tests call the handlers directly)."""
 
-    studio: Any
+    studio: Studio
     memory: memory_tab.MemoryTab
     config: config_tab.ConfigTab
     train: train_tab.TrainTab
@@ -74,11 +75,9 @@ class AppUI:
     login: Any = None  # the "Sign in with Hugging Face" button (on a Space only)
 
 
-def build_app(studio: Any = None) -> gr.Blocks:
+def build_app(studio: Studio | None = None) -> gr.Blocks:
     """The Blocks for one backend `Studio` (a default one when not given). `demo.studio_ui` holds the tabs."""
     if studio is None:
-        from finetune.studio import Studio
-
         studio = Studio()
     tabs: dict[str, Any] = {}
     policy = getattr(studio, "policy", None)

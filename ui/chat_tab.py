@@ -14,11 +14,10 @@ from typing import Any
 import gradio as gr
 
 from finetune.errors import UserError
-from finetune.studio import BASE_OF, GenerationSettings
+from finetune.studio import BASE, BASE_OF, GenerationSettings, Studio
 from ui.config_tab import ConfigTab, form_values, warn
 from ui.formatting import one_line, plain
 
-BASE = "base"
 # Markers other code relies on (bench/ui_latency.py tells the loading bubble and errors from reply text by them).
 LOADING = "⏳ Loading the model (first use of it takes a few seconds)…"
 ERROR_PREFIX = "⚠️ "
@@ -27,7 +26,7 @@ EMPTY = "(the model answered with nothing: it ended its reply at once)"
 
 @dataclass
 class ChatTab:
-    studio: Any
+    studio: Studio
     config: ConfigTab | None = None
     source: Any = None
     refresh_btn: Any = None
@@ -165,7 +164,7 @@ def _text(content: Any) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- layout
-def build(studio: Any) -> ChatTab:
+def build(studio: Studio) -> ChatTab:
     tab = ChatTab(studio)
     gr.Markdown(
         "Talk to a model. **Base model** is the model set in *Configure*, untuned; each finished run adds its tuned "

@@ -15,6 +15,7 @@ import gradio as gr
 
 from finetune.config import FIELD_NAMES, FIELDS, MAX_YAML_BYTES, field_groups
 from finetune.errors import UserError
+from finetune.studio import Studio
 from ui.formatting import one_line, plain, preview_html, size
 
 YAML_LIMIT_BYTES = MAX_YAML_BYTES  # the backend parser's own bound: a larger file is not read at all
@@ -71,7 +72,7 @@ def form_values(values: tuple | list) -> dict[str, Any]:
     return dict(zip(FIELD_NAMES, values, strict=True))
 
 
-def public_notes(studio: Any) -> dict[str, str]:
+def public_notes(studio: Studio) -> dict[str, str]:
     """{field: what this public app allows}, shown instead of the help text; empty for the local app."""
     policy = getattr(studio, "policy", None)
     if policy is None or not policy.public:
@@ -114,7 +115,7 @@ def warn(message: str) -> None:
 
 @dataclass
 class ConfigTab:
-    studio: Any
+    studio: Studio
     fields: dict[str, Any] = field(default_factory=dict)
     errors: dict[str, Any] = field(default_factory=dict)
     groups: dict[str, Any] = field(default_factory=dict)
@@ -281,7 +282,7 @@ def _upload_path(file: Any, suffixes: tuple[str, ...], limit: int, what: str) ->
 
 
 # ----------------------------------------------------------------------------------------------- layout
-def build(studio: Any) -> ConfigTab:
+def build(studio: Studio) -> ConfigTab:
     tab = ConfigTab(studio)
     defaults = studio.default_values()
     notes = public_notes(studio)

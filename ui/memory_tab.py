@@ -15,6 +15,7 @@ import pandas as pd
 
 from finetune.config import FIELD_NAMES
 from finetune.errors import UserError
+from finetune.studio import Studio
 from ui.config_tab import ConfigTab, error_update, field_error_md, form_values, make_field, warn
 from ui.formatting import (
     GIB,
@@ -52,8 +53,6 @@ BREAKDOWN_HEADERS = ["Component", "Memory", "Share"]
 
 def gpu_cards() -> dict[str, float]:
     """Common cards (name → GiB) from the estimator."""
-    from finetune.studio import Studio
-
     return Studio.gpu_cards()
 
 
@@ -72,7 +71,7 @@ def default_card(cards: dict[str, float]) -> str:
 
 @dataclass
 class MemoryTab:
-    studio: Any
+    studio: Studio
     config: ConfigTab | None = None
     fields: dict[str, Any] = field(default_factory=dict)
     errors: dict[str, Any] = field(default_factory=dict)
@@ -183,7 +182,7 @@ class MemoryTab:
 
 
 # ----------------------------------------------------------------------------------------------- layout
-def build(studio: Any) -> MemoryTab:
+def build(studio: Studio) -> MemoryTab:
     tab = MemoryTab(studio)
     defaults = studio.default_values()
     gr.Markdown(

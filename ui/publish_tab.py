@@ -13,13 +13,14 @@ from typing import Any
 import gradio as gr
 
 from finetune.errors import UserError
+from finetune.studio import Studio
 from ui.config_tab import warn
 from ui.formatting import plain
 
 
 @dataclass
 class PublishTab:
-    studio: Any
+    studio: Studio
     run: Any = None
     repo_id: Any = None
     token: Any = None
@@ -61,7 +62,7 @@ class PublishTab:
         return [f"✓ Pushed the {what} of `{run_id}` to [{plain(url)}]({plain(url)}).", ""]
 
 
-def token_placeholder(studio: Any) -> str:
+def token_placeholder(studio: Studio) -> str:
     """What an empty token field means in this app."""
     policy = getattr(studio, "policy", None)
     if policy is None or policy.lend_server_token:
@@ -71,7 +72,7 @@ def token_placeholder(studio: Any) -> str:
     return "hf_… (required: this app does not lend the server's token)"
 
 
-def build(studio: Any) -> PublishTab:
+def build(studio: Studio) -> PublishTab:
     tab = PublishTab(studio)
     gr.Markdown(
         "Share a finished run on the Hugging Face Hub: its LoRA adapter (small) or the base model with the adapter "

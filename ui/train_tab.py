@@ -17,6 +17,7 @@ import gradio as gr
 import pandas as pd
 
 from finetune.errors import BusyError, UserError
+from finetune.studio import Studio
 from ui.config_tab import ConfigTab, form_values, warn
 from ui.formatting import (
     RUN_HEADERS,
@@ -75,7 +76,7 @@ def owner_of(request: gr.Request | None) -> str:
 
 @dataclass
 class TrainTab:
-    studio: Any
+    studio: Studio
     config: ConfigTab | None = None
     start_btn: Any = None
     stop_btn: Any = None
@@ -250,7 +251,7 @@ def _run_label(run: dict[str, Any]) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- layout
-def build(studio: Any) -> TrainTab:
+def build(studio: Studio) -> TrainTab:
     tab = TrainTab(studio)
     gr.Markdown(
         "Train with the settings from *Configure*. The plot shows the training loss falling (and the evaluation "
