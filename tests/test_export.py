@@ -152,6 +152,11 @@ def test_gguf_of_a_lora_run_reads_back_and_predicts_like_the_merged_model(lora_r
     result = export_run(lora_run, "gguf", quant=quant, out=tmp_path / "gguf")
     assert result.main.suffix == ".gguf" and result.main.parent == result.folder
     assert sorted(p.name for p in result.folder.iterdir()) == sorted(["Modelfile", result.main.name])
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    matrices = {t.tensor_type.name for t in GGUFReader(result.main).tensors if len(t.shape) == 2}
+    assert matrices == {quant.upper()}, matrices  # every matrix in the asked type (rows here are 64 or 128 wide)
+    assert GGMLQuantizationType[quant.upper()]
     ids = _ids(merged)
     expected = _logits(_load(merged), ids)
     got = _logits(_load(result.folder, result.main.name), ids)
@@ -191,10 +196,16 @@ def test_gguf_tokenizer_encodes_exactly_as_the_original(lora_run, tmp_path):
     chat = original.apply_chat_template(
         [{"role": "user", "content": "Ahoy, what is two plus two?"}], tokenize=False, add_generation_prompt=True
     )
-    for text in (UNSEEN, chat, "  spaces\tand\nnewlines 12345 ünïcödé <|im_end|>"):
+    for text in (UNSEEN, chat, "  spaces\tand\nnewlines 12345 ünïcödé <|im_end|><|endoftext|>"):
         assert restored(text)["input_ids"] == original(text)["input_ids"], text
     assert (restored.eos_token, restored.bos_token, restored.pad_token) == ("<|im_end|>", "<|im_start|>", "<|im_end|>")
     assert restored.chat_template == original.chat_template
+    from gguf import GGUFReader, TokenType
+
+    field = GGUFReader(result.main).fields["tokenizer.ggml.token_type"]
+    types = [int(field.parts[i][0]) for i in field.data]
+    for token in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"):  # llama.cpp stops and parses by these types
+        assert types[original.convert_tokens_to_ids(token)] == TokenType.CONTROL, token
 
 
 def test_modelfile_has_from_template_and_stops(lora_run, tmp_path):
@@ -266,3 +277,63 @@ def test_a_failed_write_leaves_nothing_under_the_final_name(lora_run, tmp_path, 
     with pytest.raises(UserError, match="No space left on device"):
         export_run(lora_run, "gguf", out=tmp_path / "out" / "gguf")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []
+
+
+@pytest.mark.parametrize("model_type", ["mistral", "qwen2"])
+def test_gguf_of_other_llama_family_shapes_reads_back(model_type, tmp_path):
+    """Mistral (written as llama, read back as mistral) and Qwen2 (q/k/v biases, no Q/K permutation)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = tmp_path / model_type
+    tokenizer = build_tokenizer(folder)
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(
+        model_type,
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=0.3,
+        tie_word_embeddings=False,
+    )
+    model = AutoModelForCausalLM.from_config(config).eval()
+    if model_type == "qwen2":  # random biases, so a dropped or misplaced bias shows
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0, 0.3)
+    model.save_pretrained(folder)
+    target = tmp_path / "out" / "m.gguf"
+    target.parent.mkdir()
+    gguf_writer.write_gguf(folder, target, "f16", "tiny", lambda message: None)
+    restored = _load(target.parent, target.name)
+    assert restored.config.model_type == {"mistral": "llama"}.get(model_type, model_type)
+    ids = _ids(folder)
+    got, expected = _logits(restored, ids), _logits(model, ids)
+    # An untrained model has near-ties that f16 rounding may flip: the logits themselves must match.
+    assert (got - expected).abs().mean().item() < 0.02 and _agreement(got, expected) >= 0.95
+
+
+def test_a_local_name_in_config_json_is_dropped_and_any_other_local_path_refused(full_run, tmp_path):
+    import shutil
+
+    copy = tmp_path / "runs" / "full-copy"
+    shutil.copytree(full_run, copy, ignore=shutil.ignore_patterns("exports"))
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, "_name_or_path": str(copy)}))
+    result = export_run(copy, "merged", out=tmp_path / "merged")
+    assert "_name_or_path" not in json.loads((result.folder / "config.json").read_text())
+    jinja = copy / "chat_template.jinja"  # the chat template travels inside the GGUF
+    if jinja.is_file():
+        jinja.write_text(jinja.read_text() + f"{{# made in {copy} #}}")
+    else:
+        tokenizer_config = json.loads((copy / "tokenizer_config.json").read_text())
+        tokenizer_config["chat_template"] += f"{{# made in {copy} #}}"
+        (copy / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    with pytest.raises(UserError, match=r"\.gguf contains a local path \(the run directory\)"):
+        export_run(copy, "gguf", out=tmp_path / "gguf")
+    assert not (tmp_path / "gguf").exists()

@@ -18,8 +18,8 @@ from typing import Any
 
 from finetune.errors import UserError
 
-# model_type -> llama.cpp architecture. Mistral is written as llama (llama.cpp does the same); its general.name
-# carries "mistral" so transformers reads it back as Mistral.
+# model_type -> llama.cpp architecture. Mistral is written as llama, as llama.cpp does (transformers reads it back as
+# a Llama: the same computation within the context length, as llama.cpp has no sliding window for it either).
 GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
 QUANTS = ("f16", "q8_0")
 # The llama.cpp pre-tokenizer names for the byte-level splits we recognise (a wrong one silently mis-tokenizes).
@@ -81,7 +81,7 @@ def _add_hyperparameters(writer: Any, config: dict[str, Any], name: str, quant: 
     heads = config["num_attention_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     rope = config.get("rope_parameters") or {}
-    writer.add_name(f"{name} (mistral)" if config["model_type"] == "mistral" else name)
+    writer.add_name(name)
     writer.add_context_length(config.get("max_position_embeddings", 2048))
     writer.add_embedding_length(config["hidden_size"])
     writer.add_block_count(config["num_hidden_layers"])
