@@ -379,6 +379,15 @@ class Studio:
             allow_env_token=self.policy.lend_server_token,
         )
 
+    # ----------------------------------------------------------------- export
+    def export(self, run_id: str, fmt: str, quant: str | None = None, progress: Any = None) -> Any:
+        """Export a finished run under its exports/ folder (merged model, or GGUF + Modelfile); an ExportResult."""
+        from finetune.publish import export
+
+        run = self._run(run_id)
+        self._check_run_allowed(run)  # the merge loads the base model: the same rule as chat
+        return export.export_run(run.path, fmt, quant=quant, progress=progress)
+
 
 def _one_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()

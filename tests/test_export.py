@@ -337,3 +337,23 @@ def test_a_local_name_in_config_json_is_dropped_and_any_other_local_path_refused
     with pytest.raises(UserError, match=r"\.gguf contains a local path \(the run directory\)"):
         export_run(copy, "gguf", out=tmp_path / "gguf")
     assert not (tmp_path / "gguf").exists()
+
+
+def test_the_publish_tab_exports_through_the_studio_and_shows_the_size(studio_home, tiny_model_dir):
+    from finetune.studio import Studio
+    from tests.run_fixtures import build_run
+    from ui.app import build_app
+
+    studio = Studio(studio_home / "runs")
+    build_run(studio.manager.root / "run-a", tiny_model_dir)
+    demo = build_app(studio)
+    tab = demo.studio_ui.publish
+    wired = [d for d in demo.config["dependencies"] if d.get("api_name") == "export"]
+    assert wired and wired[0]["outputs"] == [tab.export_result._id]
+    assert wired[0]["inputs"] == [tab.run._id, tab.export_format._id, tab.export_quant._id]
+    message = tab.export("run-a", "gguf", "q8_0")
+    assert re.fullmatch(r"✓ Wrote `exports/gguf-q8_0/run-a-q8_0\.gguf` \(\d+\.\d KB\) in run `run-a`.*", message)
+    assert (studio.manager.root / "run-a" / "exports" / "gguf-q8_0" / "Modelfile").is_file()
+    assert str(studio_home) not in tab.export("run-a", "gguf", "q4_k")  # one line naming the field, no path
+    assert tab.export("run-a", "gguf", "q4_k").startswith("⚠ quant: expected one of f16, q8_0")
+    assert tab.export("../elsewhere", "merged", "f16").startswith("⚠ run:")

@@ -28,6 +28,10 @@ class PublishTab:
     merged: Any = None
     push_btn: Any = None
     result: Any = None
+    export_format: Any = None
+    export_quant: Any = None
+    export_btn: Any = None
+    export_result: Any = None
 
     def runs(self, current: str | None = None) -> dict:
         """Finished runs first (they can be pushed), newest first."""
@@ -60,6 +64,22 @@ class PublishTab:
             return [f"⚠ The push failed ({type(exc).__name__}); nothing was published.", ""]
         what = "merged model" if merged else "adapter"
         return [f"✓ Pushed the {what} of `{run_id}` to [{plain(url)}]({plain(url)}).", ""]
+
+    def export(self, run_id: str | None, fmt: str, quant: str) -> str:
+        """The status line of an export: what was written in the run's exports/ folder and its size."""
+        if not run_id:
+            return "⚠ Pick a finished run first (train one in the *Train* tab)."
+        try:
+            result = self.studio.export(run_id, fmt, quant if fmt == "gguf" else None)
+        except UserError as exc:
+            warn(str(exc))
+            return f"⚠ {plain(str(exc))}"
+        except Exception as exc:  # never a server path or traceback on the page
+            return f"⚠ The export failed ({type(exc).__name__}); nothing was written."
+        written = f"exports/{result.folder.name}/" + (result.main.name if result.main != result.folder else "")
+        extra = " with an Ollama `Modelfile` beside it" if fmt == "gguf" else ""
+        warning = "".join(f"\n\n⚠ {plain(w)}" for w in result.warnings)
+        return f"✓ Wrote `{written}` ({result.size}) in run `{run_id}`{extra}.{warning}"
 
 
 def token_placeholder(studio: Studio) -> str:
@@ -115,6 +135,23 @@ def build(studio: Studio) -> PublishTab:
             )
     tab.push_btn = gr.Button("Push to the Hub", variant="primary", elem_id="pub-push")
     tab.result = gr.Markdown("", elem_id="pub-result")
+    with gr.Accordion("Export to run it anywhere (llama.cpp, Ollama, LM Studio, vLLM)", open=False):
+        gr.Markdown(
+            "Writes into the run's `exports/` folder: **merged** is a standalone Transformers model (adapter merged "
+            "in, for vLLM or `from_pretrained`); **gguf** is one file with the weights, tokenizer and chat template "
+            "for llama.cpp / LM Studio, with an Ollama `Modelfile` beside it."
+        )
+        with gr.Row():
+            tab.export_format = gr.Radio(["merged", "gguf"], value="gguf", label="Format", elem_id="pub-export-format")
+            tab.export_quant = gr.Radio(
+                ["f16", "q8_0"],
+                value="q8_0",
+                label="GGUF weights",
+                elem_id="pub-export-quant",
+                info="q8_0: about half the size of f16, nearly the same answers.",
+            )
+        tab.export_btn = gr.Button("Export", elem_id="pub-export")
+        tab.export_result = gr.Markdown("", elem_id="pub-export-result")
     return tab
 
 
@@ -124,6 +161,9 @@ def wire(tab: PublishTab, demo: gr.Blocks, publish_tab: Any) -> None:
         [tab.run, tab.repo_id, tab.token, tab.private, tab.merged],
         [tab.result, tab.token],
         api_name="publish",
+    )
+    tab.export_btn.click(
+        tab.export, [tab.run, tab.export_format, tab.export_quant], tab.export_result, api_name="export"
     )
     for trigger in (demo.load, publish_tab.select):
         trigger(tab.runs, tab.run, tab.run, api_visibility="undocumented", show_progress="hidden")

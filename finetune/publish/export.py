@@ -48,9 +48,14 @@ class ExportResult:
     size_bytes: int
     warnings: tuple[str, ...] = ()
 
+    @property
+    def size(self) -> str:
+        """The total size in a short human form (1.2 MB)."""
+        return human_size(self.size_bytes)
+
     def summary(self) -> str:
         """One line: what was written and its size."""
-        return f"wrote {self.main} ({human_size(self.size_bytes)})"
+        return f"wrote {self.main} ({self.size})"
 
 
 def human_size(n: int) -> str:
