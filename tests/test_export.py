@@ -357,3 +357,34 @@ def test_the_publish_tab_exports_through_the_studio_and_shows_the_size(studio_ho
     assert str(studio_home) not in tab.export("run-a", "gguf", "q4_k")  # one line naming the field, no path
     assert tab.export("run-a", "gguf", "q4_k").startswith("⚠ quant: expected one of f16, q8_0")
     assert tab.export("../elsewhere", "merged", "f16").startswith("⚠ run:")
+
+
+def test_out_must_be_new_and_outside_the_runs_own_files(lora_run, tmp_path):
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "keep.txt").write_text("mine")
+    with pytest.raises(UserError, match="^out: taken already exists and is not empty"):
+        export_run(lora_run, "merged", out=tmp_path / "taken")
+    assert (tmp_path / "taken" / "keep.txt").read_text() == "mine"
+    with pytest.raises(UserError, match="^out: not among the run's own files"):
+        export_run(lora_run, "merged", out=lora_run / "checkpoints-copy")
+    assert not (lora_run / "checkpoints-copy").exists()
+
+
+def test_q8_0_keeps_rows_that_do_not_split_into_32_value_blocks_in_f16():
+    import numpy as np
+    from gguf import GGMLQuantizationType
+
+    written = {}
+
+    class Recorder:
+        def add_tensor(self, name, data, raw_dtype=None):
+            written[name] = (data.dtype, raw_dtype)
+
+    gguf_writer._add_one(Recorder(), "a", np.ones((4, 64), np.float32), "q8_0")
+    gguf_writer._add_one(Recorder(), "b", np.ones((4, 48), np.float32), "q8_0")
+    gguf_writer._add_one(Recorder(), "c", np.ones(64, np.float32), "q8_0")
+    assert written == {
+        "a": (np.uint8, GGMLQuantizationType.Q8_0),
+        "b": (np.float16, None),
+        "c": (np.float32, None),
+    }
