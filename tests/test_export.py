@@ -388,3 +388,21 @@ def test_q8_0_keeps_rows_that_do_not_split_into_32_value_blocks_in_f16():
         "b": (np.float16, None),
         "c": (np.float32, None),
     }
+
+
+def test_a_bf16_base_is_merged_and_saved_in_bf16(tmp_path):
+    import torch
+    from peft import PeftModel
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    base_dir = build_llama(tmp_path / "bf16-base")
+    AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.bfloat16).save_pretrained(base_dir)
+    run = train_run(tmp_path / "runs" / "bf16-run", base_dir, steps=4, eval_split="")
+    result = export_run(run, "merged", out=tmp_path / "merged")
+    assert json.loads((result.folder / "config.json").read_text())["dtype"] == "bfloat16"
+    with safe_open(str(result.folder / "model.safetensors"), framework="pt") as fh:
+        assert {fh.get_tensor(k).dtype for k in fh.keys()} == {torch.bfloat16}
+    ids = _ids(result.folder)
+    peft = PeftModel.from_pretrained(_load(base_dir), str(run)).eval()
+    assert _agreement(_logits(_load(result.folder), ids), _logits(peft, ids)) >= 0.95

@@ -227,9 +227,25 @@ def _merge_adapter(run: RunDir, config: TrainConfig, stage: Path) -> None:
 
     plan = plan_for(config.replace(method="lora") if config.method == "qlora" else config, device="cpu")
     base = load_base(plan)
+    saved_dtype = _saved_dtype(config)
     with torch.no_grad():
         model = PeftModel.from_pretrained(base, str(run.path)).merge_and_unload()
+        if saved_dtype is not None:  # merged in float32 on the CPU; saved as the base was (bf16 stays half the size)
+            model = model.to(saved_dtype)
     model.save_pretrained(str(stage))
+
+
+def _saved_dtype(config: TrainConfig) -> object | None:
+    """The floating dtype the base model's files hold (its saved config's dtype), or None when unknown."""
+    import torch
+    from transformers import AutoConfig
+
+    from finetune.models import resolve_model_path
+
+    saved = AutoConfig.from_pretrained(resolve_model_path(config.model), trust_remote_code=config.trust_remote_code)
+    dtype = getattr(saved, "dtype", None) or getattr(saved, "torch_dtype", None)
+    dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else None
 
 
 def _copy_files(source: Path, stage: Path, patterns: tuple[str, ...]) -> None:
