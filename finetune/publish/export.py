@@ -284,7 +284,9 @@ def register_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPar
     parser.add_argument("run_dir", metavar="RUN_DIR", help="run directory, or the name of a run under the runs root")
     parser.add_argument("--format", default="merged", metavar="FORMAT", help="merged (default) or gguf")
     parser.add_argument("--quant", metavar="QUANT", help="gguf weight type: f16 (default) or q8_0")
-    parser.add_argument("--out", metavar="PATH", help=f"folder to create (default: RUN_DIR/{EXPORTS_FOLDER}/FORMAT)")
+    parser.add_argument(
+        "--out", metavar="PATH", help=f"folder to create (default: RUN_DIR/{EXPORTS_FOLDER}/merged or gguf-QUANT)"
+    )
     parser.set_defaults(func=_cli_export)
     return parser
 
