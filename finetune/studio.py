@@ -349,7 +349,15 @@ class Studio:
             return loaded
 
     # ----------------------------------------------------------------- publish
-    def push(self, run_id: str, repo_id: str, token: str | None, private: bool = False, merged: bool = False) -> str:
+    def push(
+        self,
+        run_id: str,
+        repo_id: str,
+        token: str | None,
+        private: bool = False,
+        merged: bool = False,
+        gguf: str | None = None,
+    ) -> str:
         """Push a run's adapter (or merged model) to the Hub with the visitor's token; returns the repo URL.
 
         The server's own token (HF_TOKEN, a stored login) is used only where the policy lends it: the local app, or
@@ -377,6 +385,7 @@ class Studio:
             private=private,
             merged=merged,
             allow_env_token=self.policy.lend_server_token,
+            gguf=gguf or None,
         )
 
     # ----------------------------------------------------------------- export

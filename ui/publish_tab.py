@@ -17,6 +17,8 @@ from finetune.studio import Studio
 from ui.config_tab import warn
 from ui.formatting import plain
 
+NO_GGUF = "no"  # the GGUF choice that pushes none
+
 
 @dataclass
 class PublishTab:
@@ -26,6 +28,7 @@ class PublishTab:
     token: Any = None
     private: Any = None
     merged: Any = None
+    gguf: Any = None
     push_btn: Any = None
     result: Any = None
     export_format: Any = None
@@ -49,6 +52,7 @@ class PublishTab:
         private: bool,
         merged: bool,
         oauth_token: gr.OAuthToken | None = None,
+        gguf: str = NO_GGUF,
     ) -> list:
         """[result message, token box]: the token box is emptied whatever happens. A pasted token wins over the
         Hugging Face sign-in (`oauth_token`, filled in by gradio on a Space)."""
@@ -56,13 +60,14 @@ class PublishTab:
             return ["⚠ Pick a finished run first (train one in the *Train* tab).", ""]
         own = (token or "").strip() or (getattr(oauth_token, "token", None) or "").strip() or None
         try:
-            url = self.studio.push(run_id, (repo_id or "").strip(), own, bool(private), bool(merged))
+            also = None if not gguf or gguf == NO_GGUF else gguf
+            url = self.studio.push(run_id, (repo_id or "").strip(), own, bool(private), bool(merged), gguf=also)
         except UserError as exc:
             warn(str(exc))
             return [f"⚠ {plain(str(exc))}", ""]
         except Exception as exc:  # the message of an unforeseen error could quote the request: name the type only
             return [f"⚠ The push failed ({type(exc).__name__}); nothing was published.", ""]
-        what = "merged model" if merged else "adapter"
+        what = ("merged model" if merged else "adapter") + (f" and a {also} GGUF" if also else "")
         return [f"✓ Pushed the {what} of `{run_id}` to [{plain(url)}]({plain(url)}).", ""]
 
     def export(self, run_id: str | None, fmt: str, quant: str) -> str:
@@ -133,6 +138,12 @@ def build(studio: Studio) -> PublishTab:
             tab.merged = gr.Checkbox(
                 value=False, label="Push the merged model instead of the adapter", elem_id="pub-merged"
             )
+            tab.gguf = gr.Dropdown(
+                choices=[NO_GGUF, "f16", "q8_0"],
+                value=NO_GGUF,
+                label="Also push a GGUF (llama.cpp, Ollama)",
+                elem_id="pub-gguf",
+            )
     tab.push_btn = gr.Button("Push to the Hub", variant="primary", elem_id="pub-push")
     tab.result = gr.Markdown("", elem_id="pub-result")
     with gr.Accordion("Export to run it anywhere (llama.cpp, Ollama, LM Studio, vLLM)", open=False):
@@ -158,7 +169,7 @@ def build(studio: Studio) -> PublishTab:
 def wire(tab: PublishTab, demo: gr.Blocks, publish_tab: Any) -> None:
     tab.push_btn.click(
         tab.push,
-        [tab.run, tab.repo_id, tab.token, tab.private, tab.merged],
+        [tab.run, tab.repo_id, tab.token, tab.private, tab.merged, tab.gguf],
         [tab.result, tab.token],
         api_name="publish",
     )

@@ -35,6 +35,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from finetune.config import TrainConfig
 from finetune.errors import UserError
@@ -94,8 +95,12 @@ def push_run(
     *,
     progress: Progress | None = None,
     allow_env_token: bool = True,
+    gguf: str | None = None,
 ) -> str:
     """Push a finished run to `repo_id` in one commit and return the repository URL.
+
+    gguf ("f16" or "q8_0") adds the run exported as one .gguf file and its Ollama Modelfile, and the card says how
+    to run them.
 
     allow_env_token=False uses only `token` (never `HF_TOKEN` or a stored login): what a public Space must do.
     Raises `UserError` (one line, never containing the token) for a missing or rejected token, a bad repo id,
@@ -105,6 +110,10 @@ def push_run(
     run = resolve_run_dir(run_dir)
     repo_id = check_repo_id(repo_id)
     token = resolve_token(token, allow_env=allow_env_token)
+    if gguf:
+        from finetune.publish.export import check_format
+
+        _, gguf = check_format("gguf", gguf)
     config = run.load_config()
     merged = merged and config.method != "full"  # a full fine-tune is already a whole model: nothing to merge
     if merged and config.method == "qlora":
@@ -137,13 +146,19 @@ def push_run(
             (stage / "config.yaml").write_text(public_config(config, run).to_yaml(), encoding="utf-8")
             if not full_model:
                 _rewrite_adapter_base(stage, config)
+            gguf_file = _stage_gguf(run, gguf, stage, say) if gguf else None
 
             say("Writing the model card…")
             summary = summarize(run.path)
             license_id = _license_from_hub(api, summary, token)
             has_curve = plot_loss_curve(run.path, stage / LOSS_CURVE, summary=summary)
             card = build_model_card(
-                run.path, repo_id, merged=merged, license=license_id, loss_curve=LOSS_CURVE if has_curve else None
+                run.path,
+                repo_id,
+                merged=merged,
+                license=license_id,
+                loss_curve=LOSS_CURVE if has_curve else None,
+                gguf_file=gguf_file,
             )
             (stage / "README.md").write_text(card, encoding="utf-8")
             _check_no_token(stage, token)
@@ -195,6 +210,11 @@ def register_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPar
         help="merge the LoRA adapter into the base model and push the full model (not for qlora runs)",
     )
     parser.add_argument(
+        "--gguf",
+        choices=("f16", "q8_0"),
+        help="also push the run exported as one .gguf file (f16 or q8_0) with an Ollama Modelfile",
+    )
+    parser.add_argument(
         "--token-env",
         default=TOKEN_ENV,
         metavar="NAME",
@@ -214,6 +234,18 @@ def _cli_progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _stage_gguf(run: RunDir, quant: str, stage: Path, say: Any) -> str:
+    """Export the run as GGUF beside the staged files (the .gguf and its Modelfile); returns the .gguf's name."""
+    from finetune.publish.export import export_run
+
+    with tempfile.TemporaryDirectory(prefix="finetune-gguf-") as tmp:
+        result = export_run(run.path, "gguf", quant, out=Path(tmp) / "gguf", progress=say)
+        for item in result.folder.iterdir():
+            if item.is_file():
+                shutil.copy2(item, stage / item.name)
+        return result.main.name
+
+
 def _cli_push(args: argparse.Namespace) -> int:
     try:
         token = None
@@ -227,6 +259,7 @@ def _cli_push(args: argparse.Namespace) -> int:
             token=token,
             private=args.private,
             merged=args.merged,
+            gguf=args.gguf,
             progress=_cli_progress if (args.verbose or sys.stderr.isatty()) else None,
         )
     except UserError as exc:  # a user error: one line and exit 2, as every other command (finetune.cli.main)

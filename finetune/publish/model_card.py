@@ -297,8 +297,10 @@ def build_model_card(
     merged: bool = False,
     license: str | None = None,
     loss_curve: str | None = LOSS_CURVE,
+    gguf_file: str | None = None,
 ) -> str:
-    """The README.md (metadata header + body) for a run.
+    """The README.md (metadata header + body) for a run. gguf_file names a .gguf pushed beside it (with an Ollama
+    Modelfile): the card then says how to run it.
 
     repo_id fills the loading snippet (a placeholder when None); merged describes a LoRA merged into its base;
     license overrides the offline look-up (`finetune.publish.hub` asks the Hub); loss_curve is the image file name
@@ -316,6 +318,8 @@ def build_model_card(
         tags.append("lora")
     if merged:
         tags.append("merged")
+    if gguf_file:
+        tags.append("gguf")
     tags.append("sft" if c.task == "causal_lm" else "text-classification")
     tags = list(dict.fromkeys(tags))
     extra: dict[str, Any] = {}
@@ -331,8 +335,29 @@ def build_model_card(
         **extra,
     )
     body = _body(s, repo_id or "OWNER/NAME", merged=merged, license=license, loss_curve=loss_curve)
+    if gguf_file:
+        body = body.rstrip("\n") + "\n\n" + _run_gguf_section(repo_id or "OWNER/NAME", gguf_file) + "\n"
     card = ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
     return str(card)
+
+
+def _run_gguf_section(repo_id: str, gguf_file: str) -> str:
+    """How to run the pushed .gguf with Ollama and llama.cpp."""
+    name = repo_id.split("/")[-1].lower()
+    return "\n".join(
+        [
+            "## Run it with Ollama or llama.cpp",
+            "",
+            f"`{gguf_file}` holds the merged model, its tokenizer and chat template in one file; `Modelfile` is its "
+            "Ollama recipe (chat template, stop tokens, parameters).",
+            "",
+            "```bash",
+            f"hf download {repo_id} {gguf_file} Modelfile --local-dir {name}",
+            f"cd {name} && ollama create {name} -f Modelfile && ollama run {name}",
+            f"llama-cli -m {gguf_file} -cnv   # llama.cpp: the chat template comes from the file",
+            "```",
+        ]
+    )
 
 
 def _body(s: RunSummary, repo_id: str, *, merged: bool, license: str | None, loss_curve: str | None) -> str:
