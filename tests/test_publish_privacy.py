@@ -273,3 +273,30 @@ def test_public_config_with_nvme_offload_asks_for_a_disk(tmp_path):
     assert public.values["dataset"] == "bundled:pirate"
     assert re.search(r"--set nvme_path='<a directory on a fast local disk>'", text)
     assert TrainConfig.from_yaml(text).nvme_path.startswith("<")
+
+
+# ------------------------------------------------------------------------------------------------ exports
+
+
+def test_a_gguf_push_publishes_no_local_path(hub, alice):
+    push_run(alice["run"], "alice/acme-support-gguf", token=TOKEN, gguf="f16")
+
+    files = hub.repos["alice/acme-support-gguf"].files
+    assert "Modelfile" in files and any(name.endswith(".gguf") for name in files)
+    assert _leaks(hub, alice) == []
+
+
+@pytest.mark.parametrize(("fmt", "quant"), [("merged", None), ("gguf", "q8_0")])
+def test_every_exported_file_holds_no_local_path(alice, tmp_path_factory, fmt, quant):
+    from finetune.publish.export import export_run
+
+    out = tmp_path_factory.mktemp("export-out") / fmt
+    result = export_run(alice["run"], fmt, quant, out=out)
+    found = []
+    for path in sorted(p for p in result.folder.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        for what, needle in _needles(alice).items():
+            if needle.encode() in data or needle.encode() in data.replace(b"\\/", b"/"):
+                found.append(f"{path.name}: {what}")
+    assert found == []
+    assert len(list(result.folder.iterdir())) >= 2  # really written: model + tokenizer, or gguf + Modelfile
