@@ -70,12 +70,14 @@ class PublishTab:
         what = ("merged model" if merged else "adapter") + (f" and a {also} GGUF" if also else "")
         return [f"✓ Pushed the {what} of `{run_id}` to [{plain(url)}]({plain(url)}).", ""]
 
-    def export(self, run_id: str | None, fmt: str, quant: str) -> str:
-        """The status line of an export: what was written in the run's exports/ folder and its size."""
+    def export(self, run_id: str | None, fmt: str, quant: str, progress: gr.Progress = gr.Progress()) -> str:  # noqa: B008
+        """The status line of an export: what was written in the run's exports/ folder and its size. While it runs,
+        gradio's progress bar shows each stage (merging, tokenizer, weights, Modelfile)."""
         if not run_id:
             return "⚠ Pick a finished run first (train one in the *Train* tab)."
         try:
-            result = self.studio.export(run_id, fmt, quant if fmt == "gguf" else None)
+            stages = lambda message: progress(None, desc=message)  # noqa: E731
+            result = self.studio.export(run_id, fmt, quant if fmt == "gguf" else None, progress=stages)
         except UserError as exc:
             warn(str(exc))
             return f"⚠ {plain(str(exc))}"
