@@ -220,6 +220,24 @@ def find_run(value: str | Path, root: Path, field: str = "run", confine: bool = 
     return run
 
 
+FINISHED = ("completed", "stopped")  # a run with a final adapter or model that can be published or exported
+
+
+def find_finished_run(value: str | Path, root: Path, action: str) -> RunDir:
+    """A run (found by `find_run`) that finished with its final adapter or model; `action` ("publish", "export")
+    names what the user was doing in the refusal."""
+    run = find_run(value, root, field="run_dir")
+    state = run.effective_status()
+    if state not in FINISHED:
+        raise UserError(f"run_dir: {run.name} is {state}, not finished; {action} it once training has completed")
+    if not run.has_final_model():
+        raise UserError(
+            f"run_dir: {run.name} has no final adapter or model (adapter_model.safetensors or model.safetensors)",
+            "run_dir",
+        )
+    return run
+
+
 def list_runs(root: Path) -> list[RunDir]:
     """Run directories under `root`, newest first."""
     try:

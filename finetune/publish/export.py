@@ -24,7 +24,7 @@ from pathlib import Path
 
 from finetune.config import TrainConfig
 from finetune.errors import UserError, os_reason
-from finetune.publish.hub import FULL_MODEL_FILES, PUBLISHABLE_STATUSES, TOKENIZER_FILES
+from finetune.publish.hub import FULL_MODEL_FILES, TOKENIZER_FILES
 from finetune.publish.public import check_no_local_paths, looks_like_path
 from finetune.rundir import RunDir
 
@@ -122,15 +122,9 @@ def check_format(fmt: str, quant: str | None) -> tuple[str, str | None]:
 def finished_run(run_dir: str | Path) -> RunDir:
     """A run that finished with a final adapter or model, or a UserError saying why not."""
     from finetune.paths import runs_root
-    from finetune.rundir import find_run
+    from finetune.rundir import find_finished_run
 
-    run = find_run(run_dir, runs_root(), field="run_dir")
-    state = run.effective_status()
-    if state not in PUBLISHABLE_STATUSES:
-        raise UserError(f"run_dir: {run.name} is {state}, not finished; export it once training has completed")
-    if not run.has_final_model():
-        raise UserError(f"run_dir: {run.name} has no final adapter or model to export", "run_dir")
-    return run
+    return find_finished_run(run_dir, runs_root(), "export")
 
 
 def _target(run: RunDir, fmt: str, quant: str | None, out: str | Path | None) -> Path:

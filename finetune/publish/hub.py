@@ -76,7 +76,6 @@ TOKENIZER_FILES = (
     "sentencepiece.bpe.model",
     "*.tiktoken",
 )
-PUBLISHABLE_STATUSES = ("completed", "stopped")
 _NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$")
 _TEXT_SCAN_LIMIT = 16 * 1024 * 1024  # token scan: text-like files up to this size (weights cannot hold a token)
 
@@ -329,17 +328,9 @@ def check_repo_id(repo_id: str) -> str:
 def resolve_run_dir(run_dir: str | Path) -> RunDir:
     """A finished run: a directory (or a run name under the runs root) with a final adapter or model."""
     from finetune.paths import runs_root
-    from finetune.rundir import find_run
+    from finetune.rundir import find_finished_run
 
-    run = find_run(run_dir, runs_root(), field="run_dir")
-    state = run.effective_status()
-    if state not in PUBLISHABLE_STATUSES:
-        raise UserError(f"run: {run.name} is {state}, not finished; publish it once training has completed")
-    if not run.has_final_model():
-        raise UserError(
-            f"run: {run.name} has no final adapter or model (adapter_model.safetensors or model.safetensors)"
-        )
-    return run
+    return find_finished_run(run_dir, runs_root(), "publish")
 
 
 # ------------------------------------------------------------------------------------------------- staging
