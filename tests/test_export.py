@@ -19,7 +19,7 @@ from finetune.publish import export as exportmod
 from finetune.publish import gguf_writer
 from finetune.publish.export import check_format, export_run
 from tests.run_fixtures import train_run
-from tests.tiny import build_llama, build_tokenizer
+from tests.tiny import TINY_SHAPE, build_llama, build_tokenizer
 
 # Text the runs never saw (their data is pirate answers to numbered questions).
 UNSEEN = (
@@ -291,12 +291,7 @@ def test_gguf_of_other_llama_family_shapes_reads_back(model_type, tmp_path):
     config = AutoConfig.for_model(
         model_type,
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
+        **TINY_SHAPE,
         initializer_range=0.3,
         tie_word_embeddings=False,
     )

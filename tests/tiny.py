@@ -38,6 +38,17 @@ def build_tokenizer(path: Path):
     return fast
 
 
+# The shape every tiny test model shares: 2 layers, hidden 64, GQA 4 heads / 2 KV heads.
+TINY_SHAPE = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+}
+
+
 def build_llama(path: Path, vocab_size: int = 384, **overrides):
     """A random 2-layer, hidden-64 Llama (GQA 4 heads / 2 KV heads) with its tokenizer, saved to `path`."""
     import torch
@@ -47,12 +58,7 @@ def build_llama(path: Path, vocab_size: int = 384, **overrides):
     tokenizer = build_tokenizer(path)
     config = LlamaConfig(
         vocab_size=max(vocab_size, len(tokenizer)),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
+        **TINY_SHAPE,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
