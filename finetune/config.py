@@ -44,6 +44,10 @@ DEEPSPEED_SCHEDULERS = {
 }
 LORA_INITS = ("true", "gaussian", "pissa", "olora")  # PEFT's `init_lora_weights` names
 REPORTERS = ("none", "tensorboard", "trackio", "wandb")
+OBJECTIVES = ("sft", "dpo", "orpo", "kto")
+PREFERENCE_OBJECTIVES = ("dpo", "orpo", "kto")
+DPO_LOSSES = ("sigmoid", "ipo", "hinge", "robust")  # TRL DPOConfig.loss_type names
+LIGER_CHOICES = ("auto", "on", "off")
 OFFLOAD = ("none", "cpu", "nvme")
 
 # Bounds on what a user can paste or upload: a run config is a few KB of flat keys, so anything far beyond is refused
@@ -111,11 +115,40 @@ class TrainConfig:
     prompt_column: str = _f("", "Column with the prompt for prompt/completion data; empty = detect.", "Data")
     completion_column: str = _f("", "Column with the answer; the loss is computed on it only. Empty = detect.", "Data")
     messages_column: str = _f("", "Column with chat messages [{role, content}]; empty = detect.", "Data")
-    label_column: str = _f("", "Column with the class label for sequence classification; empty = detect.", "Data")
+    label_column: str = _f(
+        "", "Column with the class label (classification) or the true/false label (kto); empty = detect.", "Data"
+    )
+    chosen_column: str = _f("", "Column with the preferred answer (dpo, orpo); empty = detect.", "Data")
+    rejected_column: str = _f("", "Column with the worse answer (dpo, orpo); empty = detect.", "Data")
     max_seq_length: int = _f(
         256, "Longest tokenised example; longer ones are truncated. Memory grows linearly with it.", "Data", min=8
     )
     packing: bool = _f(False, "Concatenate short examples into full-length rows: faster, slight cross-talk.", "Data")
+
+    # --- Objective
+    objective: str = _f(
+        "sft",
+        "sft: learn to give the answers in the data (supervised fine-tuning). dpo: learn which of two answers is "
+        "better (prompt, chosen, rejected). orpo: SFT and preference in one loss, no reference model. kto: learn from "
+        "single answers marked good or bad (prompt, completion, label).",
+        "Objective",
+        choices=OBJECTIVES,
+    )
+    beta: float = _f(
+        0.1,
+        "Preference strength. dpo/kto: how far the tuned model may move from the reference (higher stays closer; "
+        "0.1 is usual). orpo: weight of the preference term beside the SFT loss.",
+        "Objective",
+        min=0.0,
+        max=100.0,
+    )
+    loss_type: str = _f(
+        "sigmoid",
+        "DPO loss. sigmoid: the original DPO. ipo: a squared loss that does not over-fit clean pairs. hinge: SLiC's "
+        "margin loss. robust: tolerates some pairs labelled the wrong way round.",
+        "Objective",
+        choices=DPO_LOSSES,
+    )
 
     # --- Method
     method: str = _f(
@@ -200,6 +233,14 @@ class TrainConfig:
     )
     gradient_checkpointing: bool = _f(
         False, "Recompute activations in the backward pass: much less memory, ~30% slower.", "Precision & memory"
+    )
+    liger_kernel: str = _f(
+        "auto",
+        "Liger's fused Triton kernels (RMSNorm, SwiGLU, RoPE, and a cross-entropy that never holds the full logits): "
+        "faster, less memory. auto: on with a CUDA GPU, a supported model family and liger-kernel installed. "
+        "on: require it. off: plain PyTorch.",
+        "Precision & memory",
+        choices=LIGER_CHOICES,
     )
 
     # --- DeepSpeed
@@ -324,6 +365,70 @@ FIELD_NAMES = tuple(FIELDS)
 def field_help(name: str) -> str:
     """Help text of one field."""
     return FIELDS[name].metadata["help"]
+
+
+# What a person reads beside each field; the config key stays as a small hint for YAML and CLI users.
+LABELS = {
+    "model": "Base model",
+    "trust_remote_code": "Trust the model's own code",
+    "task": "Task",
+    "num_labels": "Number of classes",
+    "dataset": "Training data",
+    "dataset_split": "Training split",
+    "eval_split": "Evaluation split",
+    "text_column": "Text column",
+    "text_pair_column": "Second text column",
+    "prompt_column": "Prompt column",
+    "completion_column": "Answer column",
+    "messages_column": "Conversation column",
+    "label_column": "Label column",
+    "chosen_column": "Preferred answer column",
+    "rejected_column": "Worse answer column",
+    "max_seq_length": "Longest example (tokens)",
+    "packing": "Pack short examples together",
+    "objective": "Training goal",
+    "beta": "Preference strength (beta)",
+    "loss_type": "DPO loss",
+    "method": "Method",
+    "lora_r": "LoRA rank",
+    "lora_alpha": "LoRA alpha",
+    "lora_dropout": "LoRA dropout",
+    "lora_target_modules": "Layers with adapters",
+    "use_dora": "DoRA (weight-decomposed LoRA)",
+    "use_rslora": "rsLoRA (rank-stabilised scaling)",
+    "init_lora_weights": "Adapter initialisation",
+    "quant_type": "4-bit data type",
+    "double_quant": "Double quantisation",
+    "per_device_train_batch_size": "Batch size per device",
+    "gradient_accumulation_steps": "Gradient accumulation steps",
+    "learning_rate": "Learning rate",
+    "weight_decay": "Weight decay",
+    "max_grad_norm": "Gradient clipping",
+    "optim": "Optimizer",
+    "lr_scheduler_type": "Learning-rate schedule",
+    "warmup_steps": "Warm-up steps",
+    "num_train_epochs": "Epochs",
+    "max_steps": "Training steps",
+    "seed": "Random seed",
+    "precision": "Precision",
+    "gradient_checkpointing": "Gradient checkpointing",
+    "liger_kernel": "Liger fused kernels",
+    "backend": "Training engine",
+    "zero_stage": "ZeRO stage",
+    "offload_optimizer": "Offload optimizer states",
+    "offload_param": "Offload parameters",
+    "nvme_path": "NVMe folder",
+    "output_dir": "Run folder",
+    "logging_steps": "Log every N steps",
+    "save_steps": "Checkpoint every N steps",
+    "eval_steps": "Evaluate every N steps",
+    "report_to": "Experiment tracker",
+}
+
+
+def field_label(name: str) -> str:
+    """The human label of one field (the key itself if none is set)."""
+    return LABELS.get(name, name)
 
 
 def field_groups() -> dict[str, list[str]]:
@@ -529,6 +634,14 @@ def _cross_field_errors(c: TrainConfig) -> list[ConfigError]:
         )
     if c.task == "sequence_classification" and c.packing:
         bad("packing", "packing applies to causal_lm only; set packing: false")
+    if c.objective != "sft" and c.task == "sequence_classification":
+        bad("objective", f"{c.objective} trains a causal LM on answers; use objective: sft for sequence_classification")
+    if c.objective != "sft" and c.packing:
+        bad("packing", f"packing applies to objective: sft; {c.objective} compares whole answers. Set packing: false")
+    if c.objective in PREFERENCE_OBJECTIVES and c.backend == "deepspeed":
+        bad("backend", f"{c.objective} runs through TRL's trainer; use backend: trainer (zero_stage 1-3 still works)")
+    if c.loss_type != "sigmoid" and c.objective != "dpo":
+        bad("loss_type", f"applies to objective: dpo; set it to sigmoid for {c.objective}")
     if c.method == "qlora" and c.optim == "sgd":
         pass  # allowed: SGD on LoRA weights works, just unusual
     return out

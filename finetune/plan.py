@@ -91,6 +91,9 @@ class RunPlan:
     deepspeed: bool  # DeepSpeed runs the step (its engine loop, or the Trainer with a ds config)
     optimizer: str  # our optimizer name (config.optim); `trainer_optim` maps it
     effective_batch: int  # examples per optimizer step over the whole world
+    objective: str = "sft"  # sft | dpo | orpo | kto
+    reference: str | None = None  # dpo/kto: "adapter-off" (the base under the adapter) or "copy" (a frozen copy)
+    liger: bool = False  # Liger's fused kernels patch the model (CUDA + liger-kernel installed)
 
     @property
     def trainer_optim(self) -> str:
@@ -167,6 +170,9 @@ def plan_for(config: TrainConfig, device: str | None = None, world_size: int | N
         deepspeed=uses_deepspeed(config),
         optimizer=config.optim,
         effective_batch=config.per_device_train_batch_size * config.gradient_accumulation_steps * max(1, world_size),
+        objective=config.objective,
+        reference=reference_for(config),
+        liger=uses_liger(config, device),
     )
 
 
@@ -190,6 +196,26 @@ def model_class_for(task: str) -> str:
 def uses_deepspeed(config: TrainConfig) -> bool:
     """DeepSpeed runs the step: its own engine loop, or the Trainer with a ZeRO config."""
     return config.backend == "deepspeed" or config.zero_stage > 0
+
+
+def reference_for(config: TrainConfig) -> str | None:
+    """What DPO/KTO compare against: with adapters, the same model with them switched off (no second copy in
+    memory); for full fine-tuning, a frozen copy of the starting weights. SFT and ORPO need no reference."""
+    if config.objective not in ("dpo", "kto"):
+        return None
+    return "copy" if config.method == "full" else "adapter-off"
+
+
+def uses_liger(config: TrainConfig, device: str) -> bool:
+    """Liger's Triton kernels need a CUDA GPU and the liger-kernel package; `on` asks for them, `auto` takes them
+    where they can run."""
+    if config.liger_kernel == "off" or device != "cuda":
+        return False
+    if config.liger_kernel == "on":
+        return True
+    import importlib.util
+
+    return importlib.util.find_spec("liger_kernel") is not None
 
 
 def lora_targets(text: str) -> str | tuple[str, ...]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from finetune.config import FIELD_NAMES, TrainConfig, field_groups, field_help, parse_set_option
+from finetune.config import FIELD_NAMES, TrainConfig, field_groups, field_help, field_label, parse_set_option
 from finetune.errors import ConfigError
 
 CONTRACT_KEYS = (
@@ -13,7 +13,7 @@ CONTRACT_KEYS = (
     "precision per_device_train_batch_size gradient_accumulation_steps gradient_checkpointing max_seq_length packing "
     "learning_rate weight_decay max_grad_norm optim lr_scheduler_type warmup_steps num_train_epochs max_steps "
     "logging_steps save_steps eval_steps seed report_to backend zero_stage offload_optimizer offload_param output_dir "
-    "trust_remote_code"
+    "trust_remote_code objective beta loss_type chosen_column rejected_column liger_kernel"
 ).split()
 
 
@@ -21,9 +21,11 @@ def test_every_contract_key_exists_with_help_and_group():
     for key in CONTRACT_KEYS:
         assert key in FIELD_NAMES, key
         assert len(field_help(key)) > 15, key
+        assert field_label(key) != key and "_" not in field_label(key), key
     assert set(field_groups()) == {
         "Model",
         "Data",
+        "Objective",
         "Method",
         "Optimisation",
         "Precision & memory",

@@ -167,6 +167,7 @@ def test_every_config_field_has_a_component_with_help_in_configure(ui):
     assert list(ui.config.groups) == [
         "Model",
         "Data",
+        "Objective",
         "Method",
         "Optimisation",
         "Precision & memory",
