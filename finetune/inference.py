@@ -1,4 +1,5 @@
-"""Generation: sample answers during training, and streaming chat with the base model or a run's adapter."""
+"""Generation and classification: sample answers during training, streaming chat with the base model or a run's
+adapter, and a sequence-classification run's labels and scores for a text."""
 
 from __future__ import annotations
 
@@ -87,6 +88,94 @@ def adapter_dir(run_path: Path) -> Path | None:
     return run.last_checkpoint()
 
 
+LABELS_FILE = "labels.json"  # a classification run's class names, in head order (written when the run starts)
+
+
+@dataclass(frozen=True)
+class Classification:
+    """A classifier's answer: every label with its probability, most likely first."""
+
+    scores: list[tuple[str, float]]
+
+    @property
+    def label(self) -> str:
+        """The most likely label."""
+        return self.scores[0][0]
+
+
+def label_names(run_path: Path, config: TrainConfig) -> list[str]:
+    """A classification run's class names: the names saved when it started, else the saved model's own
+    `id2label` (a full fine-tune), else LABEL_0.. for as many classes as the saved head has."""
+    from finetune.atomic import read_json
+
+    names = read_json(Path(run_path) / LABELS_FILE)
+    if isinstance(names, list) and names and all(isinstance(n, str) for n in names):
+        return names
+    weights = adapter_dir(run_path)
+    saved = read_json(weights / "config.json") if weights is not None else None
+    if isinstance(saved, dict) and isinstance(saved.get("id2label"), dict) and saved["id2label"]:
+        return [str(saved["id2label"][k]) for k in sorted(saved["id2label"], key=int)]
+    count = head_size(weights) if weights is not None else None
+    return [f"LABEL_{i}" for i in range(count or config.num_labels or 2)]
+
+
+def head_size(weights: Path) -> int | None:
+    """The number of classes of the classifier head saved with a LoRA adapter (PEFT keeps the head whole)."""
+    import re
+
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(weights / "adapter_model.safetensors"), framework="pt") as fh:
+            for key in fh.keys():
+                if re.search(r"(score|classifier)[^/]*\.weight$", key) and "lora_" not in key:
+                    return int(fh.get_slice(key).get_shape()[0])
+    except (OSError, ValueError):  # no adapter file, or not safetensors: the caller falls back
+        return None
+    return None
+
+
+def load_classifier(config: TrainConfig, run_path: Path) -> tuple[Any, Any, list[str]]:
+    """(model, tokenizer, label names) of a sequence-classification run, built as its plan trained it."""
+    from finetune import models
+    from finetune.plan import plan_for
+
+    weights = adapter_dir(run_path)
+    if weights is None:
+        raise UserError(f"run: {Path(run_path).name} has no saved weights yet (no checkpoint so far)", field="run")
+    plan = plan_for(config)
+    if not plan.is_classifier:
+        raise UserError("run: this run tunes a chat model; talk to it in the chat instead", field="run")
+    names = label_names(run_path, config)
+    tokenizer = models.load_tokenizer(config)
+    if (weights / "adapter_config.json").is_file():
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(models.load_base(plan, num_labels=len(names)), str(weights))
+    else:
+        model = plan.auto_class().from_pretrained(str(weights), dtype=plan.torch_dtype(plan.compute_dtype))
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    model.eval()
+    return _place(model, plan), tokenizer, names
+
+
+def classify(
+    model: Any, tokenizer: Any, names: list[str], text: str, text_pair: str = "", max_length: int = 512
+) -> Classification:
+    """Every label's probability for one text (or a text pair), read as the run was trained to read it (the same
+    tokenisation and truncation)."""
+    import torch
+
+    encoded = tokenizer(text, text_pair or None, truncation=True, max_length=max_length, return_tensors="pt")
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        logits = model(**{k: v.to(device) for k, v in encoded.items()}).logits[0].float()
+    probs = torch.softmax(logits, dim=-1).tolist()
+    labelled = [(names[i] if i < len(names) else f"LABEL_{i}", p) for i, p in enumerate(probs)]
+    return Classification(sorted(labelled, key=lambda item: item[1], reverse=True))
+
+
 def load_for_chat(base: TrainConfig, run_path: Path | None = None) -> tuple[Any, Any]:
     """(model, tokenizer) for chat, built as the run plan trains it: the base (4-bit for QLoRA) plus the run's
     adapter, or a full fine-tune's own weights."""
@@ -100,7 +189,7 @@ def load_for_chat(base: TrainConfig, run_path: Path | None = None) -> tuple[Any,
             raise UserError(f"run: {Path(run_path).name} has no saved weights yet (no checkpoint so far)", field="run")
     plan = plan_for(base)
     if plan.is_classifier:
-        raise UserError("run: a sequence-classification model answers with labels, not chat", field="run")
+        raise UserError("run: a sequence-classification run answers with labels: classify a text instead", field="run")
     tokenizer = models.load_tokenizer(base)
     if weights is not None and not (weights / "adapter_config.json").is_file():
         # A full fine-tune: its own weights, in the dtype its matmuls ran in.

@@ -22,7 +22,7 @@ from typing import Any
 from finetune.access import DATA_SUFFIXES, AccessPolicy
 from finetune.config import FIELDS, TrainConfig
 from finetune.errors import ConfigError, UserError
-from finetune.inference import GenerationSettings
+from finetune.inference import Classification, GenerationSettings
 from finetune.progress import TrainingState
 from finetune.rundir import RunDir, find_run
 from finetune.runs import RunManager
@@ -47,7 +47,7 @@ class Studio:
     ) -> None:
         self.manager = RunManager(runs_root)
         self.policy = policy or AccessPolicy.local()
-        self._chat_models: OrderedDict[str, tuple[Any, Any]] = OrderedDict()
+        self._chat_models: OrderedDict[str, tuple[Any, ...]] = OrderedDict()  # chat: (model, tokenizer); +names
         self._chat_lock = threading.Lock()  # one generation at a time: requests queue instead of thrashing the CPU/GPU
         self._chat_cache_size = chat_cache_size
         self._uploads: set[str] = set()  # files uploaded to this app since it started (allowed as data when public)
@@ -348,6 +348,40 @@ class Studio:
                 self._chat_models.popitem(last=False)
             return loaded
 
+    # ----------------------------------------------------------------- classifier
+    def source_kind(self, source: str | None) -> str:
+        """How a chat source answers: "classifier" for a sequence-classification run (text in, labels and scores
+        out), "chat" for everything else."""
+        if not isinstance(source, str) or source == BASE or source.startswith(BASE_OF):
+            return "chat"
+        try:
+            config = self._run(source).load_config()
+        except UserError:
+            return "chat"  # an unknown run: the chat itself reports it in its own words
+        return "classifier" if config.task == "sequence_classification" else "chat"
+
+    def classify(self, source: str, text: str, text_pair: str = "") -> Classification:
+        """Every label's probability for a text (and optional second text) from a sequence-classification run."""
+        from finetune.inference import adapter_dir, classify, load_classifier
+
+        for name, value in (("text", text), ("second text", text_pair)):
+            if not isinstance(value, str) or len(value) > CHAT_MESSAGE_LIMIT:
+                raise UserError(f"{name}: give text of at most {CHAT_MESSAGE_LIMIT} characters", field=name)
+        if not text.strip():
+            raise UserError("text: empty; type the text to classify", field="text")
+        run = self._run(source)
+        self._check_run_allowed(run)
+        config = run.load_config()
+        key = f"classify:{source}:{adapter_dir(run.path)}"  # a newer checkpoint of a running run loads afresh
+        with self._chat_lock:
+            if key not in self._chat_models:
+                self._chat_models[key] = load_classifier(config, run.path)
+                while len(self._chat_models) > self._chat_cache_size:
+                    self._chat_models.popitem(last=False)
+            self._chat_models.move_to_end(key)
+            model, tokenizer, names = self._chat_models[key]
+            return classify(model, tokenizer, names, text.strip(), text_pair.strip(), config.max_seq_length)
+
     # ----------------------------------------------------------------- publish
     def push(
         self,
@@ -421,4 +455,4 @@ def _file_stamp(path: Path) -> tuple[int, float]:
     return (st.st_size, st.st_mtime)
 
 
-__all__ = ["BASE", "BASE_OF", "GenerationSettings", "Studio"]
+__all__ = ["BASE", "BASE_OF", "Classification", "GenerationSettings", "Studio"]

@@ -1,5 +1,6 @@
 """Chat tab: talk to the base model, a finished run's adapter, or the running run's latest checkpoint; optionally
-side by side with the base model, the same prompt sent to both.
+side by side with the base model, the same prompt sent to both. A sequence-classification run is offered as what it
+is: a text (or a pair) in, its labels with their probabilities out.
 
 Replies stream. The first message to a model loads it (shown as "loading" in the reply bubble); requests queue, one
 generation at a time.
@@ -40,6 +41,12 @@ class ChatTab:
     temperature: Any = None
     top_p: Any = None
     system_prompt: Any = None
+    chat_area: Any = None
+    classify_area: Any = None
+    classify_text: Any = None
+    classify_pair: Any = None
+    classify_btn: Any = None
+    classify_result: Any = None
 
     def sources(self, current: str | None = None) -> dict:
         """The source choices, keeping the current one if it still exists (else the newest tuned run, else base)."""
@@ -110,6 +117,23 @@ class ChatTab:
             if not str(target[-1]["content"]).strip() or target[-1]["content"] == LOADING:
                 target[-1] = {"role": "assistant", "content": EMPTY}
                 yield ["", [*history], [*base_history]]
+
+    def mode(self, source: str | None) -> list:
+        """[chat area, compare box, classifier area]: a classification run shows the classifier, others the chat."""
+        classifier = self.studio.source_kind(source) == "classifier"
+        return [gr.update(visible=not classifier), gr.update(visible=not classifier), gr.update(visible=classifier)]
+
+    def classify(self, source: str | None, text: str, text_pair: str) -> Any:
+        """The labels of a text, most likely first, with their probabilities (a gr.Label value)."""
+        try:
+            answer = self.studio.classify(source or "", text or "", text_pair or "")
+        except UserError as exc:
+            warn(str(exc))
+            return gr.skip()
+        except Exception as exc:  # a model that fails to load: one line, never a traceback
+            warn(one_line(exc))
+            return gr.skip()
+        return {label: score for label, score in answer.scores}
 
     def toggle_compare(self, compare: bool, source: str | None) -> list:
         both = bool(compare) and (source or BASE) != BASE
@@ -184,6 +208,21 @@ def build(studio: Studio) -> ChatTab:
         tab.compare = gr.Checkbox(
             value=False, label="Side by side with the base model", elem_id="chat-compare", scale=1
         )
+    with gr.Column(elem_id="chat-area") as tab.chat_area:
+        _build_chat(tab)
+    with gr.Column(visible=False, elem_id="classify-area") as tab.classify_area:
+        gr.Markdown("This run is a classifier: it reads a text and answers with a label and how sure it is.")
+        with gr.Row():
+            tab.classify_text = gr.Textbox(label="Text", lines=3, elem_id="classify-text", scale=3)
+            tab.classify_pair = gr.Textbox(
+                label="Second text (pair tasks only)", lines=3, elem_id="classify-pair", scale=2
+            )
+        tab.classify_btn = gr.Button("Classify", variant="primary", elem_id="classify-btn")
+        tab.classify_result = gr.Label(label="Labels", num_top_classes=5, elem_id="classify-result")
+    return tab
+
+
+def _build_chat(tab: ChatTab) -> None:
     with gr.Row(equal_height=True):
         tab.chatbot = gr.Chatbot(
             label="Base model",
@@ -229,7 +268,6 @@ def build(studio: Studio) -> ChatTab:
         tab.system_prompt = gr.Textbox(
             value="", label="system prompt", placeholder="e.g. You are a concise assistant.", lines=2
         )
-    return tab
 
 
 # ----------------------------------------------------------------------------------------------- events
@@ -265,4 +303,15 @@ def wire(tab: ChatTab, config: ConfigTab, demo: gr.Blocks, chat_tab: Any) -> Non
             show_progress="hidden",
             queue=False,
         )
+    tab.source.change(
+        tab.mode,
+        tab.source,
+        [tab.chat_area, tab.compare, tab.classify_area],
+        api_visibility="undocumented",
+        show_progress="hidden",
+    )
+    classify_io = ([tab.source, tab.classify_text, tab.classify_pair], tab.classify_result)
+    queued = {"concurrency_id": "chat", "concurrency_limit": 1}  # one model at work at a time, as for chat
+    tab.classify_btn.click(tab.classify, *classify_io, api_name="classify", **queued)
+    tab.classify_text.submit(tab.classify, *classify_io, api_visibility="undocumented", **queued)
     demo.load(tab.sources, tab.source, tab.source, api_visibility="undocumented", show_progress="hidden")

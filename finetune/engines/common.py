@@ -6,8 +6,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from finetune import data, models
+from finetune.atomic import write_json
 from finetune.config import TrainConfig
 from finetune.errors import UserError
+from finetune.inference import LABELS_FILE
 from finetune.plan import RunPlan, plan_for
 from finetune.progress import Progress
 
@@ -55,6 +57,8 @@ def prepare_run(config: TrainConfig, progress: Progress) -> Prepared:
     if prepared_data.label_names:
         model.config.id2label = dict(enumerate(prepared_data.label_names))
         model.config.label2id = {name: i for i, name in enumerate(prepared_data.label_names)}
+        if progress.write_files:  # a LoRA classifier saves only its adapter: keep the class names beside it
+            write_json(progress.run.path / LABELS_FILE, prepared_data.label_names)
     save_initial_adapter(model, plan, progress)
     trainable, total = models.parameter_counts(model)
     progress.message(
