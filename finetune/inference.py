@@ -193,7 +193,7 @@ def load_for_chat(base: TrainConfig, run_path: Path | None = None) -> tuple[Any,
     tokenizer = models.load_tokenizer(base)
     if weights is not None and not (weights / "adapter_config.json").is_file():
         # A full fine-tune: its own weights, in the dtype its matmuls ran in.
-        model = _causal_lm().from_pretrained(str(weights), dtype=plan.torch_dtype(plan.compute_dtype))
+        model = plan.auto_class().from_pretrained(str(weights), dtype=plan.torch_dtype(plan.compute_dtype))
     else:
         model = models.load_base(plan)
         if weights is not None:
@@ -202,12 +202,6 @@ def load_for_chat(base: TrainConfig, run_path: Path | None = None) -> tuple[Any,
             model = PeftModel.from_pretrained(model, str(weights))
     model.eval()
     return _place(model, plan), tokenizer
-
-
-def _causal_lm() -> Any:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM
 
 
 def _place(model: Any, plan: Any) -> Any:

@@ -370,22 +370,23 @@ def _stage_merged(run: RunDir, config: TrainConfig, stage: Path, token: str) -> 
     import torch
     from peft import PeftModel
 
-    model_cls = _model_class(config)
+    from finetune.inference import label_names
+    from finetune.plan import plan_for
+
+    plan = plan_for(config)
+    model_cls = plan.auto_class()
     kwargs: dict = {}
-    if config.task == "sequence_classification":
-        kwargs["num_labels"] = _adapter_num_labels(run.path) or config.num_labels or 2
+    if plan.is_classifier:
+        names = label_names(run.path, config)  # the run's class names, so the merged model answers with them
+        kwargs.update(
+            num_labels=len(names), id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)}
+        )
     base = _load_base(config, model_cls, token, **kwargs)
     with torch.no_grad():
         model = PeftModel.from_pretrained(base, str(run.path))
         model = model.merge_and_unload()
     model.save_pretrained(str(stage))
     del model, base
-
-
-def _model_class(config: TrainConfig):
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
-
-    return AutoModelForSequenceClassification if config.task == "sequence_classification" else AutoModelForCausalLM
 
 
 def _load_base(config: TrainConfig, model_cls, token: str, **kwargs):
@@ -400,20 +401,6 @@ def _load_base(config: TrainConfig, model_cls, token: str, **kwargs):
         )
     except OSError as exc:
         raise UserError(f"--merged: cannot load the base model {config.model}: {_first_line(exc)}") from None
-
-
-def _adapter_num_labels(run_path: Path) -> int | None:
-    """The classifier head size saved with a sequence-classification adapter (modules_to_save)."""
-    try:
-        from safetensors import safe_open
-
-        with safe_open(str(run_path / "adapter_model.safetensors"), framework="pt") as fh:
-            for key in fh.keys():
-                if re.search(r"(score|classifier)[^/]*\.weight$", key) and "lora_" not in key:
-                    return int(fh.get_slice(key).get_shape()[0])
-    except Exception:  # fall back to the config's num_labels
-        return None
-    return None
 
 
 # --------------------------------------------------------------------------------------------- license, token
