@@ -53,12 +53,10 @@ NVME_AIO = {
 
 # --------------------------------------------------------------------------- what the machine offers
 def has_cuda() -> bool:
-    try:
-        import torch
+    """Whether this machine has a CUDA GPU (torch is imported only when asked)."""
+    import torch
 
-        return torch.cuda.is_available()
-    except ImportError:  # pragma: no cover - torch is a hard dependency of training, not of config export
-        return False
+    return torch.cuda.is_available()
 
 
 def resolved_precision(config: TrainConfig) -> str:

@@ -34,23 +34,17 @@ def plain_error(exc: BaseException, config: TrainConfig, step: int) -> tuple[str
 
 def is_out_of_memory(exc: BaseException) -> bool:
     """torch's OOM error, or an allocator message that says the same."""
-    try:
-        import torch
+    import torch
 
-        if isinstance(exc, torch.OutOfMemoryError):
-            return True
-    except ImportError:
-        pass
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
     return isinstance(exc, (MemoryError, RuntimeError)) and "out of memory" in str(exc).lower()
 
 
 def release_memory() -> None:
     """Give memory back after a run so the next one in this process starts clean."""
-    gc.collect()
-    try:
-        import torch
+    import torch
 
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    except ImportError:
-        pass
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
