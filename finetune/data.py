@@ -1,8 +1,12 @@
 """Training data: load (bundled, local file, Hub id), detect the format, render with the chat template, tokenise, mask.
 
 Formats: `messages` (chat), `prompt`/`completion` (loss on the completion only), plain `text`, and text(+pair)/label
-for sequence classification. Labels are masked by position (prompt vs answer), never by token id: SmolLM2's pad
-token is also its EOS, and masking by id would teach the model never to stop.
+for sequence classification. Preference objectives (dpo, orpo, kto) read `prompt`/`chosen`/`rejected` pairs, or for
+kto `prompt`/`completion`/true-false `label`, each side as text or as a conversation (TRL's standard and
+conversational shapes); TRL tokenises them, this module checks, normalises and previews them.
+
+Labels are masked by position (prompt vs answer), never by token id: SmolLM2's pad token is also its EOS, and masking
+by id would teach the model never to stop.
 """
 
 from __future__ import annotations
@@ -32,6 +36,11 @@ PAIR_NAMES = (
 TEXT_NAMES = ("text", "sentence", "sentence1", "content", "document")
 TEXT_PAIR_NAMES = ("sentence2", "text_pair", "text2", "hypothesis")
 LABEL_NAMES = ("label", "labels", "class", "target")
+CHOSEN_NAMES = ("chosen", "preferred", "accepted", "chosen_response")
+REJECTED_NAMES = ("rejected", "dispreferred", "rejected_response")
+PREFERENCE_PROMPT_NAMES = ("prompt", "question", "instruction", "input")
+KTO_COMPLETION_NAMES = ("completion", "response", "answer", "output")
+PREFERENCE_KINDS = ("preference", "unpaired")  # prompt/chosen/rejected pairs; prompt/completion/label (kto)
 ROLE_ALIASES = {"human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant"}
 
 
@@ -39,7 +48,7 @@ ROLE_ALIASES = {"human": "user", "gpt": "assistant", "bot": "assistant", "model"
 class DataFormat:
     """How rows are read: the kind and the columns it uses."""
 
-    kind: str  # messages | prompt_completion | text | classification
+    kind: str  # messages | prompt_completion | text | classification | preference | unpaired
     columns: dict[str, str]
 
     def describe(self) -> str:
@@ -342,6 +351,8 @@ def _arrow_uniform(values: list[Any]) -> bool:
 # ----------------------------------------------------------------------------- checking values
 def _check_columns(tables: list[_Table], fmt: DataFormat, config: TrainConfig) -> list[dict[str, list[Any]]]:
     """Every row of every used column checked; returns the normalised columns of each table."""
+    if fmt.kind in PREFERENCE_KINDS:
+        return [_check_preference_table(table, fmt) for table in tables]
     out: list[dict[str, list[Any]]] = [{} for _ in tables]
     for role, column in fmt.columns.items():
         if role == "label":
@@ -401,6 +412,18 @@ def _check_text(table: _Table, column: str, values: list[Any]) -> list[str]:
 
 def message_list(value: Any) -> list[dict[str, str]]:
     """A `messages` cell as [{role, content}] (ShareGPT's from/value and JSON text accepted); refuses the rest."""
+    out = _parse_messages(value)
+    answers = [i for i, m in enumerate(out, 1) if m["role"] == "assistant"]
+    if not answers:
+        raise _Bad("no assistant message to learn from")
+    for number in answers:
+        if not out[number - 1]["content"].strip():
+            raise _Bad(f"message {number} (assistant) is empty")
+    return out
+
+
+def _parse_messages(value: Any) -> list[dict[str, str]]:
+    """A non-empty list of {role, content} messages (from/value and JSON text accepted), roles normalised."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
@@ -420,12 +443,6 @@ def message_list(value: Any) -> list[dict[str, str]]:
             raise _Bad(f"message {number} has no content")
         content = message.get("content", message.get("value"))
         out.append({"role": ROLE_ALIASES.get(role.strip(), role.strip()), "content": _content_text(content, number)})
-    answers = [i for i, m in enumerate(out, 1) if m["role"] == "assistant"]
-    if not answers:
-        raise _Bad("no assistant message to learn from")
-    for number in answers:
-        if not out[number - 1]["content"].strip():
-            raise _Bad(f"message {number} (assistant) is empty")
     return out
 
 
@@ -450,6 +467,89 @@ def _check_messages(table: _Table, column: str, values: list[Any]) -> list[list[
         except _Bad as exc:
             raise table.error(index, column, f": {exc}") from None
     return out
+
+
+# ----------------------------------------------------------------------------- preference rows (dpo, orpo, kto)
+def _check_preference_table(table: _Table, fmt: DataFormat) -> dict[str, list[Any]]:
+    """Every side of every row checked (text or a conversation, not empty; chosen differs from rejected; kto labels
+    true or false); returns the columns normalised, all sides as conversations when any row holds one."""
+    out: dict[str, list[Any]] = {}
+    for role, column in fmt.columns.items():
+        values = table.columns[column]
+        if role == "label":
+            out[column] = _check_kto_labels(table, column, values)
+        else:
+            out[column] = [_checked_side(table, index, column, value, role) for index, value in enumerate(values)]
+    if fmt.kind == "preference":
+        chosen, rejected = fmt.columns["chosen"], fmt.columns["rejected"]
+        for index, (better, worse) in enumerate(zip(out[chosen], out[rejected], strict=True)):
+            if _answer_text(better) == _answer_text(worse):
+                raise table.error(
+                    index,
+                    rejected,
+                    f" is the same as column {chosen!r}; a pair needs two different answers: fix or remove the row",
+                )
+    sides = [(role, column) for role, column in fmt.columns.items() if role != "label"]
+    if any(isinstance(value, list) for _, column in sides for value in out[column]):
+        for role, column in sides:  # one shape per column (Arrow needs it; TRL reads one shape per row)
+            out[column] = [as_conversation(value, role) for value in out[column]]
+    return out
+
+
+def _checked_side(table: _Table, index: int, column: str, value: Any, role: str) -> str | list[dict[str, str]]:
+    """One side of a preference row: text, or messages (the answer sides need an assistant message)."""
+    if _is_empty(value):
+        raise table.error(index, column, " is empty; fill it in or remove the row")
+    if isinstance(value, str) and value.lstrip().startswith("[{"):
+        try:
+            value = json.loads(value)  # a conversation written as JSON text (CSV cells)
+        except ValueError:
+            pass
+    try:
+        if isinstance(value, (list, tuple)):
+            return _parse_messages(value) if role == "prompt" else message_list(value)
+        return text_value(value)
+    except _Bad as exc:
+        kind = "text or a list of {role, content} messages"
+        problem = str(exc) if isinstance(value, (list, tuple)) else f"expected {kind}, got {_kind_text(value)}"
+        raise table.error(index, column, f": {problem}") from None
+
+
+def _answer_text(value: str | list[dict[str, str]]) -> str:
+    """What an answer says, for comparing two answers (surrounding spaces ignored)."""
+    if isinstance(value, str):
+        return value.strip()
+    return "\n".join(f"{m['role']}: {m['content'].strip()}" for m in value)
+
+
+def as_conversation(value: Any, role: str) -> list[dict[str, str]]:
+    """A side as TRL's conversational shape: a prompt text becomes a user message, an answer an assistant one."""
+    if isinstance(value, str):
+        return [{"role": "user" if role == "prompt" else "assistant", "content": value}]
+    return _parse_messages(value)
+
+
+def kto_label(value: Any) -> bool:
+    """A kto label: true (a good answer) or false (a bad one); also 1/0 and "true"/"false" text."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
+        return value.strip().lower() in ("true", "1")
+    raise _Bad(f"{value!r} is not true or false; a kto label says whether the answer is good (true) or bad (false)")
+
+
+def _check_kto_labels(table: _Table, column: str, values: list[Any]) -> list[bool]:
+    labels = []
+    for index, value in enumerate(values):
+        if _is_empty(value):
+            raise table.error(index, column, " is empty; every row needs a label: true (good answer) or false (bad)")
+        try:
+            labels.append(kto_label(value))
+        except _Bad as exc:
+            raise table.error(index, column, f": {exc}") from None
+    return labels
 
 
 _NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
@@ -531,12 +631,16 @@ def detect_format(columns: list[str], config: TrainConfig) -> DataFormat:
         "completion_column",
         "messages_column",
         "label_column",
+        "chosen_column",
+        "rejected_column",
     ):
         value = getattr(config, key)
         if value and value not in cols:
             raise UserError(f"{key}: column {value!r} is not in the data; columns: {', '.join(columns)}", field=key)
     if config.task == "sequence_classification":
         return _detect_classification(columns, config)
+    if config.objective != "sft":
+        return _detect_preference(columns, config)
     messages = config.messages_column or _first(MESSAGES_NAMES, cols)
     if messages and not (config.prompt_column or config.text_column):
         return DataFormat("messages", {"messages": messages})
@@ -551,6 +655,12 @@ def detect_format(columns: list[str], config: TrainConfig) -> DataFormat:
     text = config.text_column or _first(TEXT_NAMES, cols)
     if text:
         return DataFormat("text", {"text": text})
+    if _first(CHOSEN_NAMES, cols) and _first(REJECTED_NAMES, cols):
+        raise UserError(
+            f"objective: columns {', '.join(columns)} hold preference pairs, which objective: sft cannot learn from; "
+            "set objective: dpo, orpo or kto",
+            field="objective",
+        )
     raise UserError(
         f"dataset: cannot tell the format from columns {', '.join(columns)}; set messages_column, "
         "prompt_column + completion_column, or text_column",
@@ -573,6 +683,47 @@ def _detect_classification(columns: list[str], config: TrainConfig) -> DataForma
     if pair:
         found["text_pair"] = pair
     return DataFormat("classification", found)
+
+
+def _detect_preference(columns: list[str], config: TrainConfig) -> DataFormat:
+    """prompt/chosen/rejected pairs (dpo, orpo, kto), or for kto prompt/completion/label rows."""
+    cols = set(columns)
+    prompt = config.prompt_column or _first(PREFERENCE_PROMPT_NAMES, cols)
+    chosen = config.chosen_column or _first(CHOSEN_NAMES, cols)
+    rejected = config.rejected_column or _first(REJECTED_NAMES, cols)
+    if chosen and rejected:
+        if not prompt:
+            raise UserError(
+                f"prompt_column: no prompt column found among {', '.join(columns)}; set prompt_column", "prompt_column"
+            )
+        return DataFormat("preference", {"prompt": prompt, "chosen": chosen, "rejected": rejected})
+    if config.objective == "kto":
+        completion = config.completion_column or _first(KTO_COMPLETION_NAMES, cols)
+        label = config.label_column or _first(LABEL_NAMES, cols)
+        if prompt and completion and label:
+            return DataFormat("unpaired", {"prompt": prompt, "completion": completion, "label": label})
+    if chosen or rejected:  # one side named or found: say which column is missing
+        key, what = ("rejected_column", "worse") if chosen else ("chosen_column", "preferred")
+        raise UserError(
+            f"{key}: no column with the {what} answer found among {', '.join(columns)}; set {key}", field=key
+        )
+    raise UserError(_not_preference_data(columns, config), field="dataset")
+
+
+def _not_preference_data(columns: list[str], config: TrainConfig) -> str:
+    """Why data without pairs cannot train a preference objective, and what to use instead."""
+    needs = "prompt, chosen and rejected columns"
+    if config.objective == "kto":
+        needs += " (or prompt, completion and a true/false label)"
+    advice = "set chosen_column and rejected_column if they have other names"
+    if config.dataset.startswith("bundled:"):
+        pairs = BUNDLED_DIR / (config.dataset.split(":", 1)[1] + "-pairs")
+        if pairs.is_dir():
+            advice = f"use dataset: bundled:{pairs.name}, the same set as preference pairs"
+    return (
+        f"dataset: {config.dataset} has columns {', '.join(columns)}, not preference data; "
+        f"objective: {config.objective} needs {needs}; {advice}"
+    )
 
 
 def _first(names: tuple[str, ...], cols: set[str]) -> str:
@@ -641,6 +792,8 @@ def prepare(config: TrainConfig, tokenizer: Any) -> PreparedData:
     """Load, detect, tokenise and (optionally) pack the train and eval sets."""
     train_raw, eval_raw = load_raw(config)
     fmt = detect_format(list(train_raw.column_names), config)
+    if fmt.kind in PREFERENCE_KINDS:
+        return _prepare_preference(config, tokenizer, train_raw, eval_raw, fmt)
     if config.task == "causal_lm" and fmt.kind == "classification":
         raise UserError("task: this data has labels; set task: sequence_classification", field="task")
     if fmt.kind == "classification":
@@ -669,6 +822,53 @@ def _tokenize_lm(raw: Any, fmt: DataFormat, tokenizer: Any, config: TrainConfig,
             "max_seq_length",
         )
     return kept
+
+
+def _prepare_preference(config: TrainConfig, tokenizer: Any, train_raw: Any, eval_raw: Any, fmt: DataFormat) -> Any:
+    """Rows in TRL's shape (prompt/chosen/rejected, or prompt/completion/label); TRL's trainers tokenise them."""
+
+    def shaped(raw: Any, name: str) -> Any:
+        return raw.map(
+            lambda row: trl_row(row, fmt, tokenizer), remove_columns=raw.column_names, desc=f"shaping {name} rows"
+        )
+
+    notes = []
+    if fmt.kind == "preference" and config.objective == "kto":
+        notes.append("kto: each pair gives two rows, the chosen answer marked good and the rejected one bad")
+    evaluation = shaped(eval_raw, "eval") if eval_raw is not None else None
+    return PreparedData(shaped(train_raw, "train"), evaluation, fmt, notes=notes)
+
+
+def trl_row(row: dict[str, Any], fmt: DataFormat, tokenizer: Any) -> dict[str, Any]:
+    """A checked preference row under TRL's column names: conversations when the model has a chat template (the
+    model then sees what it sees in chat), else plain text with the prompt ending on a new line, as for SFT."""
+    out: dict[str, Any] = {}
+    for role, column in fmt.columns.items():
+        value = row[column]
+        if role == "label":
+            out["label"] = kto_label(value)
+        elif tokenizer.chat_template:
+            out[role] = as_conversation(value, role)
+        elif isinstance(value, str):
+            out[role] = value.rstrip() + "\n" if role == "prompt" else value
+        else:
+            raise UserError("dataset: chat data needs a tokenizer with a chat template; this model has none", "dataset")
+    return out
+
+
+def render_preference(row: dict[str, Any], tokenizer: Any) -> dict[str, str]:
+    """Each side of a TRL-shaped row as the text the model reads: the prompt with the chat markup that opens the
+    answer, and each answer as it follows that prompt (its end-of-turn markup included)."""
+    sides = [name for name in ("chosen", "rejected", "completion") if name in row]
+    if isinstance(row["prompt"], str):
+        eos = tokenizer.eos_token or ""
+        return {"prompt": row["prompt"], **{name: row[name] + eos for name in sides}}
+    prompt = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
+    out = {"prompt": prompt}
+    for name in sides:
+        whole = tokenizer.apply_chat_template(row["prompt"] + row[name], tokenize=False)
+        out[name] = whole[len(prompt) :] if whole.startswith(prompt) else whole
+    return out
 
 
 def pack(dataset: Any, length: int) -> Any:
@@ -733,6 +933,9 @@ def preview(config: TrainConfig, tokenizer: Any, n: int = 3) -> dict[str, Any]:
     fmt = detect_format(list(train_raw.column_names), config)
     examples = []
     for row in train_raw.select(range(min(n, len(train_raw)))):
+        if fmt.kind in PREFERENCE_KINDS:
+            examples.append(_preference_example(row, fmt, tokenizer))
+            continue
         if fmt.kind == "classification":
             pair = row.get(fmt.columns.get("text_pair", ""), "")
             text = f"{row[fmt.columns['text']]}" + (f" [SEP] {pair}" if pair else "")
@@ -749,6 +952,19 @@ def preview(config: TrainConfig, tokenizer: Any, n: int = 3) -> dict[str, Any]:
         "eval_rows": len(eval_raw) if eval_raw is not None else 0,
         "examples": examples,
     }
+
+
+def _preference_example(row: dict[str, Any], fmt: DataFormat, tokenizer: Any) -> dict[str, Any]:
+    """A preference row for the preview: each side as the model reads it, with its token count."""
+    shaped = trl_row(row, fmt, tokenizer)
+    sides = [
+        {"name": name, "text": text, "tokens": len(tokenizer(text, add_special_tokens=False)["input_ids"])}
+        for name, text in render_preference(shaped, tokenizer).items()
+    ]
+    example: dict[str, Any] = {"sides": sides, "tokens": sum(side["tokens"] for side in sides)}
+    if "label" in shaped:
+        example["label"] = shaped["label"]
+    return example
 
 
 def fingerprint(config: TrainConfig, train_raw: Any = None) -> dict[str, str]:
@@ -787,7 +1003,10 @@ def heldout_prompts(config: TrainConfig, limit: int = 5) -> list[str]:
     fmt = detect_format(list(source.column_names), config)
     prompts: list[str] = []
     for row in source.select(range(min(limit, len(source)))):
-        if fmt.kind == "prompt_completion":
+        if fmt.kind in PREFERENCE_KINDS:
+            users = [m["content"] for m in as_conversation(row[fmt.columns["prompt"]], "prompt") if m["role"] == "user"]
+            prompts += users[-1:]
+        elif fmt.kind == "prompt_completion":
             prompts.append(str(row[fmt.columns["prompt"]]))
         elif fmt.kind == "messages":
             users = [m["content"] for m in to_messages(row, fmt) if m["role"] == "user"]
