@@ -1,9 +1,10 @@
 """The one facade the web UI talks to. It takes plain form values, builds a `TrainConfig`, and calls the backend.
 
-No gradio here; every method returns plain data (dicts, lists, dataclasses) or raises `UserError` with a
-one-line message. What a visitor may use (server paths, remote code, the server's Hub token) is decided by the
-`AccessPolicy` the app was started with (finetune/access.py) and enforced here, so an API client is held to the same
-rules as the page.
+No gradio here; every method returns typed data (one dataclass per kind of answer: `TrainConfig`, `RunSummary`,
+`TrainingState`, the estimate, ...) or raises `UserError` with a one-line message naming its field
+(`field_problem` turns any error into that {field: message} pair, the one way the UI shows it). What a visitor may
+use (server paths, remote code, the server's Hub token) is decided by the `AccessPolicy` the app was started with
+(finetune/access.py) and enforced here, so an API client is held to the same rules as the page.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from finetune.access import DATA_SUFFIXES, AccessPolicy
-from finetune.config import FIELDS, TrainConfig
+from finetune.config import FIELDS, TrainConfig, field_label
 from finetune.errors import ConfigError, UserError
 from finetune.inference import Classification, GenerationSettings
 from finetune.progress import TrainingState
@@ -37,6 +39,67 @@ CHAT_CONVERSATION_LIMIT = 64000  # characters of the whole conversation sent to 
 CHAT_TURNS_LIMIT = 200  # messages in one conversation
 CHAT_MAX_NEW_TOKENS = 1024
 DOWNLOAD_KEEP_SECONDS = 3600  # a downloaded YAML file is removed after an hour
+
+
+NUMBER_TYPES = ("int", "float")
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One run of the runs folder as the app lists it: what it trains, where it stands (the live step for the run
+    training now), and what can be done with it."""
+
+    run_id: str
+    status: str
+    step: int = 0
+    max_steps: int = 0
+    loss: float | None = None
+    eval_loss: float | None = None
+    started_at: float | None = None
+    owner: str = ""
+    model: str = ""  # a short name: the Hub id's or folder's last part, never a server path
+    method: str = ""  # full | lora | qlora
+    objective: str = "sft"
+    resumable: bool = False
+    final: bool = False  # the final adapter / model is saved (chat, export and publish use it)
+    checkpoint_step: int | None = None  # the newest complete checkpoint
+
+    @property
+    def active(self) -> bool:
+        return self.status in ("pending", "loading", "running", "stopping")
+
+
+@dataclass(frozen=True)
+class RunPreview:
+    """What Start would run with these settings, in a few facts (the Train tab shows it before Start)."""
+
+    model: str
+    dataset: str
+    method: str
+    objective: str
+    max_steps: int
+    epochs: float
+    effective_batch: int
+    max_seq_length: int
+    device: str  # where it would train: cuda | cpu
+    processes: int = 1
+    estimate_bytes: int | None = None  # peak memory per device; None when it could not be estimated
+    estimate_note: str = ""  # why there is no estimate
+
+
+def field_problem(exc: BaseException, default_field: str = "config") -> dict[str, str]:
+    """{field: one-line message} for an error: its own field when it names a form field, else `default_field`."""
+    field = getattr(exc, "field", None)
+    message = str(exc) if isinstance(exc, UserError) else _one_line(exc)
+    return {field if field in FIELDS else default_field: message}
+
+
+def short_model_name(model: str) -> str:
+    """A model as a person reads it in a list: the last part of a Hub id or folder, never the whole server path."""
+    text = str(model or "").rstrip("/\\")
+    if text.startswith("embedded:"):
+        return text.split(":", 1)[1]
+    return text.replace("\\", "/").rsplit("/", 1)[-1] or "?"
 
 
 class Studio:
@@ -85,6 +148,7 @@ class Studio:
             default = f.default_factory() if callable(f.default_factory) else f.default  # type: ignore[misc]
             setattr(config, name, clean.get(name, default))
         problems = {p.field or "config": str(p) for p in config.errors()}
+        problems.update(_empty_numbers(clean))  # "Learning rate: empty; give a number", not "None is not a number"
         allowed = self.policy.problems(config.to_dict() if not problems else clean, self._uploads)
         problems.update({k: v for k, v in allowed.items() if k not in problems})
         if problems:
@@ -99,11 +163,8 @@ class Studio:
             return None, problems
         try:
             self.manager.check_start(config, confine=True)
-        except UserError as exc:
-            field = getattr(exc, "field", None)
-            return None, {field if field in FIELDS else "config": str(exc)}
-        except Exception as exc:  # what Start would report as one line
-            return None, {"config": _one_line(exc)}
+        except Exception as exc:  # what Start would report, as one line beside its field
+            return None, field_problem(exc)
         return config, {}
 
     def config(self, values: dict[str, Any]) -> TrainConfig:
@@ -120,21 +181,23 @@ class Studio:
         return TrainConfig.from_yaml(text)
 
     def save_yaml(self, config: TrainConfig) -> Path:
-        """The settings as a YAML file to download: one file per distinct settings in `downloads_dir`, files older
-        than an hour removed; no folder is made per download."""
+        """The settings as `run.yaml` to download (the name the launch commands use): one small folder per distinct
+        settings in `downloads_dir` (same settings, same file), those older than an hour removed."""
         from finetune.atomic import write_text
 
         text = config.to_yaml()
         folder = self.downloads_dir
         folder.mkdir(parents=True, exist_ok=True)
         now = time.time()
-        for old in folder.glob("finetune-*.yaml"):
+        for old in folder.glob("settings-*/run.yaml"):
             try:
                 if now - old.stat().st_mtime > DOWNLOAD_KEEP_SECONDS:
                     old.unlink()
+                    old.parent.rmdir()  # only ours: a settings-* folder that held just this file
             except OSError:
                 pass  # another request removed it first
-        path = folder / f"finetune-{hashlib.sha256(text.encode('utf-8')).hexdigest()[:12]}.yaml"
+        path = folder / f"settings-{hashlib.sha256(text.encode('utf-8')).hexdigest()[:12]}" / "run.yaml"
+        path.parent.mkdir(exist_ok=True)
         write_text(path, text)
         return path
 
@@ -188,15 +251,49 @@ class Studio:
         config = self.config(values)
         return data.preview(config, models.load_tokenizer(config), n=n)
 
-    def commands(self, values: dict[str, Any], gpus: int = 2, nodes: int = 2) -> dict[str, str]:
-        """The CLI, torchrun and deepspeed commands that run these settings."""
+    def commands(self, values: dict[str, Any], gpus: int = 2, nodes: int = 1) -> dict[str, str]:
+        """The CLI, torchrun and deepspeed commands that run these settings (saved as run.yaml), each command once.
+
+        Paths are relative (run them in the folder that holds run.yaml): a multi-process run's folder is fixed in
+        advance as runs/NAME, never as a path of this server."""
         from finetune.launch import launch_commands
         from finetune.runs import unique_run_path
 
         config = self.config(values)
-        # Multi-process runs need their folder fixed in advance: one under this app's runs root, so the app lists it.
-        output_dir = None if config.output_dir else unique_run_path(self.manager.root, config)
-        return launch_commands(config, gpus=gpus, nodes=nodes, output_dir=output_dir)
+        output_dir = None if config.output_dir else Path("runs") / unique_run_path(self.manager.root, config).name
+        commands: dict[str, str] = {}
+        for key, command in launch_commands(config, gpus=gpus, nodes=nodes, output_dir=output_dir).items():
+            if command not in commands.values():  # without DeepSpeed the multi-node launcher is torchrun's
+                commands[key] = command
+        return commands
+
+    def preview_run(self, values: dict[str, Any], estimate: bool = True) -> RunPreview:
+        """What Start would run with these settings on this machine: model, data, method, objective, steps, batch
+        and (with `estimate`) the estimated peak memory per device. A `ConfigError` for bad settings."""
+        from finetune.plan import plan_for
+
+        config = self.config(values)
+        plan = plan_for(config)
+        peak, note = None, ""
+        if estimate:
+            try:
+                peak = int(self.estimate(values, device=plan.device).total_bytes)
+            except Exception as exc:  # the model config cannot be read offline, ...: the rest still holds
+                note = next(iter(field_problem(exc).values()))
+        return RunPreview(
+            model=short_model_name(config.model) if self.policy.public else str(config.model),
+            dataset=Path(config.dataset).name if self.policy.public else str(config.dataset),
+            method=config.method,
+            objective=plan.objective,
+            max_steps=int(config.max_steps),
+            epochs=float(config.num_train_epochs),
+            effective_batch=int(plan.effective_batch),
+            max_seq_length=int(config.max_seq_length),
+            device=plan.device,
+            processes=int(plan.world_size),
+            estimate_bytes=peak,
+            estimate_note=note,
+        )
 
     # ----------------------------------------------------------------- runs
     def start(self, values: dict[str, Any], owner: str = "the web app") -> TrainingState:
@@ -224,12 +321,34 @@ class Studio:
 
     def run_stamp(self, run_id: str) -> tuple:
         """(size, mtime) of a run's event log and status file: changes whenever the run writes (cheap, for polling;
-        a run of another process is followed through its files)."""
-        run = RunDir(self.manager.root / Path(run_id).name)  # a run id names a folder of the runs root
+        a run of another process is followed through its files). A name that is no run gives zeros."""
+        try:
+            run = self._run(run_id)
+        except UserError:
+            return ((0, 0.0), (0, 0.0))
         return (_file_stamp(run.events_path), _file_stamp(run.status_path))
 
-    def runs(self) -> list[dict[str, Any]]:
-        return self.manager.runs()
+    def runs_stamp(self) -> float:
+        """Changes when a run folder appears or goes (cheap, for polling)."""
+        try:
+            return Path(self.manager.root).stat().st_mtime
+        except OSError:
+            return 0.0
+
+    def runs(self) -> list[RunSummary]:
+        """Every run of the runs folder, newest first; the run training now with its live step and loss."""
+        live = self.state()
+        out = []
+        for run in self.manager.runs():
+            summary = _summary(run)
+            if live is not None and live.active and live.run_dir == run.get("run_dir"):
+                summary = _with_live(summary, live)
+            out.append(summary)
+        return out
+
+    def run(self, run_id: str) -> RunSummary | None:
+        """One run of the runs folder by its name (the live state for the run training now), or None."""
+        return next((r for r in self.runs() if r.run_id == run_id), None)
 
     def events(self, run_id: str, types: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
         """The run's events (log, eval, samples, message, status ...)."""
@@ -263,12 +382,10 @@ class Studio:
         """(label, value) pairs: the base model, finished runs, and the running run's latest checkpoint."""
         sources = [("Base model", BASE)]
         for run in self.runs():
-            run_dir = RunDir(Path(run["run_dir"]))
-            if run_dir.has_final_model():
-                sources.append((f"{run['run_id']} (final)", run["run_id"]))
-            elif run_dir.last_checkpoint() is not None:
-                step = run_dir.last_checkpoint().name.split("-")[-1]
-                sources.append((f"{run['run_id']} (checkpoint {step}, {run['status']})", run["run_id"]))
+            if run.final:
+                sources.append((f"{run.run_id} (final)", run.run_id))
+            elif run.checkpoint_step is not None:
+                sources.append((f"{run.run_id} (checkpoint {run.checkpoint_step}, {run.status})", run.run_id))
         return sources
 
     @staticmethod
@@ -430,6 +547,100 @@ class Studio:
         run = self._run(run_id)
         self._check_run_allowed(run)  # the merge loads the base model: the same rule as chat
         return export.export_run(run.path, fmt, quant=quant, progress=progress)
+
+    # ---- guided start (first screen)
+    @staticmethod
+    def bundled_datasets() -> list[str]:
+        """The data sets shipped with the app, as `bundled:NAME` (the default first)."""
+        from finetune.config import BUNDLED_DATASET
+
+        folder = Path(__file__).parent / "bundled"
+        names = sorted(f"bundled:{p.name}" for p in folder.iterdir() if (p / "train.jsonl").is_file())
+        return sorted(names, key=lambda n: n != BUNDLED_DATASET)
+
+    @staticmethod
+    def detected_gpu() -> tuple[str, float] | None:
+        """(name, GiB) of this machine's first CUDA GPU, or None where there is none (the first screen offers it)."""
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        props = torch.cuda.get_device_properties(0)
+        return str(props.name), round(props.total_memory / 2**30, 1)
+
+    # ---- guided start (advice)
+    @staticmethod
+    def popular_models() -> list[str]:
+        """Models to offer first: the embedded default, then the bundled catalogue's Hub ids (estimated offline)."""
+        from finetune import catalogue
+        from finetune.config import EMBEDDED_MODEL
+
+        return [EMBEDDED_MODEL, *catalogue.names()]
+
+    def data_stats(self, values: dict[str, Any]) -> Any:
+        """Token lengths of the training rows with the model's tokenizer and template: a `DataStats` (rows,
+        p50/p90/p99/max, fit_share of max_seq_length, summary())."""
+        from finetune.data_stats import data_stats
+
+        return data_stats(self.config(values))
+
+    def propose(self, values: dict[str, Any], device: str = "cuda", gpus: int = 1, gpu_gib: float | None = None) -> Any:
+        """A complete configuration like `values` that fits `gpu_gib` GiB per device: a `Proposal` (values, reasons,
+        estimate, fits, changes); the best memory advice applied when the settings as given do not fit."""
+        from finetune.memory import propose
+
+        return propose(self.config(values), device=device, gpus=gpus, gpu_gib=gpu_gib)
+
+
+def _empty_numbers(values: dict[str, Any]) -> dict[str, str]:
+    """{field: "Label: empty; give a number"} for number fields left blank (a form sends None)."""
+    problems = {}
+    for name, value in values.items():
+        kind = FIELDS[name].type if isinstance(FIELDS[name].type, str) else FIELDS[name].type.__name__
+        if kind in NUMBER_TYPES and (value is None or (isinstance(value, str) and not value.strip())):
+            problems[name] = f"{field_label(name)}: empty; give a number"
+    return problems
+
+
+def _summary(run: dict[str, Any]) -> RunSummary:
+    """A `RunManager.runs()` entry with what the run trains (from its config.yaml) and what it holds."""
+    folder = RunDir(Path(run["run_dir"]))
+    try:
+        config = folder.load_config()
+        model, method, objective = short_model_name(config.model), config.method, config.objective
+    except Exception:  # a run cut short before its config was written: listed by its name alone
+        model, method, objective = "", "", "sft"
+    checkpoint = folder.last_checkpoint()
+    return RunSummary(
+        run_id=str(run["run_id"]),
+        status=str(run.get("status") or "unknown"),
+        step=int(run.get("step") or 0),
+        max_steps=int(run.get("max_steps") or 0),
+        loss=run.get("loss"),
+        eval_loss=run.get("eval_loss"),
+        started_at=run.get("started_at"),
+        owner=str(run.get("owner") or ""),
+        model=model,
+        method=method,
+        objective=objective,
+        resumable=bool(run.get("resumable")),
+        final=folder.has_final_model(),
+        checkpoint_step=int(checkpoint.name.split("-")[-1]) if checkpoint is not None else None,
+    )
+
+
+def _with_live(summary: RunSummary, live: TrainingState) -> RunSummary:
+    """The summary of the run training now, with its live step and losses (its status file is written less often)."""
+    from dataclasses import replace
+
+    return replace(
+        summary,
+        status=live.status,
+        step=live.step,
+        max_steps=live.max_steps or summary.max_steps,
+        loss=live.loss if live.loss is not None else summary.loss,
+        eval_loss=live.eval_loss if live.eval_loss is not None else summary.eval_loss,
+    )
 
 
 def _one_line(exc: BaseException) -> str:

@@ -1,4 +1,4 @@
-"""The whole page: a title, one line on how it works, and five tabs (Memory, Configure, Train, Chat, Publish).
+"""The whole page: a title, one line on how it works, and six tabs (Start, Memory, Configure, Train, Chat, Publish).
 
 `build_app(studio)` only builds the Blocks (tests use it without launching); `launch(...)` starts the server.
 Each tab module builds its components, then its `wire` connects its events; the Configure form is the one form the
@@ -14,16 +14,16 @@ from typing import Any
 import gradio as gr
 
 from finetune.studio import Studio
-from ui import chat_tab, config_tab, memory_tab, publish_tab, train_tab
+from ui import chat_tab, config_tab, memory_tab, publish_tab, start_tab, train_tab
 
 TITLE = "Finetune Studio"
-TAB_NAMES = ("Memory", "Configure", "Train", "Chat", "Publish")
+TAB_NAMES = ("Start", "Memory", "Configure", "Train", "Chat", "Publish")
 HEADER = (
     "# Finetune Studio\n"
-    "Fine-tune a language model in your browser. **How it works:** check it fits in **Memory** → choose the model, "
-    "data and method in **Configure** (the defaults work: a small model learns to talk like a pirate) → "
-    "**Train** and watch the loss fall → **Chat** with the tuned model beside the original → **Publish** it to the "
-    "Hugging Face Hub."
+    "Fine-tune a language model in your browser. **How it works:** on **Start**, pick a model, data, a goal and "
+    "your hardware, and take the configuration proposed (the defaults work: a small model learns to talk like a "
+    "pirate) → **Train** and watch the loss fall → **Chat** with the tuned model beside the original → **Publish** "
+    "it to the Hugging Face Hub. **Memory** and **Configure** hold every setting, for experts."
 )
 UPLOAD_LIMIT = "200mb"  # largest upload the server accepts (the data file); handlers check type and size again
 SPACE_NOTE = (
@@ -73,6 +73,7 @@ class AppUI:
     publish: publish_tab.PublishTab
     tabs: dict[str, Any]
     login: Any = None  # the "Sign in with Hugging Face" button (on a Space only)
+    start: start_tab.StartTab | None = None  # the first screen
 
 
 def build_app(studio: Studio | None = None) -> gr.Blocks:
@@ -95,7 +96,9 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
             gr.Markdown(PUBLIC_NOTE, elem_id="fs-public-note", elem_classes=["fs-note"])
         # The form as kept in this browser; outside the tabs, so the page reads it on load whichever tab is open.
         saved = gr.BrowserState({}, storage_key="finetune-studio-form")
-        with gr.Tabs(elem_id="fs-tabs"):
+        with gr.Tabs(elem_id="fs-tabs", selected="start") as tab_bar:
+            with gr.Tab("Start", id="start", elem_id="tab-start") as tabs["Start"]:
+                start = start_tab.build(studio)
             with gr.Tab("Memory", id="memory", elem_id="tab-memory") as tabs["Memory"]:
                 memory = memory_tab.build(studio)
             with gr.Tab("Configure", id="configure", elem_id="tab-configure") as tabs["Configure"]:
@@ -112,7 +115,8 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
         train_tab.wire(train, config, demo)
         chat_tab.wire(chat, config, demo, tabs["Chat"])
         publish_tab.wire(publish, demo, tabs["Publish"])
-    demo.studio_ui = AppUI(studio, memory, config, train, chat, publish, tabs, login)
+        start_tab.wire(start, config, train, tab_bar, tabs["Start"], demo)
+    demo.studio_ui = AppUI(studio, memory, config, train, chat, publish, tabs, login, start)
     return demo
 
 
