@@ -24,8 +24,7 @@ from pathlib import Path
 
 from finetune.config import TrainConfig
 from finetune.errors import UserError, os_reason
-from finetune.publish.hub import FULL_MODEL_FILES, TOKENIZER_FILES
-from finetune.publish.public import check_no_local_paths, looks_like_path
+from finetune.publish.public import FULL_MODEL_FILES, TOKENIZER_FILES, check_no_local_paths, looks_like_path
 from finetune.rundir import RunDir
 
 FORMATS = ("merged", "gguf")

@@ -46,36 +46,20 @@ from finetune.publish.model_card import (
     plot_loss_curve,
     summarize,
 )
-from finetune.publish.public import check_no_local_paths, public_adapter_config, public_config
+from finetune.publish.public import (
+    ADAPTER_FILES,
+    FULL_MODEL_FILES,
+    TOKENIZER_FILES,
+    check_no_local_paths,
+    public_adapter_config,
+    public_config,
+)
 from finetune.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
 TOKEN_ENV = "HF_TOKEN"
 TOKEN_PAGE = "https://huggingface.co/settings/tokens"
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
-FULL_MODEL_FILES = (
-    "config.json",
-    "generation_config.json",
-    "model.safetensors",
-    "model-*-of-*.safetensors",
-    "model.safetensors.index.json",
-)
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "chat_template.jinja",
-    "chat_template.json",
-    "vocab.json",
-    "vocab.txt",
-    "merges.txt",
-    "tokenizer.model",
-    "spiece.model",
-    "sentencepiece.bpe.model",
-    "*.tiktoken",
-)
 _NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$")
 _TEXT_SCAN_LIMIT = 16 * 1024 * 1024  # token scan: text-like files up to this size (weights cannot hold a token)
 

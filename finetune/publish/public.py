@@ -36,6 +36,31 @@ from finetune.config import EMBEDDED_MODEL, FIELDS, TrainConfig
 from finetune.errors import UserError
 from finetune.rundir import RunDir
 
+# The files of a run directory that are published (pushed or exported); nothing else of the folder leaves it.
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
+FULL_MODEL_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "model-*-of-*.safetensors",
+    "model.safetensors.index.json",
+)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "*.tiktoken",
+)
+
 EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 LAUNCH_COMMAND = "python -m finetune train --config config.yaml"
 LOCAL_ONLY_FIELDS = ("output_dir", "nvme_path")  # where the run wrote on the training machine: never published
