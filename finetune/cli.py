@@ -64,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_args(train)
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
     train.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
+    # A rank of a group that `launch` started: the run directory it prepared (not for typing by hand).
+    train.add_argument("--launched", metavar="RUN_DIR", help=argparse.SUPPRESS)
     train.set_defaults(func=cmd_train)
 
     chat = sub.add_parser("chat", help="chat with the base model or a run's adapter in the terminal")
@@ -110,18 +112,45 @@ def main(argv: list[str] | None = None) -> int:
 
 # --------------------------------------------------------------------------- train
 def cmd_train(args: Any) -> int:
+    from finetune import process_group
+
+    if not process_group.joined():
+        return _train(args)
+    # A rank of several: a process group with a bounded collective timeout first, torn down at the end.
+    config = None if args.resume or args.launched else load_config(args.config, args.set)
+    if args.launched or args.resume:
+        from finetune.rundir import RunDir
+
+        saved = RunDir(Path(args.launched or args.resume))
+        config = saved.load_config() if saved.config_path.is_file() else config
+    from finetune.plan import uses_deepspeed
+
+    process_group.join_group(uses_deepspeed(config) if config is not None else False)
+    try:
+        return _train(args)
+    finally:
+        process_group.leave_group()
+
+
+def _train(args: Any) -> int:
     from finetune.runs import RunManager, distributed_rank
 
     manager = RunManager()
-    if args.resume:
+    if args.launched:
+        state = manager.join_launched(args.launched)
+    elif args.resume:
         overrides = dict(parse_set_option(item) for item in args.set or [])
         if args.config:
             raise UserError("--config: not used with --resume (the run's own config.yaml is used); use --set to change")
         state = manager.resume(args.resume, owner="the command line", overrides=overrides or None)
     else:
         state = manager.start(load_config(args.config, args.set), owner="the command line")
-    rank, _ = distributed_rank()
+    rank, world = distributed_rank()
     final = follow(manager, show_bar=rank == 0 and not args.no_progress)
+    if final and final.status == "failed" and world > 1:
+        # One line per failing rank, named, for the launcher's log (the supervisor reports the first one).
+        print(f"error: rank {rank}: {final.error}", file=sys.stderr, flush=True)
+        return 1
     if final and final.status == "failed" and final.user_error:
         raise UserError(final.error or "training failed")
     if final and final.status == "failed":

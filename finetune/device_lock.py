@@ -46,6 +46,35 @@ class DeviceLock:
         except OSError:
             pass  # a full disk: the lock holds all the same, only the "who" line is missing
 
+    def rewrite(self, holder: dict[str, Any]) -> None:
+        """Replace the "who holds it" line (a launched group: the supervisor's pid once it is known)."""
+        if self._fh is None:
+            return
+        try:
+            self._fh.seek(0)
+            self._fh.truncate()
+            self._fh.write(json.dumps(holder))
+            self._fh.flush()
+        except OSError:
+            pass
+
+    def fileno(self) -> int:
+        """The lock file's descriptor, for a child process that takes over the lock (`hand_over`)."""
+        return self._fh.fileno()
+
+    def hand_over(self) -> None:
+        """Close our descriptor without unlocking: a child that inherited it holds the lock until it exits."""
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def holder(self) -> dict[str, Any]:
+        """Who holds the lock, as written in the file ({} when free or unreadable); does not take the lock."""
+        try:
+            return _parse(self.path.read_text(encoding="utf-8"))
+        except OSError:
+            return {}
+
     def release(self) -> None:
         if self._fh is not None:
             try:

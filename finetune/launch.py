@@ -1,8 +1,14 @@
-"""Launch commands for a config: one GPU, several GPUs on one machine, several machines.
+"""Launching a config on several processes: the commands to run by hand, and runs the project launches itself.
 
 `launch_commands()` is a pure function (the Configure tab and the model card call it); the CLI prints its result:
 
     python -m finetune launch-command --config run.yaml --gpus 4 [--nodes 2 --hostfile hosts --master-addr 10.0.0.1]
+
+`launch_group()` starts a run as a detached process group (finetune/process_group.py) and returns its directory:
+
+    python -m finetune launch --config run.yaml --nproc 2 [--gpus 0,1] [--launcher torchrun|deepspeed] [--follow]
+    python -m finetune stop RUN_DIR            # every rank finishes its step, a checkpoint is saved, all end
+    python -m finetune launch --resume RUN_DIR # the same number of processes, from the last checkpoint
 
 Every command runs the same `python -m finetune train` CLI. Under a launcher each process trains its share of every
 global batch and rank 0 alone writes the run directory, so the app follows the run through its events as usual.
@@ -10,13 +16,22 @@ global batch and rank 0 alone writes the run directory, so the app follows the r
 
 from __future__ import annotations
 
+import os
 import shlex
+import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from finetune.config import TrainConfig
-from finetune.errors import UserError
+from finetune.errors import BusyError, UserError
 from finetune.plan import uses_deepspeed
+from finetune.rundir import RunDir
+
+LAUNCHERS = ("torchrun", "deepspeed")
+CPU_PROCESS_CHOICE = 4  # the most processes the app offers on a CPU (each one loads its own copy of the model)
 
 DEFAULT_MASTER_PORT = 29500
 DEEPSPEED_HOSTFILE = "/job/hostfile"  # where the deepspeed launcher looks when --hostfile is not given
@@ -134,6 +149,245 @@ def _join(parts: list[str]) -> str:
     return " ".join(part if part.startswith("$") and part[1:].isidentifier() else shlex.quote(part) for part in parts)
 
 
+# --------------------------------------------------------------------------- runs launched by the project
+def visible_gpus() -> int:
+    """GPUs this process can see (0 on a CPU machine)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def max_processes() -> int:
+    """The most processes to offer for a run here: one per visible GPU, else min(4, CPU cores)."""
+    gpus = visible_gpus()
+    return gpus if gpus else max(1, min(CPU_PROCESS_CHOICE, os.cpu_count() or 1))
+
+
+def check_launch(nproc: int | None, gpus: str = "", launcher: str = "torchrun") -> tuple[int, list[int]]:
+    """(process count, GPU ids) for a launch, or the one-line refusal naming the flag, before anything starts."""
+    if launcher not in LAUNCHERS:
+        raise UserError(f"--launcher: {launcher!r} is not a launcher; use torchrun or deepspeed", field="launcher")
+    if launcher_path(launcher) is None:
+        raise UserError(f"--launcher: {launcher} is not installed in this environment; use torchrun", "launcher")
+    ids = _gpu_ids(gpus)
+    count = visible_gpus()
+    if nproc is None:
+        nproc = len(ids) or 1
+    if not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1:
+        raise UserError(f"--nproc: {nproc!r} must be a whole number ≥ 1", field="nproc")
+    if count == 0:
+        cores = os.cpu_count() or 1
+        if nproc > cores:
+            raise UserError(f"--nproc: {nproc} processes on a CPU with {cores} cores; use at most {cores}", "nproc")
+    elif ids and nproc != len(ids):
+        raise UserError(f"--nproc: {nproc} processes for {len(ids)} GPUs (--gpus {gpus}); use one per GPU", "nproc")
+    elif nproc > count:
+        raise UserError(f"--nproc: {nproc} processes but this machine has {count} GPUs; use at most {count}", "nproc")
+    return nproc, ids
+
+
+def _gpu_ids(gpus: str) -> list[int]:
+    text = (gpus or "").strip()
+    if not text:
+        return []
+    count = visible_gpus()
+    if count == 0:
+        raise UserError(f"--gpus: {text}: this machine has no GPU; leave --gpus out (processes run on the CPU)", "gpus")
+    ids = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part.isdigit():
+            raise UserError(f"--gpus: {part!r} is not a GPU number; give numbers like 0,1", field="gpus")
+        if int(part) >= count:
+            raise UserError(f"--gpus: GPU {part} does not exist; this machine has GPUs 0-{count - 1}", field="gpus")
+        if int(part) in ids:
+            raise UserError(f"--gpus: GPU {part} is given twice", field="gpus")
+        ids.append(int(part))
+    return ids
+
+
+def launcher_path(launcher: str) -> str | None:
+    """The launcher's program: this environment's first (the one that belongs to this Python)."""
+    local = Path(sys.executable).parent / launcher
+    return str(local) if local.is_file() else shutil.which(launcher)
+
+
+def group_command(launcher: str, nproc: int, ids: list[int], train_args: list[str]) -> list[str]:
+    """The launcher command line that starts `nproc` ranks of `python -m finetune <train_args>` on this machine."""
+    from finetune.engines.deepspeed_engine import free_port
+
+    program = launcher_path(launcher) or launcher
+    if launcher == "deepspeed":
+        where = ["--include", "localhost:" + ",".join(map(str, ids))] if ids else ["--num_gpus", str(nproc)]
+        return [program, *where, "--master_port", str(free_port()), "--no_local_rank", "--module", "finetune"] + [
+            *train_args
+        ]
+    return [program, "--standalone", "--nproc_per_node", str(nproc), "-m", "finetune", *train_args]
+
+
+def launch_group(
+    config: TrainConfig,
+    nproc: int | None,
+    gpus: str = "",
+    launcher: str = "torchrun",
+    root: Path | None = None,
+    owner: str = "the command line",
+    confine: bool = False,
+) -> RunDir:
+    """Start `config` as a detached group of `nproc` processes; returns the new run directory (status pending).
+
+    Everything is checked first (flags, config, model, data, output folder, the device being free); then the run
+    directory gets config.yaml, status.json (with world_size) and launch.json, and the supervisor starts."""
+    from finetune.runs import RunManager
+
+    nproc, ids = check_launch(nproc, gpus, launcher)
+    path = RunManager(root).check_start(config, confine=confine)
+    run = RunDir(path)
+    train_args = ["train", "--launched", str(run.path), "--no-progress"]
+    return _start_group(run, config, nproc, ids, launcher, owner, root, train_args, fresh=True)
+
+
+def resume_group(
+    run_dir: str | Path,
+    nproc: int | None = None,
+    gpus: str = "",
+    launcher: str | None = None,
+    root: Path | None = None,
+    owner: str = "the command line",
+    confine: bool = False,
+    sets: list[str] | None = None,
+) -> RunDir:
+    """Continue a stopped, interrupted or failed run from its last checkpoint with the same number of processes."""
+    from finetune import paths
+    from finetune.process_group import group_alive, read_group
+    from finetune.rundir import ACTIVE, find_run
+
+    root = Path(root) if root else paths.runs_root()
+    run = find_run(run_dir, root, field="resume", confine=confine)
+    status, record = run.read_status(), read_group(run.path)
+    if run.effective_status() in ACTIVE or group_alive(run.path):
+        raise UserError(f"--resume: {run.name} is still running; stop it first (python -m finetune stop)", "resume")
+    if status.get("status") == "completed":
+        raise UserError(f"--resume: {run.name} already completed; start a new run to train further", "resume")
+    if run.last_checkpoint() is None:
+        raise UserError(f"--resume: {run.name} has no complete checkpoint yet; start a new run instead", "resume")
+    trained_with = int(record.get("nproc") or status.get("world_size") or 1)
+    if nproc is not None and nproc != trained_with:
+        raise UserError(
+            f"--nproc: {run.name} was trained with {trained_with} processes; resume it with the same number", "nproc"
+        )
+    launcher = launcher or record.get("launcher") or "torchrun"
+    if not gpus and record.get("gpus"):
+        gpus = ",".join(map(str, record["gpus"]))
+    nproc, ids = check_launch(trained_with, gpus, launcher)
+    train_args = ["train", "--resume", str(run.path), "--no-progress"]
+    for item in sets or []:
+        train_args += ["--set", item]
+    return _start_group(run, run.load_config(), nproc, ids, launcher, owner, root, train_args, fresh=False)
+
+
+# Supervisors this process started: polled so that a finished one is reaped (never left a zombie that looks alive).
+_SUPERVISORS: list[subprocess.Popen] = []
+
+
+def reap_supervisors() -> None:
+    """Collect the exit status of supervisors this process started that have ended."""
+    _SUPERVISORS[:] = [proc for proc in _SUPERVISORS if proc.poll() is None]
+
+
+def _start_group(
+    run: RunDir,
+    config: TrainConfig,
+    nproc: int,
+    ids: list[int],
+    launcher: str,
+    owner: str,
+    root: Path | None,
+    train_args: list[str],
+    fresh: bool,
+) -> RunDir:
+    from finetune import paths
+    from finetune.device_lock import DeviceLock
+    from finetune.process_group import GROUP_FILE, LOG_FILE, stop_path, update_group
+    from finetune.progress import TrainingState
+
+    lock = DeviceLock(Path(root) if root else paths.runs_root())
+    now = time.time()
+    holder = {"run_id": run.name, "owner": owner, "started_at": now, "run_dir": str(run.path), "group": True}
+    lock.acquire({**holder, "pid": os.getpid()})  # busy: refused here, before anything is written
+    try:
+        made = not run.path.exists()
+        run.path.mkdir(parents=True, exist_ok=True)
+        stop_path(run.path).unlink(missing_ok=True)  # a flag left by the previous stop of this run
+        record = {
+            "launcher": launcher,
+            "nproc": nproc,
+            "gpus": ids,
+            "cuda_visible_devices": ",".join(map(str, ids)),
+            "command": group_command(launcher, nproc, ids, train_args),
+            "started_at": now,
+            "rank_pids": [],
+        }
+        from finetune.atomic import write_json
+
+        write_json(run.path / GROUP_FILE, record)
+        if fresh:
+            run.write_config(config)
+            state = TrainingState(
+                run_id=run.name,
+                run_dir=str(run.path),
+                status="pending",
+                max_steps=config.max_steps,
+                message=f"starting {nproc} processes ({launcher})",
+                owner=owner,
+                started_at=now,
+                updated_at=now,
+                world_size=nproc,
+            )
+            run.write_status(state.to_dict())
+            run.append_event({"type": "status", "status": "pending", "step": 0, "world_size": nproc})
+        proc = _spawn_supervisor(run, lock)
+        update_group(run.path, supervisor_pid=proc.pid)
+    except OSError as exc:
+        from finetune.errors import os_reason
+
+        lock.release()
+        if fresh:
+            run.remove_own_files(remove_folder=made)
+            for name in (GROUP_FILE, LOG_FILE):
+                (run.path / name).unlink(missing_ok=True)
+        raise UserError(f"output_dir: cannot write the run in {run.path}: {os_reason(exc)}", "output_dir") from None
+    except BusyError:
+        lock.release()
+        raise
+    if fresh:
+        status = run.read_status()
+        if status.get("status") == "pending":
+            run.write_status({**status, "pid": proc.pid})
+    lock.rewrite({**holder, "pid": proc.pid})
+    lock.hand_over()  # the supervisor holds the lock from now on (same open file), until the group ends
+    _SUPERVISORS.append(proc)
+    return run
+
+
+def _spawn_supervisor(run: RunDir, lock: Any) -> subprocess.Popen:
+    from finetune.process_group import LOG_FILE
+
+    package_parent = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")]))}
+    with open(run.path / LOG_FILE, "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "finetune.process_group", str(run.path)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env=env,
+            start_new_session=True,  # survives the terminal and the app; Ctrl-C in the terminal does not reach it
+            pass_fds=(lock.fileno(),),
+            cwd=os.getcwd(),  # relative data paths in the config mean what they meant to the user
+        )
+
+
 # --------------------------------------------------------------------------- CLI
 def register_cli(subparsers: Any) -> None:
     """`python -m finetune launch-command`."""
@@ -150,6 +404,26 @@ def register_cli(subparsers: Any) -> None:
         "--ds-config", metavar="FILE", help="also write the DeepSpeed JSON this launch will use (gpus × nodes ranks)"
     )
     parser.set_defaults(func=cmd_launch_command)
+
+    launch = subparsers.add_parser(
+        "launch", help="start a run as a detached group of processes (torchrun / deepspeed); prints its run directory"
+    )
+    add_config_args(launch)
+    launch.add_argument("--nproc", type=int, help="processes (default: one per --gpus, else 1)")
+    launch.add_argument("--gpus", default="", help="GPU numbers to use, e.g. 0,1 (default: the first --nproc GPUs)")
+    launch.add_argument("--launcher", default=None, help="torchrun (default) or deepspeed")
+    launch.add_argument("--resume", metavar="RUN_DIR", help="continue a launched run with the same process count")
+    launch.add_argument("--follow", action="store_true", help="stay attached with a progress bar; Ctrl-C stops the run")
+    launch.add_argument(
+        "--nodes", type=int, default=1, help="machines; this one runs node 0, the command for the others is printed"
+    )
+    launch.add_argument("--master-addr", help="this machine's address as the others see it (several machines)")
+    launch.add_argument("--master-port", type=int, default=DEFAULT_MASTER_PORT)
+    launch.set_defaults(func=cmd_launch)
+
+    stop = subparsers.add_parser("stop", help="stop a launched run: every rank saves a checkpoint, then all end")
+    stop.add_argument("run_dir", help="the run directory (or its name under the runs folder)")
+    stop.set_defaults(func=cmd_stop)
 
 
 def cmd_launch_command(args: Any) -> int:
@@ -187,3 +461,82 @@ def _write_exported_ds_config(config: TrainConfig, path: Path, world_size: int) 
     ds = deepspeed_config(config, world_size=world_size, precision=export_precision(config))
     write_text(path, json.dumps(ds, indent=2) + "\n")
     print(f"# DeepSpeed config for {world_size} processes written to {path}")
+
+
+def cmd_launch(args: Any) -> int:
+    """`python -m finetune launch`: start (or resume) a detached group, print its directory, optionally follow it."""
+    from finetune.cli_args import load_config
+
+    if args.nodes != 1:
+        return _launch_multinode(args)
+    if args.resume:
+        if args.config:
+            raise UserError("--config: not used with --resume (the run's own config.yaml is used); use --set to change")
+        run = resume_group(args.resume, nproc=args.nproc, gpus=args.gpus, launcher=args.launcher, sets=args.set)
+    else:
+        config = load_config(args.config, args.set)
+        run = launch_group(config, nproc=args.nproc, gpus=args.gpus, launcher=args.launcher or "torchrun")
+    print(run.path, flush=True)
+    if not args.follow:
+        return 0
+    return follow_group(run)
+
+
+def follow_group(run: RunDir) -> int:
+    """Stay attached to a launched run with `train`'s progress bar; Ctrl-C asks it to stop (checkpoint saved)."""
+    from finetune.cli import follow, summary_line
+    from finetune.runs import RunManager
+
+    manager = RunManager()
+    manager.follow_group(run)
+    final = follow(manager, show_bar=True)
+    if final is not None and final.status == "failed":
+        print(f"error: {final.error}", file=sys.stderr, flush=True)
+        return 1
+    print(summary_line(final, manager))
+    return 0 if final is not None and final.status in ("completed", "stopped") else 1
+
+
+def cmd_stop(args: Any) -> int:
+    """`python -m finetune stop RUN_DIR`: the stop flag every rank of the run reads at its next step."""
+    from finetune import paths
+    from finetune.process_group import group_alive, request_stop
+    from finetune.rundir import ACTIVE, find_run
+
+    run = find_run(args.run_dir, paths.runs_root(), field="run_dir")
+    if not group_alive(run.path) and run.effective_status() not in ACTIVE:
+        raise UserError(f"run_dir: {run.name} is not running (it is {run.effective_status()})", "run_dir")
+    if not group_alive(run.path):
+        raise UserError(f"run_dir: {run.name} runs in another process, not a launched group; stop it there", "run_dir")
+    request_stop(run.path)
+    print(f"stop requested: {run.name} saves a checkpoint after the current step, then every process ends")
+    return 0
+
+
+def _launch_multinode(args: Any) -> int:
+    """Several machines: print the command each other machine runs; this one is node 0 of the same command."""
+    from finetune.cli_args import load_config
+
+    if args.resume or args.follow:
+        raise UserError("--nodes: --resume and --follow work on one machine; run the printed commands by hand")
+    if not args.master_addr:
+        raise UserError("--master-addr: give this machine's address as the other machines reach it", "master_addr")
+    config = load_config(args.config, args.set)
+    nproc, _ = check_launch(args.nproc, args.gpus, args.launcher or "torchrun")
+    commands = launch_commands(
+        config,
+        config_path=args.config or "run.yaml",
+        gpus=nproc,
+        nodes=args.nodes,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+        sets=args.set,
+    )
+    local = commands["multinode_torchrun"].replace("$NODE_RANK", "0")
+    print(f"# on each other machine (NODE_RANK 1..{args.nodes - 1}):")
+    print(commands["multinode_torchrun"])
+    print("# this machine (node 0) now runs:")
+    print(local, flush=True)
+    argv = shlex.split(local)
+    argv[0] = launcher_path("torchrun") or "torchrun"
+    return subprocess.call(argv)

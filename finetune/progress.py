@@ -44,6 +44,7 @@ class TrainingState:
     pid: int = 0
     device: str = ""
     format: int = FORMAT  # the run directory's layout version (see rundir.py)
+    world_size: int = 1  # processes training this run (a launched group: torchrun / deepspeed ranks)
 
     @property
     def active(self) -> bool:
@@ -91,7 +92,13 @@ class Progress:
         self.write_files = write_files  # False on non-zero ranks of a multi-process run
         self.stop_requested = threading.Event()
         self._lock = threading.Lock()
-        self._state = TrainingState(run_id=run_id, run_dir=str(run.path), owner=owner, pid=os.getpid())
+        self._state = TrainingState(
+            run_id=run_id,
+            run_dir=str(run.path),
+            owner=owner,
+            pid=os.getpid(),
+            world_size=int(os.environ.get("WORLD_SIZE", "1")),  # set by the launcher of a multi-process run
+        )
         self._last_write = 0.0
         self._rate_mark: tuple[float, int] | None = None
         # A failed write of status.json / events.jsonl (disk full, permissions): kept, and raised at the next step so
@@ -123,7 +130,13 @@ class Progress:
             if status_changed:
                 self._write(
                     self.run.append_event,
-                    {"type": "status", "status": state.status, "step": state.step, "error": state.error},
+                    {
+                        "type": "status",
+                        "status": state.status,
+                        "step": state.step,
+                        "error": state.error,
+                        "world_size": state.world_size,
+                    },
                 )
 
     def event(self, kind: str, **fields: Any) -> None:

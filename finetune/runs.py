@@ -13,7 +13,7 @@ import os
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from finetune.preflight import (
     preflight,
     unique_run_path,
 )
+from finetune.process_group import GROUP_ENV, GroupProgress, group_alive, request_stop
 from finetune.progress import Progress, TrainingState
 from finetune.rundir import ACTIVE, RunDir, find_run, list_runs
 
@@ -53,6 +54,7 @@ class Launch:
     resume_step: int | None = None  # the checkpoint step a resume continues from
     previous_config: str | None = None  # config.yaml and status.json before a resume touched them
     previous_status: dict[str, Any] | None = None
+    launched: bool = False  # a rank of a group `launch` started: its directory and status were made by the launcher
 
     @property
     def fresh(self) -> bool:
@@ -68,18 +70,46 @@ class RunManager:
         self._active: ActiveRun | None = None
         self._last: TrainingState | None = None
         self._device_lock = DeviceLock(self.root)
+        self._group: RunDir | None = None  # the launched group this manager started or found, followed by its files
 
     # ----------------------------------------------------------------- queries
     def state(self) -> TrainingState | None:
-        """The live state of the active run, or the final state of the last one."""
+        """The live state of the active run (in this process, or a launched group), or the final state of the last."""
         with self._lock:
             if self._active is not None:
                 return self._active.progress.snapshot()
+        group = self.group()
+        if group is not None:
+            return state_from_files(group)
+        with self._lock:
             return self._last
 
     def is_active(self) -> bool:
+        """True while a run of this process, or a launched group on this machine, is training."""
         with self._lock:
-            return self._active is not None
+            if self._active is not None:
+                return True
+        group = self.group()
+        return group is not None and group_alive(group.path)
+
+    def group(self) -> RunDir | None:
+        """The launched group running on this machine (found from the device lock's holder, so an app that
+        restarted finds it again), else the last one this manager followed; None when there is neither."""
+        if os.environ.get(GROUP_ENV):
+            return None  # a rank of a group follows only its own run
+        from finetune.launch import reap_supervisors
+
+        reap_supervisors()
+        holder = self._device_lock.holder()
+        if holder.get("group") and holder.get("run_dir") and group_alive(Path(holder["run_dir"])):
+            found = RunDir(Path(holder["run_dir"]))
+            if found.exists():
+                self._group = found
+        return self._group
+
+    def follow_group(self, run: RunDir) -> None:
+        """Report this launched run as the current one (state, stop, wait) until another run starts."""
+        self._group = run
 
     def runs(self) -> list[dict[str, Any]]:
         """Summaries of every run under the root, newest first, with interrupted runs marked so."""
@@ -143,6 +173,15 @@ class RunManager:
         launch = Launch(resume_step=step, previous_config=_read_text(run.config_path), previous_status=status)
         return self._launch(config, run, owner, resume_from=checkpoint, background=background, launch=launch)
 
+    def join_launched(self, run_dir: str | Path, owner: str = "", background: bool = True) -> TrainingState:
+        """A rank of a group that `launch` started: train the run the launcher prepared (its config, its folder)."""
+        run = RunDir(Path(run_dir).resolve())
+        if not run.exists():
+            raise UserError(f"--launched: {run_dir} is not a run directory prepared by launch", "launched")
+        owner = owner or run.read_status().get("owner", "")
+        config = run.load_config()
+        return self._launch(config, run, owner, resume_from=None, background=background, launch=Launch(launched=True))
+
     def _find_run(self, run_dir: str | Path) -> RunDir:
         return find_run(run_dir, self.root, field="resume")
 
@@ -168,16 +207,19 @@ class RunManager:
         background: bool,
         launch: Launch | None = None,
     ) -> TrainingState:
-        rank, _ = distributed_rank()
+        rank, world = distributed_rank()
         launch = launch or Launch()
-        progress = Progress(run, run.name, owner=owner, write_files=rank == 0)
+        # Several ranks agree at every step on whether to stop (the stop flag file of a launched run included).
+        progress_class = GroupProgress if world > 1 else Progress
+        progress = progress_class(run, run.name, owner=owner, write_files=rank == 0)
+        group_locked = bool(os.environ.get(GROUP_ENV))  # the supervisor of a launched group holds the device lock
         with self._lock:
             if self._active is not None:
                 state = self._active.progress.snapshot()
                 raise BusyError(
                     busy_message({"run_id": state.run_id, "owner": state.owner, "started_at": state.started_at})
                 )
-            if rank == 0:
+            if rank == 0 and not group_locked:
                 holder = {"run_id": run.name, "owner": owner or "the command line", "started_at": time.time()}
                 self._device_lock.acquire({**holder, "pid": os.getpid()})
             self._active = ActiveRun(progress, None, config)
@@ -188,7 +230,7 @@ class RunManager:
             self._undo_start(run, launch)
             with self._lock:
                 self._active = None
-                self._device_lock.release()
+                self._device_lock.release()  # a no-op when this process did not take it
             raise UserError(f"output_dir: cannot write the run in {run.path}: {os_reason(exc)}", "output_dir") from None
         if not background:
             self._run(config, progress, resume_from, launch)
@@ -276,7 +318,7 @@ class RunManager:
         progress.set_status(
             "failed", error=message, advice=advice, finished_at=time.time(), user_error=isinstance(exc, UserError)
         )
-        if nothing_new and progress.write_files:
+        if nothing_new and progress.write_files and not launch.launched:
             # A start that never trained leaves nothing that looks like a run; a resume that never trained leaves
             # the run as it was (a completed run stays completed and publishable).
             if not launch.fresh:
@@ -284,22 +326,48 @@ class RunManager:
             self._undo_start(run, launch)
 
     def stop(self) -> bool:
-        """Ask the active run to save a checkpoint and stop; False when nothing runs."""
+        """Ask the active run (this process's, or a launched group through its stop flag) to save a checkpoint and
+        stop; False when nothing runs."""
         with self._lock:
-            if self._active is None:
+            progress = self._active.progress if self._active is not None else None
+            if progress is not None:
+                progress.stop_requested.set()
+        if progress is None:
+            group = self.group()
+            if group is None or not group_alive(group.path):
                 return False
-            self._active.progress.stop_requested.set()
-            progress = self._active.progress
+            request_stop(group.path)
+            return True
         progress.update(message="stop requested: finishing the current step and saving a checkpoint")
         return True
 
     def wait(self, timeout: float | None = None) -> TrainingState | None:
-        """Block until the active run (if any) ends."""
+        """Block until the active run (if any) ends, or `timeout` seconds pass."""
         with self._lock:
             thread = self._active.thread if self._active else None
         if thread is not None:
             thread.join(timeout)
+            return self.state()
+        group = self.group()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while group is not None and group_alive(group.path):
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            time.sleep(0.1 if deadline is None else min(0.1, max(0.0, deadline - time.monotonic())))
         return self.state()
+
+
+def state_from_files(run: RunDir) -> TrainingState:
+    """A run's state as its status.json tells it (a launched group, or a run of another process)."""
+    known = {f.name for f in fields(TrainingState)}
+    status = run.read_status()
+    state = TrainingState(**{k: v for k, v in status.items() if k in known})
+    state.run_id, state.run_dir = run.name, str(run.path)
+    effective = run.effective_status()
+    if state.status in ACTIVE and not group_alive(run.path):
+        effective = "interrupted" if effective in ACTIVE else effective  # every process of it is gone
+    state.status = effective
+    return state
 
 
 def _read_text(path: Path) -> str | None:

@@ -296,14 +296,22 @@ class Studio:
         )
 
     # ----------------------------------------------------------------- runs
-    def start(self, values: dict[str, Any], owner: str = "the web app") -> TrainingState:
-        """Start a run in the background (output_dir confined to the runs folder)."""
-        return self.manager.start(self.config(values), owner=owner, confine=True)
+    def start(
+        self, values: dict[str, Any], owner: str = "the web app", processes: int = 1, gpus: str = ""
+    ) -> TrainingState:
+        """Start a run (output_dir confined to the runs folder): in a background thread for one process, as a
+        launched process group for more (`gpus`: which GPUs, e.g. "0,1"; empty: the first `processes`)."""
+        if processes == 1 and not gpus:
+            return self.manager.start(self.config(values), owner=owner, confine=True)
+        return self._start_group(values, owner, processes, gpus)
 
-    def resume(self, run_id: str, owner: str = "the web app") -> TrainingState:
-        """Continue a stopped, interrupted or failed run of the runs folder from its last checkpoint."""
+    def resume(self, run_id: str, owner: str = "the web app", processes: int = 1, gpus: str = "") -> TrainingState:
+        """Continue a stopped, interrupted or failed run of the runs folder from its last checkpoint, with as many
+        processes as it was trained with (a launched run is launched again; another count is refused)."""
         run = self._run(run_id)
         self._check_run_allowed(run)
+        if self._was_launched(run) or processes > 1:
+            return self._resume_group(run, owner, processes, gpus)
         return self.manager.resume(run.path, owner=owner)
 
     def stop(self) -> bool:
@@ -590,6 +598,38 @@ class Studio:
         from finetune.memory import propose
 
         return propose(self.config(values), device=device, gpus=gpus, gpu_gib=gpu_gib)
+
+    # ---- multi-process
+    @staticmethod
+    def max_processes() -> int:
+        """The most processes a run may use here: the visible GPUs, or on a CPU min(4, cores)."""
+        from finetune.launch import max_processes
+
+        return max_processes()
+
+    def _start_group(self, values: dict[str, Any], owner: str, processes: int, gpus: str) -> TrainingState:
+        """A new run as a launched process group under the runs root; its state once the group is on its way."""
+        from finetune.launch import launch_group
+
+        run = launch_group(
+            self.config(values), nproc=processes, gpus=gpus, root=self.manager.root, owner=owner, confine=True
+        )
+        self.manager.follow_group(run)
+        return self.manager.state() or TrainingState(run_id=run.name, run_dir=str(run.path), status="pending")
+
+    def _resume_group(self, run: RunDir, owner: str, processes: int, gpus: str) -> TrainingState:
+        from finetune.launch import resume_group
+
+        count = processes if processes > 1 else None  # None: the count the run was trained with
+        resumed = resume_group(run.path, nproc=count, gpus=gpus, root=self.manager.root, owner=owner)
+        self.manager.follow_group(resumed)
+        return self.manager.state() or TrainingState(run_id=run.name, run_dir=str(run.path), status="pending")
+
+    @staticmethod
+    def _was_launched(run: RunDir) -> bool:
+        from finetune.process_group import read_group
+
+        return bool(read_group(run.path))
 
 
 def _empty_numbers(values: dict[str, Any]) -> dict[str, str]:

@@ -101,6 +101,16 @@ def save_initial_adapter(model: Any, plan: RunPlan, progress: Progress) -> None:
         adapter.init_lora_weights = plan.lora.init_lora_weights
 
 
+def write_used_ds_config(args: Any, progress: Progress) -> None:
+    """Trainer path with DeepSpeed: the DeepSpeed config as the Trainer filled it in ("auto" resolved) goes into the
+    run directory as ds_config.json, as the DeepSpeed engine writes its own (rank 0 only)."""
+    used = getattr(getattr(args, "hf_deepspeed_config", None), "config", None)
+    if used and progress.write_files:
+        from finetune.deepspeed_config import write_ds_config
+
+        write_ds_config(used, progress.run.path)
+
+
 def save_final(
     model: Any, tokenizer: Any, progress: Progress, trainer: Any = None, plan: RunPlan | None = None
 ) -> None:

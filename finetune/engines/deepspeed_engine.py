@@ -99,7 +99,9 @@ def distributed_world() -> Iterator[World]:
             import deepspeed
 
             backend = "nccl" if torch.cuda.is_available() else "gloo"
-            deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
+            deepspeed.init_distributed(
+                dist_backend=backend, auto_mpi_discovery=False, verbose=False, timeout=collective_timeout()
+            )
             created = True
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         if torch.cuda.is_available():
@@ -119,6 +121,13 @@ def distributed_world() -> Iterator[World]:
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = value
+
+
+def collective_timeout() -> Any:
+    """How long a collective may wait before it fails instead of hanging (finetune/process_group.py decides)."""
+    from finetune.process_group import collective_timeout as timeout
+
+    return timeout()
 
 
 def restore_linear() -> None:
@@ -216,7 +225,8 @@ def _train(config: TrainConfig, progress: Progress, resume_from: Path | None, wo
         tokens_seen = 0
         if resume_from is not None:
             tokens_seen = _load_checkpoint(engine, Path(resume_from), peft, progress)
-            set_seed(config.seed + engine.global_steps)  # fresh dropout masks, not a replay of the first steps
+            if not load_rng_state(Path(resume_from), world.rank):
+                set_seed(config.seed + engine.global_steps)  # an older checkpoint: fresh dropout masks at least
         return _loop(config, progress, prepared, engine, loader, sampler, world, max_steps, tokens_seen, peft)
     finally:
         engine.destroy()
@@ -415,6 +425,7 @@ def _save_checkpoint(
     client = {"global_step": step, "tokens_seen": tokens_seen, "epoch": epoch}
     # LoRA: the frozen base is not saved (it is reloaded from the model); only adapters and optimizer state are.
     engine.save_checkpoint(str(run), tag=tag, client_state=client, save_latest=False, exclude_frozen_parameters=peft)
+    save_rng_state(run / tag, world.rank)
     dist.barrier()
     if world.is_main:
         for script in RECOVERY_SCRIPTS:  # DeepSpeed copies its converters next to the tag; keep them with it
@@ -437,6 +448,39 @@ def _save_checkpoint(
         progress.checkpoint_saved(step, path=tag)
         _prune_checkpoints(run)
     dist.barrier()
+
+
+def save_rng_state(folder: Path, rank: int) -> None:
+    """Every random generator this rank draws from (Python, NumPy, torch CPU and CUDA), as Trainer saves them:
+    a resumed run draws the same dropout masks and sampling as one that never stopped."""
+    import random
+
+    import numpy as np
+    import torch
+
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.random.get_rng_state_all()
+    torch.save(state, folder / f"rng_state_{rank}.pth")
+
+
+def load_rng_state(folder: Path, rank: int) -> bool:
+    """Restore what `save_rng_state` saved for this rank; False when the checkpoint has none."""
+    import random
+
+    import numpy as np
+    import torch
+
+    path = folder / f"rng_state_{rank}.pth"
+    if not path.is_file():
+        return False
+    state = torch.load(path, weights_only=False)  # our own file, written by save_rng_state
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.random.set_rng_state(state["cpu"])
+    if torch.cuda.is_available() and "cuda" in state:
+        torch.cuda.random.set_rng_state_all(state["cuda"])
+    return True
 
 
 def _prune_checkpoints(run: Path) -> None:

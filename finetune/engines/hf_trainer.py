@@ -10,7 +10,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import PrinterCallback
 
 from finetune.config import TrainConfig
-from finetune.engines.common import Prepared, prepare_run, save_final
+from finetune.engines.common import Prepared, prepare_run, save_final, write_used_ds_config
 from finetune.inference import generate_answers
 from finetune.plan import TRAINER_OPTIMIZERS, uses_deepspeed
 from finetune.progress import Progress
@@ -130,6 +130,7 @@ class ProgressCallback(TrainerCallback):
         self.prepared = prepared
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):  # noqa: D102
+        write_used_ds_config(args, self.progress)
         self.progress.set_status("running", step=state.global_step, max_steps=state.max_steps)
         if state.global_step == 0:
             self._samples(model, 0)

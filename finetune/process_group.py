@@ -1,0 +1,257 @@
+"""A multi-process run the project launched itself: its files, its stop flag, what each rank does, and the supervisor.
+
+    launch (finetune/launch.py)  ->  supervisor (this module, `python -m finetune.process_group RUN_DIR`)
+                                      a new session that survives the terminal; holds the device lock for the group
+                                      ->  torchrun / deepspeed launcher (a session of its own)
+                                           ->  N ranks: `python -m finetune train --launched RUN_DIR` (or --resume)
+
+Files in the run directory, besides the usual ones (rundir.py):
+  launch.json      {launcher, nproc, gpus, command, supervisor_pid, rank_pids, started_at}
+  launch.log       the launcher's and ranks' own output (where a rank's error line is found)
+  stop-requested   the stop flag: `stop`, Ctrl-C on `--follow`, SIGTERM to the group and the app's Stop write it; every
+                   rank looks for it at the end of each optimizer step and the ranks agree (an all-reduce), so they
+                   all finish the same step, save one checkpoint and end
+
+When the launcher exits, the supervisor makes sure the run never stays `running`: if the ranks died without a final
+status it writes `failed` with the first failing rank's error in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from finetune.atomic import read_json, write_json, write_text
+from finetune.progress import Progress
+from finetune.rundir import ACTIVE, RunDir
+
+STOP_FILE = "stop-requested"
+GROUP_FILE = "launch.json"
+LOG_FILE = "launch.log"
+GROUP_ENV = "FINETUNE_GROUP_RUN"  # set in every rank's environment by the supervisor: the run directory
+# A collective that waits longer than this fails instead of hanging (gloo's default is 30 minutes). Long enough
+# for the slowest rank to load its model; a dead rank is caught sooner by the launcher.
+COLLECTIVE_TIMEOUT_S = 300
+
+
+# --------------------------------------------------------------------------- the group's files
+def stop_path(run_path: Path) -> Path:
+    """The stop flag of a launched run."""
+    return Path(run_path) / STOP_FILE
+
+
+def request_stop(run_path: Path) -> None:
+    """Ask every rank of a launched run to finish its step, save a checkpoint and end."""
+    write_text(stop_path(run_path), json.dumps({"requested_at": time.time()}) + "\n")
+
+
+def read_group(run_path: Path) -> dict[str, Any]:
+    """launch.json of a launched run ({} for a run trained in one process)."""
+    return read_json(Path(run_path) / GROUP_FILE, default={}) or {}
+
+
+def update_group(run_path: Path, **changes: Any) -> None:
+    """Rewrite launch.json with `changes` (atomic)."""
+    write_json(Path(run_path) / GROUP_FILE, {**read_group(run_path), **changes})
+
+
+def pid_running(pid: Any) -> bool:
+    """True while process `pid` runs (a zombie, dead but not yet reaped by its parent, does not count)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def group_alive(run_path: Path) -> bool:
+    """True while the supervisor or any rank of a launched run still runs."""
+    record = read_group(run_path)
+    pids = [record.get("supervisor_pid"), *(record.get("rank_pids") or [])]
+    return any(pid_running(pid) for pid in pids)
+
+
+# --------------------------------------------------------------------------- inside each rank
+def joined() -> bool:
+    """True in a rank of a multi-process run (any launcher)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def join_group(uses_deepspeed: bool) -> None:
+    """Set up this rank's process group with a bounded collective timeout before an engine does it with the
+    libraries' default (30 minutes on gloo), and let rank 0 record every rank's pid in launch.json."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+    timeout = collective_timeout()
+    if uses_deepspeed:  # DeepSpeed keeps its own handle on the group: let it make the group so it has one
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False, timeout=timeout)
+    else:
+        dist.init_process_group(backend, timeout=timeout)
+    pids: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(pids, os.getpid())
+    run = os.environ.get(GROUP_ENV)
+    if run and dist.get_rank() == 0 and (Path(run) / GROUP_FILE).is_file():
+        update_group(Path(run), rank_pids=pids, world_size=len(pids))
+
+
+def collective_timeout() -> timedelta:
+    """COLLECTIVE_TIMEOUT_S, or FINETUNE_COLLECTIVE_TIMEOUT_S from the environment."""
+    return timedelta(seconds=int(os.environ.get("FINETUNE_COLLECTIVE_TIMEOUT_S", COLLECTIVE_TIMEOUT_S)))
+
+
+def leave_group() -> None:
+    """Tear the process group down at the end (a launcher may abort at exit otherwise)."""
+    import contextlib
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+
+def agree_any(flag: bool) -> bool:
+    """True on every rank when any rank's flag is set (the flag as is without a process group)."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        return flag
+    import torch
+
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    value = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+class GroupProgress(Progress):
+    """`Progress` for one rank of several: at the end of every optimizer step the ranks agree whether to stop
+    (the stop flag file, or a stop asked in this process), so all of them stop after the same step."""
+
+    def on_step(self, step: int, max_steps: int, epoch: float, tokens_seen: int | None) -> None:
+        """Progress as usual, then the stop agreement (one tiny all-reduce per step)."""
+        super().on_step(step, max_steps, epoch, tokens_seen)
+        local = self.stop_requested.is_set() or stop_path(self.run.path).exists()
+        if agree_any(local) and not self.stop_requested.is_set():
+            self.stop_requested.set()
+            self.update(message="stop requested: finishing the current step and saving a checkpoint")
+
+
+# --------------------------------------------------------------------------- the supervisor
+def supervise(run_path: Path) -> int:
+    """Run the launcher command of launch.json, wait for it, and settle the run's final status."""
+    run = RunDir(Path(run_path))
+    record = read_group(run.path)
+    env = {**os.environ, GROUP_ENV: str(run.path)}
+    if record.get("cuda_visible_devices"):
+        env["CUDA_VISIBLE_DEVICES"] = record["cuda_visible_devices"]
+    signal.signal(signal.SIGTERM, lambda *_: request_stop(run.path))  # SIGTERM to the group = Stop
+    signal.signal(signal.SIGINT, lambda *_: request_stop(run.path))
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the terminal that launched it may close
+    with open(run.path / LOG_FILE, "ab") as log:
+        # A session of its own: a signal to our group reaches us (and becomes a stop), not the ranks directly.
+        child = subprocess.Popen(
+            record["command"], stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True
+        )
+        update_group(run.path, supervisor_pid=os.getpid(), launcher_pid=child.pid)
+        while True:
+            try:
+                code = child.wait()
+                break
+            except InterruptedError:  # pragma: no cover - PEP 475 retries; kept for clarity
+                continue
+    settle(run, code)
+    stop_path(run.path).unlink(missing_ok=True)
+    return 0
+
+
+def settle(run: RunDir, code: int) -> None:
+    """After the launcher ended: a run whose ranks died is marked failed with the first failing rank's error."""
+    status = run.read_status()
+    state = status.get("status")
+    if code == 0 and state not in ACTIVE:
+        return
+    failure = diagnose(_log_tail(run.path / LOG_FILE), code)
+    if state in ("completed", "stopped"):
+        return  # trained and saved; a launcher that aborts at exit changes nothing about the result
+    if state == "failed" and failure.get("rank") in (None, 0):
+        return  # rank 0 wrote its own error, and no other rank failed first
+    error = failure["message"]
+    now = time.time()
+    run.write_status({**status, "status": "failed", "error": error, "finished_at": now, "updated_at": now})
+    run.append_event({"type": "status", "status": "failed", "step": status.get("step", 0), "error": error})
+
+
+_ERROR_LINE = re.compile(r"^error: rank (\d+): (.+)$", re.MULTILINE)
+_FAILURE = re.compile(r"rank\s*:\s*(\d+).*?\n\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)", re.DOTALL)
+_DS_EXIT = re.compile(r"process (\d+) exits with return code = (-?\d+)")
+
+
+def diagnose(log: str, code: int) -> dict[str, Any]:
+    """{"rank", "message"}: which rank failed first and why, in one line, from the launcher's output."""
+    errors = {int(rank): text.strip() for rank, text in reversed(_ERROR_LINE.findall(log))}
+    failures = [(int(r), int(c), int(p)) for r, c, p in _FAILURE.findall(log)]
+    # A rank killed by a signal the launcher did not send (SIGTERM is how it ends the others) is the root cause;
+    # otherwise a rank that reported an error, otherwise the launcher's own first failure.
+    killed = [f for f in failures if f[1] < 0 and f[1] != -signal.SIGTERM]
+    if killed:
+        rank, exit_code, pid = killed[0]
+        return {"rank": rank, "message": f"rank {rank} (pid {pid}) was killed by {_signal_name(-exit_code)}"}
+    reported = [f for f in failures if f[0] in errors]
+    if reported or errors:
+        rank = reported[0][0] if reported else min(errors)
+        return {"rank": rank, "message": f"rank {rank}: {errors[rank]}"}
+    if failures:
+        rank, exit_code, pid = failures[0]
+        return {"rank": rank, "message": f"rank {rank} (pid {pid}) ended with exit code {exit_code}"}
+    ds = _DS_EXIT.findall(log)
+    if ds:
+        pid, exit_code = ds[0]
+        how = _signal_name(-int(exit_code)) if int(exit_code) < 0 else f"exit code {exit_code}"
+        return {"rank": None, "message": f"a rank (pid {pid}) ended with {how}; see launch.log"}
+    return {"rank": None, "message": f"the processes ended with exit code {code} before the run finished"}
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _log_tail(path: Path, limit: int = 200_000) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - limit))
+            return fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def main(argv: list[str]) -> int:
+    """`python -m finetune.process_group RUN_DIR`: the supervisor (started by `launch`, never by hand)."""
+    return supervise(Path(argv[0]))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
