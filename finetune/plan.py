@@ -206,13 +206,78 @@ def reference_for(config: TrainConfig) -> str | None:
     return "copy" if config.method == "full" else "adapter-off"
 
 
-def uses_liger(config: TrainConfig, device: str) -> bool:
-    """Liger's Triton kernels need a CUDA GPU and the liger-kernel package; `on` asks for them, `auto` takes them
-    where they can run."""
-    if config.liger_kernel == "off" or device != "cuda":
+# The causal-LM model families (config.json's model_type) liger-kernel 0.8.5 patches: the text models of its
+# `liger_kernel.transformers.monkey_patch.MODEL_TYPE_TO_APPLY_LIGER_FN` (tests/test_liger.py checks this list against
+# that table where liger-kernel is installed). Kept here so a CPU machine without it still plans a GPU run.
+LIGER_MODEL_TYPES = frozenset(
+    {
+        "deepseek_v2", "deepseek_v3", "exaone4", "falcon_h1", "gemma", "gemma2", "gemma3_text", "glm4", "gpt_oss",
+        "granite", "hunyuan_v1_dense", "hunyuan_v1_moe", "llama", "ministral", "mistral", "mixtral", "nemotron",
+        "olmo2", "olmo3", "phi3", "qwen2", "qwen3", "qwen3_moe", "smollm3",
+    }
+)  # fmt: skip
+
+
+def uses_liger(config: TrainConfig, device: str | None = None, strict: bool = False) -> bool:
+    """Whether Liger's fused Triton kernels patch the model: they need a CUDA GPU, a causal LM of a family Liger
+    patches and the liger-kernel package. `auto` takes them where they can run; `on` asks for them (`strict`, as in
+    preflight: a one-line ConfigError naming liger_kernel where they cannot run on this machine)."""
+    if config.liger_kernel == "off":
         return False
+    if device is None:
+        device = "cuda" if _cuda_available() else "cpu"
+    reason = _liger_blocker(config, device)
+    installed = _liger_installed()
     if config.liger_kernel == "on":
-        return True
+        if strict and (reason or not installed):
+            why = reason or "the liger-kernel package is not installed (pip install -r requirements-gpu.txt)"
+            raise ConfigError(f"liger_kernel: on, but {why}; choose auto or off", field="liger_kernel")
+        return reason is None  # planning for a GPU elsewhere: the run there installs it (requirements-gpu.txt)
+    return reason is None and installed
+
+
+def liger_model_type(model: str) -> str | None:
+    """The model family (config.json's model_type) of a local model or a Hub model whose config is in the local
+    cache (preflight fetched it), without loading anything; None when it is not known here."""
+    import json
+    from pathlib import Path
+
+    from finetune.config import EMBEDDED_MODEL
+
+    if model == EMBEDDED_MODEL:
+        return "llama"  # SmolLM2 is a Llama
+    path = Path(model).expanduser() / "config.json"
+    if not path.is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(model, "config.json")
+        except Exception:  # noqa: BLE001 - not a Hub id (a path that does not exist): unknown family
+            return None
+        if not isinstance(cached, str):
+            return None
+        path = Path(cached)
+    try:
+        model_type = json.loads(path.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return model_type if isinstance(model_type, str) else None
+
+
+def _liger_blocker(config: TrainConfig, device: str) -> str | None:
+    """Why Liger cannot run for this config on `device` (None: it can, given the package)."""
+    if device != "cuda":
+        return "Liger's kernels need a CUDA GPU and this run has none"
+    if config.task != "causal_lm":
+        return "Liger's kernels serve causal_lm only (its fused loss replaces the language-model head's)"
+    family = liger_model_type(config.model)
+    if family not in LIGER_MODEL_TYPES:
+        known = "unknown" if family is None else repr(family)
+        return f"the model family ({known}) is not one Liger patches (llama, mistral, qwen2/3, gemma, phi3, ...)"
+    return None
+
+
+def _liger_installed() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("liger_kernel") is not None

@@ -32,7 +32,7 @@ RESUME_FIXED = (
 
 def preflight(config: TrainConfig) -> None:
     """Cheap checks before a run directory exists: the model and data can be found, the options suit the machine."""
-    from finetune import data, models
+    from finetune import data, models, plan
     from finetune.config import EMBEDDED_MODEL
     from finetune.data import FILE_TYPES
 
@@ -56,6 +56,7 @@ def preflight(config: TrainConfig) -> None:
         if importlib.util.find_spec(config.report_to) is None:
             raise ConfigError(f"report_to: {config.report_to} is not installed; use none or install it", "report_to")
     gpu_only(config)
+    plan.uses_liger(config, strict=True)  # liger_kernel: on where Liger cannot run is refused now
 
 
 def check_new_run_dir(path: Path) -> None:

@@ -164,13 +164,18 @@ class Progress:
     def set_status(self, status: str, **changes: Any) -> None:
         self.update(force=True, status=status, **changes)
 
+    def status_due(self) -> bool:
+        """Whether the next update writes status.json (at most every STATUS_EVERY_S): the moment to read values that
+        cost something to read (memory, a GPU's token count)."""
+        return time.time() - self._last_write > self.STATUS_EVERY_S
+
     def on_step(self, step: int, max_steps: int, epoch: float, tokens_seen: int | None) -> None:
         """After each optimizer step: step counters, tokens/s, ETA and memory. A failed file write fails the run."""
         if self.write_error is not None:
             raise self.write_error
         now = time.time()
         changes: dict[str, Any] = {"step": step, "max_steps": max_steps, "epoch": epoch}
-        if now - self._last_write > self.STATUS_EVERY_S:  # read memory only when the status is about to be written
+        if self.status_due():  # read memory only when the status is about to be written
             changes["memory_bytes"] = memory_in_use()
         if tokens_seen is not None:
             changes["tokens_seen"] = tokens_seen
@@ -184,9 +189,12 @@ class Progress:
         self.update(**changes)
 
     def on_log(self, step: int, logs: dict[str, Any]) -> None:
-        """Loss / eval loss lines: kept in the state and written to events.jsonl."""
+        """Loss / eval loss lines: kept in the state and written to events.jsonl. Preference runs add what TRL
+        logs beside the loss (rewards of the chosen and rejected answers, their margin, the preference accuracy,
+        KTO's KL term) under the names in PREFERENCE_LOG_KEYS, the UI's contract."""
         if "loss" in logs:
             self.update(loss=float(logs["loss"]), learning_rate=_float(logs.get("learning_rate")))
+            preference = {ours: _float(logs[trl]) for trl, ours in PREFERENCE_LOG_KEYS.items() if trl in logs}
             self.event(
                 "log",
                 step=step,
@@ -194,10 +202,21 @@ class Progress:
                 learning_rate=_float(logs.get("learning_rate")),
                 grad_norm=_float(logs.get("grad_norm")),
                 epoch=_float(logs.get("epoch")),
+                **preference,
             )
         if "eval_loss" in logs:
             self.update(eval_loss=float(logs["eval_loss"]))
             self.event("eval", step=step, eval_loss=float(logs["eval_loss"]))
+
+
+# TRL's log names → the names in our "log" events (a contract with the UI: keep them as they are).
+PREFERENCE_LOG_KEYS = {
+    "rewards/chosen": "rewards_chosen",
+    "rewards/rejected": "rewards_rejected",
+    "rewards/margins": "rewards_margin",
+    "rewards/accuracies": "rewards_accuracy",
+    "kl": "kl",
+}
 
 
 def _float(value: Any) -> float | None:

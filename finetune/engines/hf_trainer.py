@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +23,20 @@ from finetune.progress import Progress
 MIN_LR_RATE = 0.1  # cosine_with_min_lr: decay to 10% of the peak rate
 DECAY_FRACTION = 0.1  # warmup_stable_decay: the last 10% of the steps decay, the rest after warm-up stays flat
 POLYNOMIAL_LR_END = 1e-7  # polynomial: Trainer's own default end rate (kept below the peak rate)
+# On a GPU every logged loss is a host-device sync (the host waits for the queued kernels, then the device waits for
+# the host): log at most once a second there. Each point is then the mean loss of its window (Trainer sums the loss on
+# the device between logs). CPU runs log every logging_steps as asked: no device to stall.
+GPU_LOG_EVERY_S = 1.0
 
 
-def training_arguments(config: TrainConfig, output_dir: Path, precision: str, has_eval: bool) -> TrainingArguments:
-    """`TrainingArguments` for the config: every knob maps to its Trainer name."""
+def training_arguments(
+    config: TrainConfig, output_dir: Path, precision: str, has_eval: bool, liger: bool = False
+) -> TrainingArguments:
+    """`TrainingArguments` for the config: every knob maps to its Trainer name; `liger`: the plan's Liger decision
+    (Trainer patches the model with Liger's kernels when training starts)."""
     import torch
+
+    on_gpu = torch.cuda.is_available()
 
     kwargs: dict[str, Any] = {}
     if uses_deepspeed(config):
@@ -57,8 +70,12 @@ def training_arguments(config: TrainConfig, output_dir: Path, precision: str, ha
         fp16=precision == "fp16",
         activation_checkpointing=config.gradient_checkpointing,
         activation_checkpointing_kwargs={"use_reentrant": False} if config.gradient_checkpointing else None,
-        use_cpu=not torch.cuda.is_available(),
+        use_cpu=not on_gpu,
         include_num_input_tokens_seen="non_padding",
+        # Its NaN/Inf test reads each micro batch's loss on the host: one device sync per micro batch on a GPU. There a
+        # NaN loss shows in the curve as it is (what a user wants to see) instead of being replaced by the mean.
+        logging_nan_inf_filter=not on_gpu,
+        use_liger_kernel=liger,
         disable_tqdm=True,  # the run has its own progress (terminal bar, UI)
         dataloader_num_workers=0,
         remove_unused_columns=False,
@@ -109,7 +126,38 @@ def build_scheduler(args: TrainingArguments, optimizer: Any, num_training_steps:
 
 
 class StudioTrainer(Trainer):
-    """`Trainer` whose scheduler comes from `build_scheduler` (also under DeepSpeed, which asks the same method)."""
+    """`Trainer` whose scheduler comes from `build_scheduler` (also under DeepSpeed, which asks the same method), and
+    which counts input tokens on a GPU without a host sync per micro batch."""
+
+    _pending_tokens: Any = None  # GPU: tokens counted on the device since the last `tokens_seen()`
+
+    def _track_num_input_tokens(self, inputs: dict[str, Any]) -> None:
+        """Trainer reads each micro batch's token count with `.item()` (a device sync on a GPU); there the count
+        stays on the device until `tokens_seen()` reads it, on the status cadence."""
+        mask = inputs.get("attention_mask")
+        if self.args.device.type != "cuda" or mask is None or self.args.include_num_input_tokens_seen != "non_padding":
+            super()._track_num_input_tokens(inputs)
+            return
+        import torch
+
+        count = self.accelerator.gather(mask.sum().to(torch.int64).reshape(1)).sum()  # every rank's, like Trainer
+        self._pending_tokens = count if self._pending_tokens is None else self._pending_tokens + count
+
+    def tokens_seen(self) -> int:
+        """Input tokens seen so far, the device's pending count included (one sync when there is one)."""
+        if self._pending_tokens is not None:
+            self.state.num_input_tokens_seen += int(self._pending_tokens.item())
+            self._pending_tokens = None
+        return self.state.num_input_tokens_seen
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Trainer's log, with the token count up to date."""
+        self.tokens_seen()
+        super().log(logs, start_time)
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        self.tokens_seen()  # the checkpoint's trainer_state.json carries the count a resumed run continues from
+        super()._save_checkpoint(model, trial)
 
     def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
         """The run's learning-rate scheduler, built once."""
@@ -125,9 +173,12 @@ class ProgressCallback(TrainerCallback):
     """Feeds `Progress` from the Trainer's events, answers held-out prompts at step 0 and each evaluation, and
     honours the stop flag (save a checkpoint, then end)."""
 
-    def __init__(self, progress: Progress, prepared: Prepared) -> None:
+    def __init__(self, progress: Progress, prepared: Prepared, tokens_seen: Callable[[], int] | None = None) -> None:
         self.progress = progress
         self.prepared = prepared
+        self.tokens_seen = tokens_seen  # StudioTrainer.tokens_seen: the count without a sync every step on a GPU
+        self.log_every_s = GPU_LOG_EVERY_S if prepared.plan.device == "cuda" else 0.0
+        self._last_log = 0.0
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):  # noqa: D102
         write_used_ds_config(args, self.progress)
@@ -136,11 +187,30 @@ class ProgressCallback(TrainerCallback):
             self._samples(model, 0)
 
     def on_step_end(self, args, state, control, **kwargs):  # noqa: D102
-        self.progress.on_step(state.global_step, state.max_steps, state.epoch or 0.0, state.num_input_tokens_seen)
+        tokens: int | None = state.num_input_tokens_seen
+        if self.tokens_seen is not None:
+            # Read the device's count only when the status is about to be written (each read is a sync on a GPU).
+            tokens = self.tokens_seen() if self.progress.status_due() else None
+        self.progress.on_step(state.global_step, state.max_steps, state.epoch or 0.0, tokens)
         if self.progress.stop_requested.is_set():
             control.should_save = True
             control.should_training_stop = True
             self.progress.set_status("stopping", message=f"stopping at step {state.global_step}: saving a checkpoint")
+        elif control.should_log and self.log_every_s and 1 < state.global_step < state.max_steps:
+            self._log_on_cadence(control)
+
+    def _log_on_cadence(self, control: Any) -> None:
+        """Skip a log due less than `log_every_s` after the last one: the next point averages the whole window.
+        Runs after Trainer's flow callback (which sets should_log from logging_steps), so that stays the densest."""
+        now = time.monotonic()
+        if now - self._last_log < self.log_every_s:
+            control.should_log = False
+        else:
+            self._last_log = now
+
+    def on_train_end(self, args, state, control, **kwargs):  # noqa: D102
+        if self.tokens_seen is not None:
+            self.progress.update(tokens_seen=self.tokens_seen())  # the last steps' tokens, not yet read on a GPU
 
     def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: D102
         self.progress.on_log(state.global_step, logs or {})
@@ -177,7 +247,9 @@ def _train(config: TrainConfig, progress: Progress, resume_from: Path | None = N
     prepared = prepare_run(config, progress)
     if progress.stop_requested.is_set():
         return "stopped"
-    args = training_arguments(config, progress.run.path, prepared.precision, prepared.data.eval is not None)
+    args = training_arguments(
+        config, progress.run.path, prepared.precision, prepared.data.eval is not None, liger=prepared.plan.liger
+    )
     trainer = StudioTrainer(
         model=prepared.model,
         args=args,
@@ -185,11 +257,14 @@ def _train(config: TrainConfig, progress: Progress, resume_from: Path | None = N
         eval_dataset=prepared.data.eval,
         data_collator=prepared.collator,
         processing_class=prepared.tokenizer,
-        callbacks=[ProgressCallback(progress, prepared)],
     )
+    # On a GPU the token count is read on the status cadence (a sync); on a CPU every step, as Trainer counts it.
+    tokens_seen = trainer.tokens_seen if prepared.plan.device == "cuda" else None
+    trainer.add_callback(ProgressCallback(progress, prepared, tokens_seen=tokens_seen))
     trainer.remove_callback(PrinterCallback)  # our progress (terminal bar, UI) replaces its raw dict prints
     try:
-        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        with liger_patches_undone(prepared.model, prepared.plan.liger):
+            trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
         if progress.stop_requested.is_set():
             return "stopped"
         if prepared.data.eval is not None and trainer.state.global_step % config.eval_steps:
@@ -201,3 +276,24 @@ def _train(config: TrainConfig, progress: Progress, resume_from: Path | None = N
         trainer.model = trainer.model_wrapped = None
         trainer.optimizer = trainer.lr_scheduler = None
         prepared.model = None
+
+
+@contextlib.contextmanager
+def liger_patches_undone(model: Any, liger: bool) -> Iterator[None]:
+    """Liger patches the model's transformers module too (its RMSNorm and MLP classes, the rotary function): put the
+    module back after the run, so a later run in this process with liger_kernel off (or on a CPU) gets plain PyTorch.
+    The patched instance keeps its kernels for the rest of this run."""
+    if not liger:
+        yield
+        return
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    module = sys.modules[type(base).__module__]
+    before = dict(vars(module))
+    try:
+        yield
+    finally:
+        for name in [n for n in vars(module) if n not in before]:
+            delattr(module, name)
+        for name, value in before.items():
+            if getattr(module, name, None) is not value:
+                setattr(module, name, value)
