@@ -21,7 +21,7 @@ from typing import Any
 import gradio as gr
 import pytest
 
-from finetune.config import FIELD_NAMES, TrainConfig, field_groups
+from finetune.config import FIELD_NAMES, TrainConfig, field_groups, field_label
 from finetune.rundir import RunDir
 from finetune.runs import DeviceLock
 from finetune.studio import Studio
@@ -40,7 +40,7 @@ from tests.test_ui_support import (
 from ui.app import TAB_NAMES, build_app
 from ui.chat_tab import EMPTY, ERROR_PREFIX, LOADING
 from ui.config_tab import ConfigTab
-from ui.memory_tab import MEMORY_FIELDS
+from ui.memory_tab import MEMORY_FIELDS, OWN
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB, MIB = 2**30, 2**20
@@ -85,15 +85,27 @@ def hub(monkeypatch):
         yield standin
 
 
-def form(**changes: Any) -> list[Any]:
-    """The Configure form's values (defaults + changes) in field order, as the browser sends them."""
-    values = {**Studio.default_values(), **changes}
-    return [values[n] for n in FIELD_NAMES]
+def form(**changes: Any) -> dict[str, Any]:
+    """The Configure form's values (defaults + changes) by field name, as the page sends them to a handler."""
+    return {**Studio.default_values(), **changes}
 
 
-def memory_form(**changes: Any) -> list[Any]:
+def memory_form(**changes: Any) -> dict[str, Any]:
+    """The Memory tab's own fields (defaults + changes), under the names its handlers receive them."""
     values = {**Studio.default_values(), **changes}
-    return [values[n] for n in MEMORY_FIELDS]
+    return {OWN + n: values[n] for n in MEMORY_FIELDS}
+
+
+def on_page(ui, out: dict) -> dict[str, Any]:
+    """A Train handler's {component: update} as {attribute name: update} (what changed on the page)."""
+    names = {id(getattr(ui.train, n)): n for n in vars(ui.train) if hasattr(getattr(ui.train, n), "_id")}
+    return {names[id(c)]: v for c, v in out.items() if id(c) in names}
+
+
+def by_field(ui, out: dict) -> dict[str, str]:
+    """The visible field errors among a handler's {component: update}."""
+    errors = {id(c): n for n, c in ui.config.errors.items()}
+    return {errors[id(c)]: u["value"] for c, u in out.items() if id(c) in errors and u.get("visible")}
 
 
 def errors_by_field(updates: list) -> dict[str, str]:
@@ -136,13 +148,14 @@ def drain(gen) -> list:
 
 def chat(ui, message: str, source: str, *, compare: bool = False, tokens: int = 12, values: list | None = None):
     """Every [textbox, chatbot, base chatbot] the Chat tab streams for one message (greedy, no system prompt)."""
-    return list(ui.chat.respond(message, [], [], source, compare, tokens, 0.0, 1.0, "", *(values or form())))
+    positional = list((values or form()).values())  # the Chat tab still takes the form in field order
+    return list(ui.chat.respond(message, [], [], source, compare, tokens, 0.0, 1.0, "", *positional))
 
 
 # ----------------------------------------------------------------------------------------------- the page
-def test_five_tabs_named_exactly(ui, demo):
+def test_six_tabs_named_exactly(ui, demo):
     tabs = [b for b in demo.blocks.values() if isinstance(b, gr.Tab)]
-    assert [t.label for t in tabs] == list(TAB_NAMES) == ["Memory", "Configure", "Train", "Chat", "Publish"]
+    assert [t.label for t in tabs] == list(TAB_NAMES) == ["Start", "Memory", "Configure", "Train", "Chat", "Publish"]
     header = next(b for b in demo.blocks.values() if isinstance(b, gr.Markdown) and b.elem_id == "fs-header")
     assert "How it works" in header.value
     assert demo.title == "Finetune Studio"
@@ -160,10 +173,11 @@ def test_every_config_field_has_a_component_with_help_in_configure(ui):
     assert list(ui.config.fields) == list(FIELD_NAMES) or set(ui.config.fields) == set(FIELD_NAMES)
     for name, component in ui.config.fields.items():
         assert _inside(component, ui.tabs["Configure"]), name
-        assert component.info, f"{name} has no help text"
-        assert component.label == name
+        assert component.info and component.info.endswith(f"YAML key: {name}"), f"{name}: no help or key hint"
+        assert component.label == field_label(name), name
         group = next(g for g, names in field_groups().items() if name in names)
         assert _inside(component, ui.config.groups[group]), f"{name} not in group {group}"
+    assert ui.config.fields["per_device_train_batch_size"].label == "Batch size per device"
     assert list(ui.config.groups) == [
         "Model",
         "Data",
@@ -211,19 +225,19 @@ def test_the_publish_token_field_is_a_password_field(demo, ui):
 
 # ----------------------------------------------------------------------------------------------- Configure
 def test_check_shows_each_error_beside_its_field_and_opens_its_group(ui):
-    updates = ui.config.check(*form(max_steps=-5, lora_r=0, learning_rate="fast"))
+    updates = ui.config.check(**form(max_steps=-5, lora_r=0, learning_rate="fast"))
     errors = errors_by_field(updates)
     assert set(errors) == {"max_steps", "lora_r", "learning_rate"}
     assert "max_steps" in errors["max_steps"] and "allowed" in errors["max_steps"]
     assert "\n" not in errors["lora_r"] and "Traceback" not in errors["lora_r"]
-    groups = dict(zip(ui.config.groups, updates[len(FIELD_NAMES) : -1], strict=True))
+    groups = dict(zip(ui.config.groups, updates[2 * len(FIELD_NAMES) : -1], strict=True))
     assert groups["Optimisation"].get("open") is True and groups["Method"].get("open") is True
     assert "open" not in groups["Model"]
     assert "3 fields need a change" in summary_of(updates)
 
-    good = ui.config.check(*form())
+    good = ui.config.check(**form())
     assert errors_by_field(good) == {} and "valid" in summary_of(good)
-    *quiet, saved = ui.config.check_quiet(*form(lora_r=4))
+    *quiet, saved = ui.config.check_quiet(**form(lora_r=4))
     assert summary_of(quiet) == "" and saved["lora_r"] == 4  # kept in the browser for a page reload
 
 
@@ -238,18 +252,19 @@ def test_a_reload_restores_the_settings_kept_in_the_browser(ui):
 
 
 def test_contradictory_settings_name_the_field_to_change(ui):
-    errors = errors_by_field(ui.config.check(*form(offload_param="cpu", zero_stage=2)))
+    errors = errors_by_field(ui.config.check(**form(offload_param="cpu", zero_stage=2)))
     assert list(errors) == ["offload_param"] and "zero_stage" in errors["offload_param"]
 
 
 def test_yaml_download_and_upload_round_trip(ui):
     values = form(lora_r=16, max_steps=7, learning_rate=1e-4, method="full", gradient_checkpointing=True)
-    saved = ui.config.save(*values)
+    saved = ui.config.save(**values)
     path = Path(saved[0]["value"])
     assert saved[0]["visible"] and path.suffix == ".yaml"
     assert TrainConfig.from_yaml(path.read_text()).lora_r == 16
-    loaded = ui.config.load(str(path), *form())
-    assert loaded[: len(FIELD_NAMES)] == values
+    loaded = ui.config.load(str(path))
+    assert path.name == "run.yaml"  # the name the launch commands use
+    assert loaded[: len(FIELD_NAMES)] == [values[n] for n in FIELD_NAMES]
     assert errors_by_field(loaded[len(FIELD_NAMES) :]) == {}
     assert path.name in summary_of(loaded)
 
@@ -268,7 +283,7 @@ def test_yaml_download_and_upload_round_trip(ui):
 def test_a_bad_yaml_upload_changes_nothing_and_says_why(ui, tmp_path, name, content, expected):
     path = tmp_path / name
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
-    out = ui.config.load(str(path), *form())
+    out = ui.config.load(str(path))
     assert all(u == {"__type__": "update"} for u in out[: len(FIELD_NAMES)])
     shown = " ".join(errors_by_field(out[len(FIELD_NAMES) :]).values()) + summary_of(out[len(FIELD_NAMES) :])
     assert expected in shown
@@ -291,43 +306,43 @@ def test_data_upload_is_type_and_size_checked_and_kept_under_the_studio_home(ui,
 
 
 def test_data_preview_shows_trained_and_masked_text(ui, tiny_model_dir, tmp_path):
-    html, *updates = ui.config.show_preview(*form(model=str(tiny_model_dir), dataset=str(tiny_data(tmp_path))))
+    html, *updates = ui.config.show_preview(**form(model=str(tiny_model_dir), dataset=str(tiny_data(tmp_path))))
     assert errors_by_field(updates) == {}
     assert "24</b> training rows" in html and "fs-trained" in html and "fs-masked" in html
     assert "Arr, matey! Yo-ho-ho!" in html and "tokens" in html
 
 
 def test_data_preview_of_a_missing_file_is_an_error_beside_dataset(ui, tiny_model_dir, tmp_path):
-    html, *updates = ui.config.show_preview(*form(model=str(tiny_model_dir), dataset=str(tmp_path / "none.jsonl")))
+    html, *updates = ui.config.show_preview(**form(model=str(tiny_model_dir), dataset=str(tmp_path / "none.jsonl")))
     assert html == "" and "file not found" in errors_by_field(updates)["dataset"]
 
 
 def test_show_command_lists_each_launcher(ui, studio, monkeypatch):
     monkeypatch.setattr(studio, "commands", lambda values, **kw: {"single": "python -m finetune train", "x": "y"})
-    code, *updates = ui.config.show_commands(*form())
+    code, *updates = ui.config.show_commands(2, 1, **form())
     assert code["visible"] and "run.yaml" in code["value"]
     assert "# one GPU (or the CPU)\npython -m finetune train" in code["value"] and "# x\ny" in code["value"]
-    code, *updates = ui.config.show_commands(*form(max_steps=0))
+    code, *updates = ui.config.show_commands(2, 1, **form(max_steps=0))
     assert not code["visible"] and "max_steps" in errors_by_field(updates)
 
 
 def test_show_command_with_the_real_launcher(ui):
-    code, *updates = ui.config.show_commands(*form(zero_stage=2))
+    code, *updates = ui.config.show_commands(2, 1, **form(zero_stage=2))
     assert code["visible"] and "torchrun" in code["value"] and "--config run.yaml" in code["value"]
     assert errors_by_field(updates) == {}
 
 
 def test_reset_restores_the_defaults(ui):
     out = ui.config.reset()
-    assert out[: len(FIELD_NAMES)] == form()
+    assert out[: len(FIELD_NAMES)] == list(form().values())
 
 
 def test_config_tab_outputs_line_up(ui):
     """Each handler returns exactly one value per output it is wired to."""
     tab: ConfigTab = ui.config
-    assert len(tab.error_outputs) == len(tab.problem_updates({})) == len(FIELD_NAMES) + len(tab.groups) + 1
+    assert len(tab.error_outputs) == len(tab.problem_updates({})) == 2 * len(FIELD_NAMES) + len(tab.groups) + 1
     assert len(tab.reset()) == len(FIELD_NAMES) + len(tab.error_outputs)
-    assert len(tab.show_commands(*form(max_steps=0))) == 1 + len(tab.error_outputs)
+    assert len(tab.show_commands(2, 1, **form(max_steps=0))) == 1 + len(tab.error_outputs)
 
 
 # ----------------------------------------------------------------------------------------------- Memory
@@ -354,7 +369,7 @@ def test_memory_estimate_shows_the_estimators_verdict_breakdown_and_ranked_advic
 
     # The form says 64 tokens; the Memory tab's 512 must be what is estimated.
     out = ui.memory.estimate(
-        "GPU", "custom", gib, 1, *memory_form(**mine), *form(model=str(tiny_model_dir), max_seq_length=64)
+        "GPU", "custom", gib, 1, **memory_form(**mine), **form(model=str(tiny_model_dir), max_seq_length=64)
     )
     verdict, chart, table, comparisons, advice, pick, apply_btn, state, *errors = out
     assert "Does not fit on a custom GPU" in verdict
@@ -371,7 +386,7 @@ def test_memory_estimate_shows_the_estimators_verdict_breakdown_and_ranked_advic
     assert not any(e["visible"] for e in errors)
 
     # Apply the first suggestion: the shared form gets it, nothing else is lost, and the estimate now fits.
-    applied = ui.memory.apply(0, state, *memory_form(**mine), *form(model=str(tiny_model_dir), learning_rate=0.001))
+    applied = ui.memory.apply(0, state, **memory_form(**mine), **form(model=str(tiny_model_dir), learning_rate=0.001))
     config_values = dict(zip(FIELD_NAMES, applied[: len(FIELD_NAMES)], strict=True))
     memory_values = dict(zip(MEMORY_FIELDS, applied[len(FIELD_NAMES) : -1], strict=True))
     for name, value in expected.advice[0].changes.items():
@@ -380,40 +395,42 @@ def test_memory_estimate_shows_the_estimators_verdict_breakdown_and_ranked_advic
         config_values["learning_rate"] == 0.001 and config_values["max_seq_length"] == memory_values["max_seq_length"]
     )
     assert applied[-1].startswith("✓ Applied")
-    again = ui.memory.estimate("GPU", "custom", gib, 1, *applied[len(FIELD_NAMES) : -1], *applied[: len(FIELD_NAMES)])
+    again = ui.memory.estimate(
+        "GPU", "custom", gib, 1, **{OWN + n: v for n, v in memory_values.items()}, **config_values
+    )
     assert again[0].startswith("### ✓ Fits on a custom GPU"), again[0]
-    assert ui.memory.apply(None, [], *memory_form(), *form())[-1] == "Nothing applied."
+    assert ui.memory.apply(None, [], **memory_form(), **form())[-1] == "Nothing applied."
 
 
 def test_memory_estimate_on_the_cpu_on_several_gpus_and_on_a_named_card(ui, tiny_model_dir):
     mine = {"model": str(tiny_model_dir), "max_seq_length": 128}
-    values = (*memory_form(**mine), *form(**mine))
+    values = {**memory_form(**mine), **form(**mine)}
 
-    verdict = ui.memory.estimate("CPU", "custom", None, 1, *values)[0]
+    verdict = ui.memory.estimate("CPU", "custom", None, 1, **values)[0]
     assert verdict == f"### Estimated peak: about **{human(_estimate_for(mine, device='cpu').total_bytes)}**"
 
     four = _estimate_for(mine, device="cuda", gpus=4, gpu_gib=80.0)
-    verdict = ui.memory.estimate("GPU", "custom", 80, 4, *values)[0]
+    verdict = ui.memory.estimate("GPU", "custom", 80, 4, **values)[0]
     assert "Fits on a custom GPU · 80 GiB × 4 GPUs" in verdict
     assert f"about **{human(four.total_bytes)}** per GPU" in verdict
 
     card = "A10G (24 GB)"
     capacity = ui.memory.cards()[card]
     on_card = _estimate_for(mine, device="cuda", gpu_gib=capacity)
-    verdict = ui.memory.estimate("GPU", card, None, 1, *values)[0]
+    verdict = ui.memory.estimate("GPU", card, None, 1, **values)[0]
     assert f"Fits on {card} · {capacity:g} GiB" in verdict and f"{human(on_card.headroom_bytes)} to spare" in verdict
 
-    verdict = ui.memory.estimate("GPU", "custom", None, 1, *values)[0]
+    verdict = ui.memory.estimate("GPU", "custom", None, 1, **values)[0]
     assert verdict.startswith("⚠ custom GPU memory")
 
 
 def test_memory_field_errors_appear_beside_the_memory_field(ui):
-    out = ui.memory.estimate("GPU", "custom", 24, 1, *memory_form(per_device_train_batch_size=0), *form())
+    out = ui.memory.estimate("GPU", "custom", 24, 1, **memory_form(per_device_train_batch_size=0), **form())
     errors = dict(zip(MEMORY_FIELDS, out[8:], strict=True))
     assert errors["per_device_train_batch_size"]["visible"]
     assert "per_device_train_batch_size" in errors["per_device_train_batch_size"]["value"]
     # A problem in a field this tab does not show is named in the verdict.
-    out = ui.memory.estimate("GPU", "custom", 24, 1, *memory_form(), *form(max_steps=0))
+    out = ui.memory.estimate("GPU", "custom", 24, 1, **memory_form(), **form(max_steps=0))
     assert "max_steps" in out[0] and "Configure" in out[0]
 
 
@@ -428,9 +445,10 @@ def test_memory_fields_mirror_configure_in_the_browser(demo, ui):
 
 # ----------------------------------------------------------------------------------------------- Train
 def test_start_with_a_bad_value_starts_nothing_and_points_at_the_field(ui, studio):
-    message, viewing, shown, *updates = ui.train.start(None, *form(max_steps=-3))
+    out = ui.train.start(None, **form(max_steps=-3))
+    message = on_page(ui, out)["message"]
     assert message.startswith("⚠ Not started: max_steps") and "Configure" in message
-    assert "max_steps" in errors_by_field(updates)
+    assert "max_steps" in by_field(ui, out) and "viewing" not in on_page(ui, out)
     assert studio.state() is None and studio.runs() == []
 
 
@@ -440,12 +458,13 @@ def test_start_while_another_process_trains_says_who_and_since_when(ui, studio, 
     other = DeviceLock(studio.manager.root)
     other.acquire({"run_id": "run-x", "owner": "ann", "started_at": started, "pid": 1})
     try:
-        message, viewing, shown, *updates = ui.train.start(None, *tiny_run_form(tiny_model_dir, tmp_path))
+        out = on_page(ui, ui.train.start(None, **tiny_run_form(tiny_model_dir, tmp_path)))
     finally:
         other.release()
+    message = out["message"]
     assert message.startswith("⚠ busy: run run-x started by ann at ")
     assert time.strftime("%H:%M:%S", time.localtime(started)) in message
-    assert viewing == {"__type__": "update"} and errors_by_field(updates) == {}
+    assert "viewing" not in out
     assert studio.state() is None and studio.runs() == []  # nothing started, no run folder
 
 
@@ -453,7 +472,9 @@ def test_a_past_run_shows_its_progress_loss_curve_and_answers(ui, studio, traine
     events = RunDir(trained_run).read_events()
     losses = [e["loss"] for e in events if e["type"] == "log"]
     evals = [e["eval_loss"] for e in events if e["type"] == "eval"]
-    viewing, shown, progress, problem, plot, samples, log, runs, pick, start, stop = ui.train.attach()
+    page = on_page(ui, ui.train.attach())
+    viewing, shown, progress, problem, plot = (page[n] for n in ("viewing", "shown", "progress", "problem", "plot"))
+    samples, log, runs, pick = page["samples"], page["log"], page["runs_table"], page["run_pick"]
     assert viewing == "run-a"
     assert 'data-status="completed"' in progress and "step <b>10</b> / 10" in progress
     assert problem == ""
@@ -464,18 +485,21 @@ def test_a_past_run_shows_its_progress_loss_curve_and_answers(ui, studio, traine
     assert list(samples.iloc[0]) == [before["prompt"], before["answer"], after["answer"]]
     assert samples.iloc[0, 1] != samples.iloc[0, 2]  # the tuning shows in the answers
     assert "step 10 · loss" in log and "eval loss" in log and "status → completed" in log
-    assert list(runs.iloc[0])[:3] == ["run-a", "completed", "10 / 10"]
-    assert pick["value"] == "run-a" and start["interactive"] and not stop["interactive"]
+    assert list(runs.iloc[0])[1:3] == ["Finished", "10 / 10"] and list(runs.iloc[0])[-2:] == ["", "run-a"]
+    model = Path(RunDir(trained_run).load_config().model).name
+    assert runs.iloc[0, 0].startswith(f"{model} · LoRA · ")  # a readable name: model · method · date
+    assert pick["value"] == "run-a" and page["start_btn"]["interactive"] and not page["stop_btn"]["interactive"]
+    assert not page["resume_btn"]["interactive"]  # a completed run cannot resume
 
-    again = ui.train.tick(viewing, shown)
-    assert again[2:] == [{"__type__": "update"}] * 9  # nothing changed: nothing redrawn
+    again = on_page(ui, ui.train.tick(viewing, shown))
+    assert set(again) == {"viewing", "shown"}  # nothing changed: nothing redrawn
 
 
 def test_resume_of_a_completed_run_is_refused_in_one_line(ui, studio, trained_run):
-    message, viewing, shown = ui.train.resume(None, "run-a")
-    assert message.startswith("⚠ resume:") and "already completed" in message and "\n" not in message
-    assert viewing == {"__type__": "update"} and studio.state() is None
-    assert ui.train.resume(None, None)[0].startswith("Pick a run")
+    out = on_page(ui, ui.train.resume(None, "run-a"))
+    assert out["message"].startswith("⚠ resume:") and "already completed" in out["message"]
+    assert "\n" not in out["message"] and "viewing" not in out and studio.state() is None
+    assert on_page(ui, ui.train.resume(None, None))["message"].startswith("Pick a run")
 
 
 def test_stop_then_resume_continues_from_the_checkpoint(ui, studio, tiny_model_dir, tmp_path, gate):
@@ -483,14 +507,18 @@ def test_stop_then_resume_continues_from_the_checkpoint(ui, studio, tiny_model_d
     checkpoint. Stop saves checkpoint-3; Resume trains steps 4-6 only (each step is logged once)."""
     gate.hold_at = 3
     values = tiny_run_form(tiny_model_dir, tmp_path, max_steps=6, save_steps=2)
-    message, run_id, shown, *_ = ui.train.start(None, *values)
-    assert message.startswith(f"▶ Started run `{run_id}`") and shown is None
+    started = on_page(ui, ui.train.start(None, **values))
+    run_id = started["viewing"]
+    assert started["message"].startswith(f"▶ Started run `{run_id}`") and started["shown"] is None
     gate.wait_held()
     run_dir = studio.manager.root / run_id
 
-    viewing, _, progress, *_ = ui.train.attach()  # a page opened (or reloaded) now follows the run
-    assert viewing == run_id and 'data-status="running"' in progress and 'data-step="3"' in progress
-    busy = ui.train.start(None, *values)[0]
+    page = on_page(ui, ui.train.attach())  # a page opened (or reloaded) now follows the run
+    assert page["viewing"] == run_id and 'data-status="running"' in page["progress"]
+    assert 'data-step="3"' in page["progress"]
+    assert list(page["runs_table"].iloc[0])[1:3] == ["Training", "3 / 6"]  # the live step, not the status file's
+    assert not page["resume_btn"]["interactive"] and page["stop_btn"]["interactive"]
+    busy = on_page(ui, ui.train.start(None, **values))["message"]
     assert busy.startswith(f"⚠ busy: run {run_id} started by the web app")
     assert dict((v, k) for k, v in studio.chat_sources())[run_id] == f"{run_id} (checkpoint 2, running)"
     _, history, _ = chat(ui, PROMPT, run_id, tokens=8)[-1]
@@ -499,24 +527,30 @@ def test_stop_then_resume_continues_from_the_checkpoint(ui, studio, tiny_model_d
     assert ui.train.stop().startswith("■ Stopping")
     gate.release()
     assert wait_run_ended(studio).status == "stopped"
-    page = ui.train.select(run_id)
-    assert 'data-status="stopped"' in page[2] and 'data-step="3"' in page[2]
-    assert "Run stopped at step 3" in page[3] and "Resume" in page[3]
-    run = next(r for r in studio.runs() if r["run_id"] == run_id)
-    assert run["status"] == "stopped" and run["resumable"], run
+    page = on_page(ui, ui.train.select(run_id))
+    assert 'data-status="stopped"' in page["progress"] and 'data-step="3"' in page["progress"]
+    assert "Run stopped at step 3" in page["problem"] and "Resume" in page["problem"]
+    assert page["resume_btn"]["interactive"]
+    run = studio.run(run_id)
+    assert run.status == "stopped" and run.resumable, run
     assert RunDir(run_dir).last_checkpoint().name == "checkpoint-3"
     assert log_steps(run_dir) == [1, 2, 3]
 
     mark = events_size(run_dir)
-    message, viewing, shown = ui.train.resume(None, run_id)
-    assert message == f"▶ Resuming `{run_id}` from its last checkpoint." and viewing == run_id
+    resumed = on_page(ui, ui.train.resume(None, run_id))
+    viewing, shown = resumed["viewing"], resumed["shown"]
+    assert resumed["message"] == f"▶ Resuming `{run_id}` from its last checkpoint." and viewing == run_id
+    # The page follows the resumed run (as the timer sees it while it trains).
+    shown = on_page(ui, ui.train.tick(viewing, shown))["shown"]
     assert wait_run_ended(studio).status == "completed"
     assert log_steps(run_dir) == [1, 2, 3, 4, 5, 6]  # a restart from step 1 would log 1-3 again
     assert_resumed_exactly(run_dir, mark, checkpoint_step=3, max_steps=6)  # read as written, duplicates included
-    out = ui.train.tick(viewing, shown)
-    assert 'data-status="completed"' in out[2] and "step <b>6</b> / 6" in out[2]
-    assert len(out[4][out[4].series == "train"]) == 6
-    assert list(out[7].iloc[0])[:3] == [run_id, "completed", "6 / 6"]
+    out = on_page(ui, ui.train.tick(viewing, shown))
+    assert 'data-status="completed"' in out["progress"] and "step <b>6</b> / 6" in out["progress"]
+    assert len(out["plot"][out["plot"].series == "train"]) == 6
+    assert list(out["runs_table"].iloc[0])[1:3] == ["Finished", "6 / 6"]
+    assert out["message"] == ""  # "Resuming…" does not outlive the run
+    assert not out["resume_btn"]["interactive"]
     assert ui.train.stop() == "Nothing is running."
     assert dict((v, k) for k, v in studio.chat_sources())[run_id] == f"{run_id} (final)"
 
@@ -527,18 +561,19 @@ def test_a_run_that_runs_out_of_memory_says_why_with_advice_and_resumes(ui, stud
     import torch
 
     gate.fail_at, gate.fail_with = 2, torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-    message, run_id, *_ = ui.train.start(None, *tiny_run_form(tiny_model_dir, tmp_path, max_steps=3, save_steps=1))
-    assert message.startswith("▶ Started run")
+    started = on_page(ui, ui.train.start(None, **tiny_run_form(tiny_model_dir, tmp_path, max_steps=3, save_steps=1)))
+    run_id = started["viewing"]
+    assert started["message"].startswith("▶ Started run")
     assert wait_run_ended(studio).status == "failed"
-    page = ui.train.select(run_id)
-    assert 'data-status="failed"' in page[2]
-    assert page[3].startswith("**The run failed.** out of memory at step 2")
-    assert "**What to try:** Out of memory. This run needs about " in page[3]  # the estimator's figure and advice
-    assert "Traceback" not in page[3] and "Tried to allocate" not in page[3]
-    assert next(r for r in studio.runs() if r["run_id"] == run_id)["resumable"]
+    page = on_page(ui, ui.train.select(run_id))
+    assert 'data-status="failed"' in page["progress"]
+    assert page["problem"].startswith("**The run failed.** out of memory at step 2")
+    assert "**What to try:** Out of memory. This run needs about " in page["problem"]  # the estimator's advice
+    assert "Traceback" not in page["problem"] and "Tried to allocate" not in page["problem"]
+    assert studio.run(run_id).resumable
 
     gate.fail_at = None
-    assert ui.train.resume(None, run_id)[0].startswith("▶ Resuming")
+    assert on_page(ui, ui.train.resume(None, run_id))["message"].startswith("▶ Resuming")
     assert wait_run_ended(studio).status == "completed"
     assert log_steps(studio.manager.root / run_id) == [1, 2, 3]  # steps 2-3 once, after the checkpoint at 1
 
@@ -546,10 +581,11 @@ def test_a_run_that_runs_out_of_memory_says_why_with_advice_and_resumes(ui, stud
 def test_data_with_the_wrong_columns_is_refused_at_start_in_plain_words(ui, studio, tiny_model_dir, tmp_path):
     bad = tmp_path / "wrong-columns.jsonl"
     bad.write_text("".join(json.dumps({"foo": i, "bar": "x"}) + "\n" for i in range(8)), encoding="utf-8")
-    message, viewing, *updates = ui.train.start(None, *form(model=str(tiny_model_dir), dataset=str(bad), eval_split=""))
+    out = ui.train.start(None, **form(model=str(tiny_model_dir), dataset=str(bad), eval_split=""))
+    message = on_page(ui, out)["message"]
     assert message.startswith("⚠ Not started: dataset:") and "foo" in message and "\n" not in message
-    assert "Traceback" not in message and viewing == {"__type__": "update"}
-    assert "dataset" in errors_by_field(updates[1:])
+    assert "Traceback" not in message and "viewing" not in on_page(ui, out)
+    assert "dataset" in by_field(ui, out)
     assert studio.state() is None and studio.runs() == []
 
 
@@ -563,7 +599,7 @@ def test_the_cli_bad_input_table_gets_the_same_one_line_errors_in_the_ui(ui, stu
         if args[1] != "--set" or any(a.startswith("max_step=") or a == "lora_r" for a in args):
             continue  # config files, --resume and malformed --set items have no form equivalent
         changes = dict(a.split("=", 1) for a in args[2::2])
-        message, *_ = ui.train.start(None, *form(**changes))
+        message = on_page(ui, ui.train.start(None, **form(**changes)))["message"]
         assert message.startswith("⚠ Not started"), (changes, message)
         assert expected in message and "Traceback" not in message, (changes, message)
         checked += 1
@@ -610,7 +646,7 @@ def test_chat_settings_reach_the_model(ui, trained_run, tiny_model_dir):
     assert short == greedy_reply(tiny_model_dir, trained_run, PROMPT, 3)
     assert short != greedy_reply(tiny_model_dir, trained_run, PROMPT, 12)
     values = form(model=str(tiny_model_dir))
-    _, history, _ = drain(ui.chat.respond(PROMPT, [], [], "base", False, 12, 0.0, 1.0, " Be brief. ", *values))
+    _, history, _ = drain(ui.chat.respond(PROMPT, [], [], "base", False, 12, 0.0, 1.0, " Be brief. ", *values.values()))
     with_system = greedy_reply(tiny_model_dir, None, PROMPT, 12, system="Be brief.")
     assert history[-1]["content"] == with_system != greedy_reply(tiny_model_dir, None, PROMPT, 12)
 
@@ -690,9 +726,10 @@ def test_run_names_outside_the_runs_folder_are_refused_in_one_line(ui, studio, t
     name = str(outside) if name == "ABSOLUTE" else name
     status_before = (outside / "status.json").read_bytes()
 
-    message, viewing, _ = ui.train.resume(None, name)
+    out = on_page(ui, ui.train.resume(None, name))
+    message = out["message"]
     assert message.startswith("⚠ run: ") and "is not a run in" in message and "\n" not in message
-    assert viewing == {"__type__": "update"} and studio.state() is None
+    assert "viewing" not in out and studio.state() is None
 
     _, history, _ = chat(ui, "Hi", name, values=form(model=str(tiny_model_dir)))[-1]
     assert history[-1]["content"].startswith(ERROR_PREFIX + "run: ") and "\n" not in history[-1]["content"]
@@ -702,6 +739,6 @@ def test_run_names_outside_the_runs_folder_are_refused_in_one_line(ui, studio, t
     assert hub.requests == [] and hub.repos == {}
 
     if name != "link-to-outside":  # (a link placed in the runs folder on the server is listed; see the report)
-        page = ui.train.select(name)  # the Train tab shows nothing of it either
-        assert 'data-status="stopped"' not in page[2] and page[5].empty
+        page = on_page(ui, ui.train.select(name))  # the Train tab shows nothing of it either
+        assert 'data-status="stopped"' not in page["progress"] and page["samples"].empty
     assert (outside / "status.json").read_bytes() == status_before
