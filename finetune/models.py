@@ -186,10 +186,14 @@ def check_model(config: TrainConfig) -> None:
 
 def from_pretrained(cls: Any, path: str, **kwargs: Any) -> Any:
     """`cls.from_pretrained` with one clear error when the model cannot be found or fetched."""
+    from finetune import catalogue
+
+    if catalogue.is_hub_id(path) and not catalogue.hub_reachable():
+        kwargs["local_files_only"] = True  # the local cache answers at once; the Hub client would retry for ~25 s
     try:
         return cls.from_pretrained(path, **kwargs)
     except OSError as exc:
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or kwargs.get("local_files_only")
         why = "the Hub is not reachable (offline)" if offline else str(exc).splitlines()[0][:200]
         raise UserError(f"model: cannot load {path!r}: {why}", field="model") from None
     except ValueError as exc:
@@ -232,15 +236,32 @@ def load_model(config: TrainConfig, num_labels: int | None = None, plan: RunPlan
     """The model ready to train: full, LoRA-wrapped or 4-bit QLoRA-wrapped, as the run plan says."""
     from finetune.plan import plan_for
 
-    plan = plan or plan_for(config)
-    model = load_base(plan, num_labels=num_labels)
+    return build_model(plan or plan_for(config), num_labels=num_labels)
+
+
+def build_model(plan: RunPlan, num_labels: int | None = None, model_config: Any = None) -> Any:
+    """The one function that makes the model a run trains: the base of `plan.model_class` in the plan's dtype and
+    4-bit quantisation, prepared for k-bit training, wrapped with the plan's LoRA (variants included).
+
+    Without `model_config` the weights load from the model (training). With one, the model is built from that config
+    with fresh weights: the memory estimator calls it under fake tensors, so the model it replays is this one.
+    """
+    if model_config is None:
+        model = load_base(plan, num_labels=num_labels)
+    else:
+        model = base_from_config(plan, model_config, num_labels=num_labels)
     if plan.quantization is not None:
         from peft import prepare_model_for_kbit_training
 
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=config.gradient_checkpointing)
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=plan.config.gradient_checkpointing)
     if plan.lora is not None:
         model = wrap_lora(model, plan)
     return model
+
+
+def enable_checkpointing(model: Any) -> None:
+    """Gradient checkpointing as the engines ask for it (non-reentrant; the Trainer passes the same kwargs)."""
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
 
 
 def load_base(plan: RunPlan, num_labels: int | None = None, path: str | None = None) -> Any:
@@ -253,12 +274,97 @@ def load_base(plan: RunPlan, num_labels: int | None = None, path: str | None = N
         kwargs["quantization_config"] = plan.quantization_config()
         kwargs["device_map"] = {"": 0 if plan.device == "cuda" else "cpu"}
     if plan.is_classifier:
-        kwargs["num_labels"] = num_labels or config.num_labels or 2
+        kwargs["num_labels"] = labels_of(plan, num_labels)
     model = from_pretrained(plan.auto_class(), path or resolve_model_path(config.model), **kwargs)
+    _fill_pad_token(model)
+    return model
+
+
+def base_from_config(plan: RunPlan, model_config: Any, num_labels: int | None = None) -> Any:
+    """The base `load_base` would give, built from a config with fresh weights under whatever mode is active (the
+    estimator's fake tensors): same class, dtype, head size and pad token; QLoRA's linear layers become bitsandbytes
+    `Linear4bit` through transformers' own replacement, holding packed weights of the shapes a load gives."""
+    import copy
+
+    import torch
+
+    cfg = copy.deepcopy(model_config)  # attention: transformers' default (sdpa where supported), as a load gets
+    if plan.is_classifier:
+        cfg.num_labels = labels_of(plan, num_labels)
+    dtype = plan.torch_dtype()
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # `.to(dtype)` fails on fake parameters: make them in the dtype instead
+    try:
+        model = plan.auto_class().from_config(cfg, trust_remote_code=plan.config.trust_remote_code, dtype=dtype)
+    finally:
+        torch.set_default_dtype(old)
+    _fill_pad_token(model)
+    if plan.is_classifier and model.config.pad_token_id is None:
+        model.config.pad_token_id = 0  # a config without EOS: the tokenizer's pad id would be set on a load
+    if plan.quantization is not None:
+        quantize_4bit(model, plan)
+    return model
+
+
+def labels_of(plan: RunPlan, num_labels: int | None) -> int:
+    """Classes of a classification head: what the data found, else the config's, else 2."""
+    return num_labels or plan.config.num_labels or 2
+
+
+def _fill_pad_token(model: Any) -> None:
+    """A model without a pad token pads with its EOS (batches of several rows need one)."""
     if model.config.pad_token_id is None and getattr(model.config, "eos_token_id", None) is not None:
         eos = model.config.eos_token_id
         model.config.pad_token_id = eos[0] if isinstance(eos, list) else eos
-    return model
+
+
+def quantize_4bit(model: Any, plan: RunPlan) -> None:
+    """Swap linear layers for bitsandbytes `Linear4bit` as a 4-bit load does (transformers' `replace_with_bnb_linear`
+    with the plan's `BitsAndBytesConfig` and the modules it keeps), then pack each weight with bitsandbytes'
+    `quantize_4bit`: on fake tensors that gives the packed storage and quantisation constants a load holds."""
+    import bitsandbytes as bnb
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from transformers.integrations.bitsandbytes import replace_with_bnb_linear
+    from transformers.pytorch_utils import Conv1D
+    from transformers.quantizers.base import get_keys_to_not_convert
+
+    qc = plan.quantization_config()
+    originals = {n: m.weight for n, m in model.named_modules() if isinstance(m, (torch.nn.Linear, Conv1D))}
+    skip = get_keys_to_not_convert(model)
+    with unset_fake_temporarily():  # Linear4bit is built on the meta device; its weight is replaced below
+        replace_with_bnb_linear(model, modules_to_not_convert=skip, quantization_config=qc)
+    for name, module in model.named_modules():
+        if isinstance(module, bnb.nn.Linear4bit) and name in originals:
+            w = originals[name].detach()
+            if issubclass(getattr(module, "source_cls", torch.nn.Linear), Conv1D):
+                w = w.T
+            module.weight = _packed_4bit(w.contiguous(), module.weight, plan)
+            if module.bias is not None:
+                module.bias = torch.nn.Parameter(torch.zeros(module.bias.shape, dtype=w.dtype), requires_grad=False)
+    model.is_loaded_in_4bit = True
+    model.config.quantization_config = qc
+    del originals
+
+
+def _packed_4bit(w: Any, meta_param: Any, plan: RunPlan) -> Any:
+    """A packed 4-bit weight with its QuantState, as `Params4bit._quantize` makes it (works on fake tensors too)."""
+    import bitsandbytes as bnb
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    q = plan.quantization
+    packed, state = bnb.functional.quantize_4bit(
+        w, blocksize=64, compress_statistics=q.double_quant, quant_type=q.quant_type, quant_storage=torch.uint8
+    )
+    if not isinstance(w, FakeTensor):
+        kwargs = {k: v for k, v in meta_param.__dict__.items() if k not in ("quant_state", "bnb_quantized", "data")}
+        return bnb.nn.Params4bit(packed, requires_grad=False, quant_state=state, bnb_quantized=True, **kwargs)
+    param = torch.nn.Parameter(packed, requires_grad=False)  # Params4bit cannot wrap a fake tensor
+    for key, value in meta_param.__dict__.items():
+        setattr(param, key, value)
+    param.quant_state, param.bnb_quantized = state, True
+    return param
 
 
 def wrap_lora(model: Any, plan: RunPlan) -> Any:

@@ -19,6 +19,14 @@ from typing import Any
 
 from finetune.config import TrainConfig
 from finetune.errors import UserError
+from finetune.memory.advice import (  # noqa: F401 - the advice lives in advice.py; re-exported here
+    KINDS,
+    Advice,
+    Proposal,
+    _advise,
+    advice_text,
+    propose,
+)
 
 GiB = 2**30
 MiB = 2**20
@@ -72,8 +80,8 @@ COMPARED_WITH_CPU = {
 }
 
 COMPONENT_ORDER = (
-    "weights", "quant_constants", "lora", "master_weights", "optimizer", "gradients", "ddp_buckets",
-    "activations", "logits_loss", "backward_temporaries", "optimizer_temporaries",
+    "weights", "reference_model", "quant_constants", "lora", "master_weights", "optimizer", "gradients", "ddp_buckets",
+    "activations", "logits_loss", "reference_forward", "backward_temporaries", "optimizer_temporaries",
 )  # fmt: skip
 PHASE_NAMES = {
     "forward": "end of the forward pass",
@@ -84,19 +92,9 @@ PHASE_NAMES = {
     "backward_bottom_block": "backward through the first block",
     "backward_tail": "end of backward (embedding gradients)",
     "optimizer": "optimizer step",
+    "kl": "KL pass (KTO, no gradients)",
+    "reference": "reference pass (no gradients)",
 }
-
-
-@dataclass
-class Advice:
-    """One change that makes the run use less memory, keeping the effective batch size."""
-
-    title: str
-    changes: dict[str, Any]
-    new_total_bytes: int
-    cost: str
-    fits: bool | None = None
-    kind: str = ""  # checkpointing, optim8bit, microbatch, lora, zero, qlora, offload, shorter, combine
 
 
 @dataclass
@@ -204,10 +202,17 @@ def _estimate_core(config: TrainConfig, device: str, gpus: int, trace_it: bool =
 
     model_config = model_config_of(config)
     shape, census = ma.shape_of(model_config), _census(config, model_config)
-    settings = ma.settings_for(config, device, gpus)
+    plan = replay_plan_for(config, device)
+    settings = ma.settings_for(config, device, gpus, plan)
     analytic = ma.analyse(shape, census, settings)
     notes: list[str] = []
-    traced = _traced(config, model_config, device, census, notes) if trace_it and _traceable(config) else None
+    liger = ma.logits_loss_bytes(shape, census, settings) if settings.loss_kernel == "liger" else None
+    if liger is not None:
+        notes.append(
+            "Liger's fused linear cross-entropy holds the logits one chunk at a time (its formula: a Triton "
+            "kernel cannot be replayed)"
+        )
+    traced = _traced(config, model_config, device, census, notes, liger) if trace_it and _traceable(config) else None
     if traced is not None:
         tensor_bytes, split, phase = traced
         method = "traced"
@@ -403,17 +408,18 @@ CACHE_SIZE = 256  # entries per cache (the UI re-estimates the same few configs)
 
 
 def _traced(
-    config: TrainConfig, model_config: Any, device: str, census: Any, notes: list[str]
+    config: TrainConfig, model_config: Any, device: str, census: Any, notes: list[str], liger: int | None = None
 ) -> tuple[int, dict[str, int], str] | None:
-    """Replay the step on fake tensors: (peak bytes, live bytes by component at the peak, phase); None on failure."""
+    """Replay the step on fake tensors: (peak bytes, live bytes by component at the peak, phase); None on failure.
+    `liger`: the bytes of Liger's fused loss, which take the place of the replayed logits."""
     from finetune.memory import analytic as ma
     from finetune.memory import trace as mt
 
-    plan = mt.plan_for(config, device)
-    key = (_model_key(config), repr(plan))
+    plan = replay_plan_for(config, device)
+    key = (_model_key(config), device, _shape_settings(config))  # the plan follows from these
     if key not in _TRACE_CACHE:
         try:
-            result = mt.trace(model_config, plan, trust_remote_code=config.trust_remote_code)
+            result = mt.trace(model_config, plan)
         except Exception as exc:  # noqa: BLE001 - an architecture the replay cannot run: formulas instead
             notes.append(f"replay failed ({type(exc).__name__}: {str(exc)[:120]}); using the formulas")
             return None
@@ -423,10 +429,43 @@ def _traced(
             extra = ma.cpu_8bit_temporaries(census)  # inside one bitsandbytes CPU kernel: invisible to a replay
             peaks["optimizer"] += extra
             splits["optimizer"]["optimizer_temporaries"] = splits["optimizer"].get("optimizer_temporaries", 0) + extra
+        if liger is not None:
+            _with_liger_head(peaks, splits, liger)
         phase = max(peaks, key=peaks.get)
         _bounded(_TRACE_CACHE)[key] = (peaks[phase], _merge_split(splits[phase]), phase)
     peak, split, phase = _TRACE_CACHE[key]
     return peak, dict(split), phase
+
+
+def replay_plan_for(config: TrainConfig, device: str) -> Any:
+    """The run plan of `config` on `device` (one process: a replay covers one), as the engine there would get it."""
+    from finetune.plan import plan_for
+
+    return plan_for(config, device=device, world_size=1)
+
+
+# Settings that do not change what a step allocates: left out of the replay cache key (the UI re-estimates often).
+_NOT_MEMORY = ("dataset", "output_dir", "run_name", "learning_rate", "num_train_epochs", "max_steps", "seed")
+
+
+def _shape_settings(config: TrainConfig) -> tuple:
+    """The config's values that can change the replayed step."""
+    values = asdict(config)
+    return tuple(sorted((k, repr(v)) for k, v in values.items() if k not in _NOT_MEMORY))
+
+
+HEAD_PHASES = ("forward_head", "backward_head")  # where the logits and the loss's buffers are alive
+
+
+def _with_liger_head(peaks: dict[str, int], splits: dict[str, dict[str, int]], liger: int) -> None:
+    """The replay with Liger's loss: a Triton kernel cannot run on fake tensors, so the replay ran transformers' loss.
+    Around the head its logits and loss buffers (the `logits_loss` tensors) give way to Liger's term; later phases
+    keep theirs (the hidden states' gradient, which Liger holds too)."""
+    for phase in HEAD_PHASES:
+        if phase in peaks:
+            eager = splits[phase].get("logits_loss", 0)
+            peaks[phase] += liger - eager
+            splits[phase]["logits_loss"] = liger
 
 
 def _merge_split(split: dict[str, int]) -> dict[str, int]:
@@ -479,18 +518,17 @@ _CENSUS_CACHE: dict[tuple, Any] = {}
 
 
 def model_config_of(config: TrainConfig) -> Any:
-    """The model's transformers config (no weights): local dir, Hub id or the embedded default."""
+    """The model's transformers config (no weights): the bundled catalogue for popular Hub ids (offline, gated repos,
+    instant), else a local dir, a Hub id (its config.json only; fails in seconds when the Hub is unreachable) or the
+    embedded default."""
     key = _model_key(config)
     if key not in _CONFIG_CACHE:
-        try:
-            from finetune.models import load_model_config
-        except ImportError:  # models.py not there yet: a local directory still works
-            from transformers import AutoConfig
+        from finetune import catalogue
+        from finetune.models import load_model_config
 
-            def load_model_config(name: str, trust_remote_code: bool = False) -> Any:
-                return AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code)
-
-        _bounded(_CONFIG_CACHE)[key] = load_model_config(config.model, trust_remote_code=config.trust_remote_code)
+        bundled = catalogue.load_config(config.model) if catalogue.is_hub_id(config.model) else None
+        loaded = bundled or load_model_config(config.model, trust_remote_code=config.trust_remote_code)
+        _bounded(_CONFIG_CACHE)[key] = loaded
     return _CONFIG_CACHE[key]
 
 
@@ -534,185 +572,6 @@ def _census(config: TrainConfig, model_config: Any) -> Any:
             raise_if_no_target(exc, config)
             raise
     return _CENSUS_CACHE[key]
-
-
-# ----------------------------------------------------------------------------- advice
-
-# (cost rank, title, cost text) per kind of change; lower rank = cheaper, suggested first.
-KINDS = {
-    "checkpointing": (1, "Turn on gradient checkpointing", "about 20-30% slower: activations are recomputed"),
-    "optim8bit": (2, "Use the 8-bit AdamW optimizer", "8-bit optimizer states: a tiny accuracy cost"),
-    "microbatch": (3, "Smaller micro batch, more accumulation", "same effective batch; less parallel work, slower"),
-    "lora": (4, "LoRA instead of full fine-tuning", "trains small adapters only: usually a little below full quality"),
-    "zero": (5, "Shard with DeepSpeed ZeRO over the GPUs", "more communication between GPUs"),
-    "qlora": (6, "QLoRA: a 4-bit base model", "4-bit base: slightly less accurate, about 20-40% slower"),
-    "offload": (7, "Offload optimizer states to CPU RAM (ZeRO)", "much slower steps (states cross PCIe)"),
-    "shorter": (8, "Shorter sequences", "longer examples are cut: the model sees less of them"),
-}
-
-
-def _candidates(config: TrainConfig, device: str, gpus: int) -> list[tuple[str, dict[str, Any]]]:
-    """Single changes that use less memory and keep per_device_train_batch_size x gradient_accumulation_steps."""
-    out: list[tuple[str, dict[str, Any]]] = []
-    if not config.gradient_checkpointing:
-        out.append(("checkpointing", {"gradient_checkpointing": True}))
-    if config.optim == "adamw_torch":
-        out.append(("optim8bit", {"optim": "adamw_8bit"}))
-    b, eff = config.per_device_train_batch_size, config.effective_batch_size
-    for smaller in [d for d in range(b - 1, 0, -1) if eff % d == 0]:
-        out.append(
-            ("microbatch", {"per_device_train_batch_size": smaller, "gradient_accumulation_steps": eff // smaller})
-        )
-    if config.method == "full":
-        out.append(("lora", {"method": "lora"}))
-    if config.method != "qlora" and config.backend == "trainer" and config.zero_stage == 0:
-        out.append(("qlora", {"method": "qlora"}))
-    if config.method != "qlora" and gpus > 1:
-        for stage in (s for s in (2, 3) if s > config.zero_stage):
-            out.append(("zero", {"zero_stage": stage}))
-    if config.method != "qlora" and config.offload_optimizer == "none" and device == "cuda":
-        out.append(("offload", {"zero_stage": max(2, config.zero_stage), "offload_optimizer": "cpu"}))
-    seq = config.max_seq_length
-    while seq // 2 >= 64:
-        seq //= 2
-        out.append(("shorter", {"max_seq_length": seq}))
-    return out
-
-
-def _advise(config: TrainConfig, device: str, gpus: int, capacity: int, base: MemoryEstimate) -> list[Advice]:
-    """Ranked changes that make the run fit (cheapest first); a combination when no single change is enough."""
-    ratio = min(1.25, max(0.8, base.tensor_bytes / max(1, base.analytic_tensor_bytes)))
-    priced: list[tuple[str, dict[str, Any], int]] = []
-    for kind, changes in _candidates(config, device, gpus):
-        total = _price(config, changes, device, gpus, ratio)
-        if total is not None:
-            priced.append((kind, changes, total))
-    fitting: dict[str, tuple[dict[str, Any], int]] = {}
-    for kind, changes, total in priced:  # per kind keep the mildest change that fits (largest batch / sequence)
-        if total <= capacity and kind not in fitting:
-            fitting[kind] = (changes, total)
-    advice = [_advice(kind, changes, total, capacity) for kind, (changes, total) in fitting.items()]
-    advice.sort(key=lambda a: (KINDS[a.kind][0], a.new_total_bytes))
-    advice = _confirmed(config, device, gpus, capacity, advice)
-    if not advice:
-        combo = _combine(config, device, gpus, capacity, ratio, priced)
-        if combo is not None:
-            advice = _confirmed(config, device, gpus, capacity, [combo])
-    return advice[:6]
-
-
-def _advice(kind: str, changes: dict[str, Any], total: int, capacity: int) -> Advice:
-    """An Advice for one kind of change."""
-    _, title, cost = KINDS[kind]
-    if kind == "microbatch":
-        title = f"{title} ({changes['per_device_train_batch_size']} x {changes['gradient_accumulation_steps']})"
-    if kind == "shorter":
-        title = f"{title} ({changes['max_seq_length']} tokens)"
-    return Advice(title, changes, int(total), cost, total <= capacity, kind)
-
-
-def _price(config: TrainConfig, changes: dict[str, Any], device: str, gpus: int, ratio: float) -> int | None:
-    """Total bytes after a change: the formulas, scaled by how far they were from the replay for this config."""
-    try:
-        new = config.replace(**changes)
-    except UserError:
-        return None
-    est = _estimate_core(new, device, gpus, trace_it=False)
-    tensors = int(est.analytic_tensor_bytes * (ratio if _traceable(new) else 1.0))
-    return tensors + sum(_overheads(tensors, new).values()) if device == "cuda" else tensors
-
-
-def _combine(config: TrainConfig, device: str, gpus: int, capacity: int, ratio: float, priced: list) -> Advice | None:
-    """Greedy: keep adding the change that saves the most until the run fits."""
-    changes: dict[str, Any] = {}
-    kinds: list[str] = []
-    for _ in range(6):
-        options = []
-        for kind, c, _ in priced:
-            if kind in kinds:
-                continue
-            trial = {**changes, **c}
-            total = _price(config, trial, device, gpus, ratio)
-            if total is not None:
-                options.append((total, kind, trial))
-        if not options:
-            return None
-        fit = [o for o in options if o[0] <= capacity]
-        best_total, kind, changes = min(fit, key=lambda o: KINDS[o[1]][0]) if fit else min(options)
-        kinds.append(kind)
-        if best_total <= capacity:
-            titles = " + ".join(KINDS[k][1].lower() for k in kinds)
-            costs = "; ".join(KINDS[k][2] for k in kinds)
-            return Advice(f"Combine: {titles}", changes, int(best_total), costs, True, "combine")
-    return None
-
-
-def _confirmed(config: TrainConfig, device: str, gpus: int, capacity: int, advice: list[Advice]) -> list[Advice]:
-    """Replay suggestions in rank order until one is confirmed to fit (its figure becomes the exact one); drop the
-    ones the replay shows do not fit. Suggestions after the first confirmed one keep their formula figure."""
-    out: list[Advice] = []
-    replays = 0
-    for a in advice:
-        new = config.replace(**a.changes)
-        if replays < 2 and _traceable(new) and not any(x.fits for x in out):
-            replays += 1
-            est = _estimate_core(new, device, gpus)
-            a.new_total_bytes, a.fits = est.total_bytes, est.total_bytes <= capacity
-            if not a.fits:
-                continue
-        out.append(a)
-    return out
-
-
-# ----------------------------------------------------------------------------- after an out-of-memory error
-
-
-def advice_text(config: TrainConfig, gpus: int = 1) -> str:
-    """A short paragraph for an out-of-memory failure: how much the run needs and what to change first."""
-    device, capacity = _this_device()
-    try:
-        est = _estimate_core(config, device, gpus)
-    except Exception as exc:  # noqa: BLE001 - never hide the OOM behind an estimator problem
-        return f"Out of memory. (The memory estimate could not be computed: {exc}.) Try gradient_checkpointing: true."
-    where = f"this {'GPU' if device == 'cuda' else 'machine'}"
-    need = f"This run needs about {_size(est.total_bytes)} at the {est.peak_phase}"
-    if capacity:
-        need += f"; {where} has {_size(capacity)}"
-    target = capacity if capacity and est.total_bytes > capacity else int(0.75 * est.total_bytes)
-    advice = _advise(config, device, gpus, target, est)
-    if not advice:
-        return f"Out of memory. {need}. Reduce max_seq_length or per_device_train_batch_size."
-    first = advice[0]
-    lines = [
-        f"Out of memory. {need}.",
-        f"Change first: {first.title.lower()} ({_changes(first.changes)}), about {_size(first.new_total_bytes)}; "
-        f"cost: {first.cost}.",
-    ]
-    if len(advice) > 1:
-        lines.append(
-            "Also possible: " + "; ".join(f"{a.title.lower()} ({_changes(a.changes)})" for a in advice[1:3]) + "."
-        )
-    lines.append("Each keeps your effective batch size. Estimate others with: python -m finetune estimate --config ...")
-    return " ".join(lines)
-
-
-def _changes(changes: dict[str, Any]) -> str:
-    """`key: value` text of changes."""
-    return ", ".join(f"{k}: {str(v).lower() if isinstance(v, bool) else v}" for k, v in changes.items())
-
-
-def _this_device() -> tuple[str, int | None]:
-    """The device a failed run used: the first GPU if any (with its memory), else the CPU (with RAM)."""
-    import os
-
-    import torch
-
-    if torch.cuda.is_available():
-        return "cuda", int(torch.cuda.get_device_properties(0).total_memory)
-    try:
-        return "cpu", int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return "cpu", None
 
 
 # ----------------------------------------------------------------------------- command line

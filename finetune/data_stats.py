@@ -1,0 +1,181 @@
+"""How long the training rows are, in tokens of the run's own tokenizer and template: percentiles, the share of rows
+that fit `max_seq_length`, and what cutting to a shorter length would lose. The advice prices truncation with it
+(cutting to 512 tokens is free when every row is shorter) and the first screen shows it beside the data preview.
+
+Reads the data through `finetune.data`'s public helpers (the same rendering training uses), so the counts are the
+tokens a step will see. Large datasets are sampled evenly (SAMPLE_ROWS rows), which the result says.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from finetune.config import TrainConfig
+from finetune.errors import UserError
+
+SAMPLE_ROWS = 2000  # rows tokenised at most: percentiles are stable well before this, and it takes about a second
+_CACHE: OrderedDict[tuple, DataStats] = OrderedDict()
+_CACHE_SIZE = 16
+_LOCK = threading.Lock()
+
+
+@dataclass
+class DataStats:
+    """Token lengths of the training rows (sorted), with the figures a person reads."""
+
+    rows: int  # rows in the training split
+    lengths: list[int]  # token length of each counted row, sorted (all rows, or an even sample)
+    max_seq_length: int  # the length the settings cut rows to
+    tokenizer: str  # whose tokenizer counted (the model's own, or a stand-in when it could not be loaded)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def sampled(self) -> bool:
+        """True when fewer rows were counted than the split holds."""
+        return len(self.lengths) < self.rows
+
+    def percentile(self, q: float) -> int:
+        """The length at or below which `q` percent of the rows are (nearest rank)."""
+        if not self.lengths:
+            return 0
+        rank = max(1, min(len(self.lengths), -(-len(self.lengths) * q // 100)))
+        return self.lengths[int(rank) - 1]
+
+    @property
+    def p50(self) -> int:
+        """Median row length in tokens."""
+        return self.percentile(50)
+
+    @property
+    def p90(self) -> int:
+        """90th percentile row length in tokens."""
+        return self.percentile(90)
+
+    @property
+    def p99(self) -> int:
+        """99th percentile row length in tokens."""
+        return self.percentile(99)
+
+    @property
+    def max(self) -> int:
+        """The longest row in tokens."""
+        return self.lengths[-1] if self.lengths else 0
+
+    def share_within(self, length: int) -> float:
+        """Share of rows (0..1) no longer than `length` tokens: they are not cut."""
+        if not self.lengths:
+            return 1.0
+        return bisect.bisect_right(self.lengths, length) / len(self.lengths)
+
+    @property
+    def fit_share(self) -> float:
+        """Share of rows that fit max_seq_length whole."""
+        return self.share_within(self.max_seq_length)
+
+    def tokens_lost(self, length: int) -> float:
+        """Share of the training tokens (0..1) that cutting rows to `length` throws away."""
+        total = sum(self.lengths)
+        if not total:
+            return 0.0
+        return sum(n - length for n in self.lengths if n > length) / total
+
+    def summary(self) -> str:
+        """One line: rows and percentiles, and how many fit max_seq_length."""
+        counted = f" ({len(self.lengths)} sampled)" if self.sampled else ""
+        return (
+            f"{self.rows} rows{counted}; tokens per row: median {self.p50}, 90% ≤ {self.p90}, 99% ≤ {self.p99}, "
+            f"longest {self.max}; {self.fit_share:.0%} fit max_seq_length {self.max_seq_length}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able figures (without the per-row lengths)."""
+        return {
+            "rows": self.rows,
+            "counted": len(self.lengths),
+            "p50": self.p50,
+            "p90": self.p90,
+            "p99": self.p99,
+            "max": self.max,
+            "max_seq_length": self.max_seq_length,
+            "fit_share": round(self.fit_share, 4),
+            "tokenizer": self.tokenizer,
+            "notes": list(self.notes),
+        }
+
+
+def data_stats(config: TrainConfig, tokenizer: Any = None) -> DataStats:
+    """Token-length statistics of the training split as `config` trains on it (cached per data and tokenizer)."""
+    notes: list[str] = []
+    name = config.model
+    if tokenizer is None:
+        tokenizer, name = _tokenizer_for(config, notes)
+    key = (config.dataset, config.dataset_split, _columns(config), config.task, name, _data_stamp(config))
+    with _LOCK:
+        cached = _CACHE.get(key)
+    if cached is None:
+        cached = _measure(config, tokenizer, name, notes)
+        with _LOCK:
+            _CACHE[key] = cached
+            while len(_CACHE) > _CACHE_SIZE:
+                _CACHE.popitem(last=False)
+    return DataStats(cached.rows, cached.lengths, config.max_seq_length, cached.tokenizer, list(cached.notes))
+
+
+def _columns(config: TrainConfig) -> tuple:
+    """The column settings that change what a row renders to."""
+    names = ("text_column", "text_pair_column", "prompt_column", "completion_column", "messages_column")
+    return tuple(getattr(config, n, "") for n in names)
+
+
+def _data_stamp(config: TrainConfig) -> int:
+    """A local file's modification time (a rewritten file is counted again); 0 for others."""
+    import os
+
+    try:
+        return os.stat(os.path.expanduser(config.dataset)).st_mtime_ns
+    except OSError:
+        return 0
+
+
+def _tokenizer_for(config: TrainConfig, notes: list[str]) -> tuple[Any, str]:
+    """The model's own tokenizer; when it cannot be loaded (offline, gated), the embedded model's, said in a note."""
+    from finetune import models
+    from finetune.config import EMBEDDED_MODEL
+
+    try:
+        return models.load_tokenizer(config), config.model
+    except UserError:
+        if config.model == EMBEDDED_MODEL:
+            raise
+    notes.append(
+        f"counted with the embedded SmolLM2 tokenizer: {config.model}'s own could not be loaded here "
+        "(lengths differ by tokenizer, typically within 20%)"
+    )
+    return models.load_tokenizer(config.replace(model=EMBEDDED_MODEL)), EMBEDDED_MODEL
+
+
+def _measure(config: TrainConfig, tokenizer: Any, name: str, notes: list[str]) -> DataStats:
+    """Render and tokenise (a sample of) the training rows as training does, and sort the lengths."""
+    from finetune import data
+
+    train_raw, _ = data.load_raw(config)
+    fmt = data.detect_format(list(train_raw.column_names), config)
+    rows = len(train_raw)
+    picked = range(rows) if rows <= SAMPLE_ROWS else [i * rows // SAMPLE_ROWS for i in range(SAMPLE_ROWS)]
+    lengths = sorted(_row_length(row, fmt, tokenizer) for row in train_raw.select(picked))
+    return DataStats(rows, lengths, config.max_seq_length, name, notes)
+
+
+def _row_length(row: dict[str, Any], fmt: Any, tokenizer: Any) -> int:
+    """Tokens in one row, uncut: the chat template or prompt/completion rendering training uses."""
+    from finetune import data
+
+    if fmt.kind == "classification":
+        pair = data.text_value(row[fmt.columns["text_pair"]]) if "text_pair" in fmt.columns else None
+        return len(tokenizer(data.text_value(row[fmt.columns["text"]]), pair)["input_ids"])
+    segments = data.render_segments(row, fmt, tokenizer)
+    return sum(len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text, _ in segments)
