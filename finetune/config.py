@@ -642,6 +642,12 @@ def _cross_field_errors(c: TrainConfig) -> list[ConfigError]:
         bad("backend", f"{c.objective} runs through TRL's trainer; use backend: trainer (zero_stage 1-3 still works)")
     if c.loss_type != "sigmoid" and c.objective != "dpo":
         bad("loss_type", f"applies to objective: dpo; set it to sigmoid for {c.objective}")
+    if c.objective in ("dpo", "kto") and c.method != "full" and c.init_lora_weights in ("pissa", "olora"):
+        bad(
+            "init_lora_weights",
+            f"{c.init_lora_weights} moves part of the base weights into the adapter, so the base with the adapter "
+            f"off is not the starting model {c.objective} compares against; use true or gaussian",
+        )
     if c.method == "qlora" and c.optim == "sgd":
         pass  # allowed: SGD on LoRA weights works, just unusual
     return out

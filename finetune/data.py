@@ -833,10 +833,31 @@ def _prepare_preference(config: TrainConfig, tokenizer: Any, train_raw: Any, eva
         )
 
     notes = []
-    if fmt.kind == "preference" and config.objective == "kto":
-        notes.append("kto: each pair gives two rows, the chosen answer marked good and the rejected one bad")
+    train = shaped(train_raw, "train")
     evaluation = shaped(eval_raw, "eval") if eval_raw is not None else None
-    return PreparedData(shaped(train_raw, "train"), evaluation, fmt, notes=notes)
+    if config.objective == "kto":
+        if fmt.kind == "preference":
+            notes.append("kto: each pair gives two rows, the chosen answer marked good and the rejected one bad")
+            train = _unpaired(train)
+            evaluation = _unpaired(evaluation) if evaluation is not None else None
+        # TRL reads KTO batches in data order (its KL term pairs neighbours); mix good and bad rows once, seeded,
+        # so that batches are not all good then all bad (and a resume sees the same order).
+        train = train.shuffle(seed=config.seed).flatten_indices()
+    return PreparedData(train, evaluation, fmt, notes=notes)
+
+
+def _unpaired(pairs: Any) -> Any:
+    """prompt/chosen/rejected pairs as kto rows: (prompt, chosen, good) and (prompt, rejected, bad)."""
+
+    def split(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        size = len(batch["prompt"])
+        return {
+            "prompt": batch["prompt"] * 2,
+            "completion": batch["chosen"] + batch["rejected"],
+            "label": [True] * size + [False] * size,
+        }
+
+    return pairs.map(split, batched=True, remove_columns=pairs.column_names, desc="unpairing")
 
 
 def trl_row(row: dict[str, Any], fmt: DataFormat, tokenizer: Any) -> dict[str, Any]:

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from finetune.config import TrainConfig
+from finetune.config import PREFERENCE_OBJECTIVES, TrainConfig
+from finetune.plan import plan_for
 from finetune.progress import Progress
 
 
 def run_engine(config: TrainConfig, progress: Progress, resume_from: Path | None = None) -> str:
-    """Run the engine the config asks for (imported lazily: both pull in torch)."""
+    """Run the engine the plan asks for (imported lazily: all pull in torch): preference objectives on TRL's
+    trainers, SFT on the Trainer or the DeepSpeed loop."""
+    if plan_for(config).objective in PREFERENCE_OBJECTIVES:
+        from finetune.engines import preference
+
+        return preference.train(config, progress, resume_from)
     if config.backend == "deepspeed":
         from finetune.engines import deepspeed_engine
 

@@ -1,0 +1,156 @@
+"""Preference tuning (DPO, ORPO, KTO) on TRL's trainers, built from the run plan with the SFT path's own pieces.
+
+The model, tokenizer, data and held-out prompts come from `prepare_run`; the Trainer settings from
+`training_arguments` (so ZeRO, schedulers, checkpoints and precision match an SFT run); the callbacks, the stop flag,
+checkpoint sealing and the final save are the SFT path's. What is new here is only what TRL needs: its config class
+with beta / loss type / length, and the reference model the plan chose:
+
+- "adapter-off": LoRA and QLoRA runs compare against the same weights with the adapter switched off (no second copy);
+- "copy": full fine-tuning compares against a frozen copy of the starting weights, loaded as the policy was.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+from transformers.trainer_callback import PrinterCallback
+
+from finetune import models
+from finetune.config import TrainConfig
+from finetune.engines.common import Prepared, prepare_run, save_final
+from finetune.engines.hf_trainer import ProgressCallback, StudioTrainer, training_arguments
+from finetune.plan import RunPlan, uses_deepspeed
+from finetune.progress import Progress
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # ORPO lives in trl.experimental; its import warning is noise
+
+
+class _StudioPreference:
+    """What our Trainer does differently, mixed into TRL's trainers: the run's scheduler, no draft card."""
+
+    create_scheduler = StudioTrainer.create_scheduler
+
+    def create_model_card(self, *args: Any, **kwargs: Any) -> None:
+        """TRL writes a draft README.md into the run directory at each checkpoint; the run's card is made at publish
+        time from the run's own records (finetune.publish.model_card), so none is written here."""
+        return None
+
+
+def trainer_class(objective: str) -> Any:
+    """TRL's trainer for an objective, with the Studio scheduler."""
+    if objective == "dpo":
+        from trl import DPOTrainer
+
+        return type("StudioDPOTrainer", (_StudioPreference, DPOTrainer), {})
+    if objective == "kto":
+        from trl import KTOTrainer
+
+        return type("StudioKTOTrainer", (_StudioPreference, KTOTrainer), {})
+    if objective == "orpo":
+        from trl.experimental.orpo import ORPOTrainer
+
+        return type("StudioORPOTrainer", (_StudioPreference, ORPOTrainer), {})
+    raise ValueError(f"not a preference objective: {objective!r}")
+
+
+def config_class(objective: str) -> Any:
+    """TRL's config class (a `TrainingArguments` subclass) for an objective."""
+    if objective == "dpo":
+        from trl import DPOConfig
+
+        return DPOConfig
+    if objective == "kto":
+        from trl import KTOConfig
+
+        return KTOConfig
+    from trl.experimental.orpo import ORPOConfig
+
+    return ORPOConfig
+
+
+def preference_arguments(config: TrainConfig, plan: RunPlan, output_dir: Path, has_eval: bool) -> Any:
+    """The SFT run's `TrainingArguments`, every field carried into TRL's config for the objective, plus its own
+    settings: beta, the DPO loss and the sequence length (prompt + answer)."""
+    args = training_arguments(config, output_dir, plan.precision, has_eval)
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init}
+    values.update(beta=config.beta, max_length=config.max_seq_length)
+    if plan.objective == "dpo":
+        values["loss_type"] = [config.loss_type]
+    if plan.objective == "kto":
+        # KTO's KL term pairs each prompt with its batch neighbour's answer, precomputed in data order: TRL needs
+        # the batches in that order.
+        values["train_sampling_strategy"] = "sequential"
+    return config_class(plan.objective)(**values)
+
+
+def reference_model(prepared: Prepared) -> Any:
+    """The frozen reference for full fine-tuning: the starting weights, loaded the way the policy was; None when
+    the plan uses the policy with its adapter switched off."""
+    if prepared.plan.reference != "copy":
+        return None
+    reference = models.load_base(prepared.plan)
+    reference.requires_grad_(False)
+    return reference.eval()
+
+
+def drop_reference_adapter(trainer: Any, plan: RunPlan) -> None:
+    """TRL copies an adapter that is already there into a second "ref" adapter. Ours starts as a no-op (B = 0), so
+    the base with the adapter off is the same reference: drop the copy, as the plan says, and save one adapter."""
+    model = trainer.model
+    if plan.reference == "adapter-off" and "ref" in getattr(model, "peft_config", {}):
+        model.delete_adapter("ref")
+        model.set_adapter("default")
+
+
+def train(config: TrainConfig, progress: Progress, resume_from: Path | None = None) -> str:
+    """Train to the end (or until stopped); returns the final status: completed or stopped."""
+    if uses_deepspeed(config):
+        # ZeRO through the Trainer needs a process group: a world of size 1 without a launcher, torn down after.
+        from finetune.engines.deepspeed_engine import trainer_world
+
+        with trainer_world():
+            return _train(config, progress, resume_from)
+    return _train(config, progress, resume_from)
+
+
+def _train(config: TrainConfig, progress: Progress, resume_from: Path | None = None) -> str:
+    from transformers import set_seed
+
+    set_seed(config.seed)  # before the adapter is built, as for SFT
+    prepared = prepare_run(config, progress)
+    if progress.stop_requested.is_set():
+        return "stopped"
+    plan = prepared.plan
+    args = preference_arguments(config, plan, progress.run.path, prepared.data.eval is not None)
+    kwargs: dict[str, Any] = {}
+    if plan.objective in ("dpo", "kto"):
+        kwargs["ref_model"] = reference_model(prepared)
+    trainer = trainer_class(plan.objective)(
+        model=prepared.model,
+        args=args,
+        train_dataset=prepared.data.train,
+        eval_dataset=prepared.data.eval,
+        processing_class=prepared.tokenizer,
+        callbacks=[ProgressCallback(progress, prepared)],
+        **kwargs,
+    )
+    drop_reference_adapter(trainer, plan)
+    trainer.remove_callback(PrinterCallback)  # our progress (terminal bar, UI) replaces its raw dict prints
+    try:
+        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        if progress.stop_requested.is_set():
+            return "stopped"
+        if prepared.data.eval is not None and trainer.state.global_step % config.eval_steps:
+            trainer.evaluate()  # the last evaluation (and sample answers) at the final step
+        save_final(trainer.model, prepared.tokenizer, progress, trainer=trainer, plan=plan)
+        return "completed"
+    finally:
+        # Drop references so both models' memory can be released before the next run in this process.
+        trainer.model = trainer.model_wrapped = None
+        trainer.optimizer = trainer.lr_scheduler = None
+        if hasattr(trainer, "ref_model"):
+            trainer.ref_model = None
+        prepared.model = None
