@@ -27,6 +27,9 @@ RESUME_FIXED = (
     "zero_stage",
     "optim",
     "output_dir",
+    "objective",  # a checkpoint's optimizer state and reference belong to the loss it was trained with
+    "chosen_column",
+    "rejected_column",
 )
 
 
@@ -56,7 +59,19 @@ def preflight(config: TrainConfig) -> None:
         if importlib.util.find_spec(config.report_to) is None:
             raise ConfigError(f"report_to: {config.report_to} is not installed; use none or install it", "report_to")
     gpu_only(config)
+    preference_ready(config)
     plan.uses_liger(config, strict=True)  # liger_kernel: on where Liger cannot run is refused now
+
+
+def preference_ready(config: TrainConfig) -> None:
+    """Preference objectives run on TRL's trainers: refuse them, naming the field, where TRL is not installed."""
+    import importlib.util
+
+    if config.objective != "sft" and importlib.util.find_spec("trl") is None:
+        raise ConfigError(
+            f"objective: {config.objective} needs the trl package (pip install trl==1.16.0); or use objective: sft",
+            "objective",
+        )
 
 
 def check_new_run_dir(path: Path) -> None:
