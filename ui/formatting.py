@@ -10,6 +10,8 @@ import html
 import time
 from typing import Any
 
+from finetune.studio import RunSummary
+
 GIB = 1024**3
 MIB = 1024**2
 
@@ -62,13 +64,6 @@ def one_line(exc: BaseException) -> str:
     """An unexpected exception as one line for the page (its type and first line; never a traceback)."""
     first = (str(exc).strip().splitlines() or [""])[0][:300]
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-
-
-def pick(obj: Any, name: str, default: Any = None) -> Any:
-    """A field of a dataclass-like object or of a dict (backend results come as either)."""
-    if isinstance(obj, dict):
-        return obj.get(name, default)
-    return getattr(obj, name, default)
 
 
 # ----------------------------------------------------------------------------------------------- training progress
@@ -142,6 +137,49 @@ def problem_markdown(state: dict[str, Any] | None) -> str:
     return ""
 
 
+PREFERENCE_METRICS = {  # the keys a preference run's "log" events carry (DPO, ORPO, KTO) → what a person reads
+    "rewards_margin": "reward margin",
+    "rewards_accuracy": "chosen preferred",
+    "rewards_chosen": "reward chosen",
+    "rewards_rejected": "reward rejected",
+    "kl": "KL",
+}
+
+
+def preference_facts(events: list[dict[str, Any]]) -> str:
+    """The latest preference metrics of a run ("reward margin 0.52 · chosen preferred 75% · ..."), or "" for a run
+    whose log carries none (SFT, classification)."""
+    latest = next((e for e in reversed(events) if e.get("type") == "log" and _has_preference(e)), None)
+    if latest is None:
+        return ""
+    facts = []
+    for key, words in PREFERENCE_METRICS.items():
+        value = latest.get(key)
+        if value is None:
+            continue
+        shown = f"{100 * float(value):.0f}%" if key == "rewards_accuracy" else number(float(value), 3)
+        facts.append(f"{words} <b>{shown}</b>")
+    return f'<div class="fs-prefs" data-step="{esc(latest.get("step", ""))}">step {esc(latest.get("step", "?"))}: ' + (
+        " · ".join(facts) + "</div>"
+    )
+
+
+def _has_preference(event: dict[str, Any]) -> bool:
+    return any(event.get(k) is not None for k in PREFERENCE_METRICS)
+
+
+def preference_rows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Points for the preference plot: {step, value, series} for the reward margin and KL of each "log" event."""
+    rows = []
+    for e in events:
+        if e.get("type") != "log":
+            continue
+        for key in ("rewards_margin", "kl"):
+            if e.get(key) is not None:
+                rows.append({"step": int(e.get("step", 0)), "value": float(e[key]), "series": PREFERENCE_METRICS[key]})
+    return rows
+
+
 def loss_rows(events: list[dict[str, Any]], max_points: int = 600) -> list[dict[str, Any]]:
     """Points for the loss plot: {step, loss, series} for train ("log") and eval events. A long run's train curve
     is thinned to about `max_points` (every k-th point and the last), which keeps each refresh small."""
@@ -172,7 +210,9 @@ def log_lines(events: list[dict[str, Any]], limit: int = 14, recent_steps: int =
             lines.append(f"{when}  status → {e.get('status')} (step {e.get('step', 0)}){extra}")
         elif kind == "log":
             lr = f" · lr {e['learning_rate']:.2e}" if e.get("learning_rate") is not None else ""
-            lines.append(f"{when}  step {e.get('step')} · loss {number(e.get('loss'))}{lr}")
+            margin = f" · margin {number(e['rewards_margin'], 3)}" if e.get("rewards_margin") is not None else ""
+            kl = f" · KL {number(e['kl'], 3)}" if e.get("kl") is not None else ""
+            lines.append(f"{when}  step {e.get('step')} · loss {number(e.get('loss'))}{lr}{margin}{kl}")
         elif kind == "eval":
             lines.append(f"{when}  step {e.get('step')} · eval loss {number(e.get('eval_loss'))}")
         elif kind == "checkpoint":
@@ -205,20 +245,31 @@ def sample_rows(events: list[dict[str, Any]], active: bool = True) -> tuple[list
     return headers, rows
 
 
-RUN_HEADERS = ["Run", "Status", "Step", "Loss", "Eval loss", "Started", "Resumable"]
+RUN_HEADERS = ["Run", "Status", "Step", "Loss", "Eval loss", "Resumable", "Folder"]
+METHOD_WORDS = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA"}
 
 
-def run_rows(runs: list[dict[str, Any]]) -> list[list[Any]]:
-    """The runs table: one row per run, newest first."""
+def run_title(run: RunSummary) -> str:
+    """A run as a person names it: model · method (· objective) · when it started."""
+    parts = [run.model or run.run_id, METHOD_WORDS.get(run.method, run.method)]
+    if run.objective and run.objective != "sft":
+        parts.append(run.objective.upper())
+    if run.started_at:
+        parts.append(time.strftime("%d %b %H:%M", time.localtime(run.started_at)))
+    return " · ".join(p for p in parts if p)
+
+
+def run_rows(runs: list[RunSummary]) -> list[list[Any]]:
+    """The runs table: one row per run, newest first (the run training now at its live step)."""
     return [
         [
-            r.get("run_id", ""),
-            r.get("status", ""),
-            f"{r.get('step') or 0} / {r.get('max_steps') or '?'}",
-            number(r.get("loss")),
-            number(r.get("eval_loss")),
-            clock(r.get("started_at")),
-            "yes" if r.get("resumable") else "",
+            run_title(r),
+            STATUS_WORDS.get(r.status, (r.status, ""))[0],
+            f"{r.step} / {r.max_steps or '?'}",
+            number(r.loss),
+            number(r.eval_loss),
+            "yes" if r.resumable else "",
+            r.run_id,
         ]
         for r in runs
     ]
@@ -226,16 +277,29 @@ def run_rows(runs: list[dict[str, Any]]) -> list[list[Any]]:
 
 # ----------------------------------------------------------------------------------------------- data preview
 def preview_html(preview: dict[str, Any]) -> str:
-    """The first examples as the model sees them: trained text highlighted, masked text greyed, token counts."""
+    """The first examples as the model sees them: trained text highlighted, masked text greyed, token counts.
+    Preference rows (examples with `sides`) show the prompt, then the chosen and the rejected answer (or kto's one
+    answer and its label), each as the model reads it."""
+    examples = preview.get("examples") or []
     head = (
         f"<p><b>Format:</b> {esc(preview.get('format', '?'))} · <b>{preview.get('rows', 0)}</b> training rows · "
         f"<b>{preview.get('eval_rows', 0)}</b> evaluation rows</p>"
+    )
+    if any(ex.get("sides") for ex in examples):
+        head += (
+            '<p class="fs-legend"><span class="fs-masked">grey text</span> is the prompt and chat markup; the model '
+            'learns to make the <span class="fs-trained">chosen</span> answer more likely than the rejected one (kto: '
+            "answers marked good more likely, bad ones less).</p>"
+        )
+        rows = "".join(_preference_example_html(i, ex) for i, ex in enumerate(examples, start=1))
+        return f'<div class="fs-preview">{head}{rows}</div>'
+    head += (
         '<p class="fs-legend"><span class="fs-trained">highlighted text</span> is what the model learns to write '
         '(counted in the loss); <span class="fs-masked">grey text</span> is the prompt and chat markup, '
         "masked from the loss.</p>"
     )
     parts = []
-    for i, ex in enumerate(preview.get("examples") or [], start=1):
+    for i, ex in enumerate(examples, start=1):
         spans = "".join(
             f'<span class="{"fs-trained" if trained else "fs-masked"}">{esc(text)}</span>'
             for text, trained in ex.get("segments") or []
@@ -252,6 +316,28 @@ def preview_html(preview: dict[str, Any]) -> str:
     return f'<div class="fs-preview">{head}{"".join(parts)}</div>'
 
 
+# How each side of a preference row is titled and styled in the preview.
+_SIDE_TITLES = {"prompt": "Prompt", "chosen": "Chosen (preferred)", "rejected": "Rejected", "completion": "Answer"}
+
+
+def _preference_example_html(number: int, example: dict[str, Any]) -> str:
+    """One preference row: each side titled, with its token count, the prompt greyed."""
+    label = example.get("label")
+    head = f"Example {number} · {example.get('tokens', '?')} tokens"
+    if label is not None:
+        head += " · marked good" if label is True else " · marked bad" if label is False else f" · label {esc(label)}"
+    sides = []
+    for side in example.get("sides") or []:
+        name = str(side.get("name", ""))
+        style = "fs-masked" if name == "prompt" else f"fs-trained fs-{esc(name)}"
+        title = f"{_SIDE_TITLES.get(name, esc(name))} · {side.get('tokens', '?')} tokens"
+        sides.append(
+            f'<div class="fs-side-head">{title}</div>'
+            f'<pre class="fs-example-text"><span class="{style}">{esc(side.get("text", ""))}</span></pre>'
+        )
+    return f'<div class="fs-example"><div class="fs-example-head">{head}</div>{"".join(sides)}</div>'
+
+
 # ----------------------------------------------------------------------------------------------- memory estimate
 def pretty_name(name: str) -> str:
     return str(name).replace("_", " ")
@@ -260,9 +346,9 @@ def pretty_name(name: str) -> str:
 def breakdown_rows(estimate: Any) -> list[tuple[str, float, float]]:
     """(component, bytes, share of the total) rows: live tensors at the peak (largest first), then device overheads.
     Components with nothing live at the peak are left out."""
-    components = {n: v for n, v in dict(pick(estimate, "components") or {}).items() if v}
-    overheads = {n: v for n, v in dict(pick(estimate, "overheads") or {}).items() if v}
-    total = float(pick(estimate, "total_bytes") or 0) or float(sum(components.values()) + sum(overheads.values())) or 1
+    components = {n: v for n, v in dict(estimate.components or {}).items() if v}
+    overheads = {n: v for n, v in dict(estimate.overheads or {}).items() if v}
+    total = float(estimate.total_bytes or 0) or float(sum(components.values()) + sum(overheads.values())) or 1
     rows = [
         (pretty_name(n), float(v), float(v) / total)
         for n, v in sorted(components.items(), key=lambda kv: -float(kv[1]))
@@ -288,22 +374,22 @@ def advice_rows(estimate: Any) -> list[list[Any]]:
     return [
         [
             i,
-            pick(a, "title", ""),
-            changes_text(pick(a, "changes") or {}),
-            size(pick(a, "new_total_bytes")),
-            {True: "yes", False: "no"}.get(pick(a, "fits"), ""),
-            pick(a, "cost", ""),
+            a.title,
+            changes_text(a.changes or {}),
+            size(a.new_total_bytes),
+            {True: "yes", False: "no"}.get(a.fits, ""),
+            a.cost,
         ]
-        for i, a in enumerate(pick(estimate, "advice") or [], start=1)
+        for i, a in enumerate(estimate.advice or [], start=1)
     ]
 
 
 def verdict_markdown(estimate: Any, card: str, capacity_gib: float | None, gpus: int) -> str:
     """A clear fit / does-not-fit sentence with the headroom."""
-    total = pick(estimate, "total_bytes")
-    fits, headroom = pick(estimate, "fits"), pick(estimate, "headroom_bytes")
+    total = estimate.total_bytes
+    fits, headroom = estimate.fits, estimate.headroom_bytes
     where = f"{card}" + (f" · {capacity_gib:g} GiB" if capacity_gib else "") + (f" × {gpus} GPUs" if gpus > 1 else "")
-    whole = " of the whole GPU (as nvidia-smi shows it)" if pick(estimate, "device") == "cuda" else ""
+    whole = " of the whole GPU (as nvidia-smi shows it)" if estimate.device == "cuda" else ""
     per = (" per GPU" if gpus > 1 else "") + whole
     if fits is True:
         spare = f", {size(headroom)} to spare" if headroom is not None else ""
@@ -320,29 +406,23 @@ def verdict_markdown(estimate: Any, card: str, capacity_gib: float | None, gpus:
 def details_markdown(estimate: Any) -> str:
     """How the figure was made (replayed step or formulas, where the peak falls), notes, and other estimators."""
     parts = []
-    method, phase = pick(estimate, "method"), pick(estimate, "peak_phase")
+    method, phase = estimate.method, estimate.peak_phase
     if method == "traced":
         parts.append("Measured by replaying one training step on fake tensors (no weights are downloaded).")
     elif method == "analytic":
         parts.append("Estimated with formulas.")
     if phase:
         parts.append(f"The peak is at the {phase}.")
-    compared = pick(estimate, "compared_with") or {}
+    compared = estimate.compared_with or {}
     if compared.get("tensor_bytes") and compared.get("total_bytes"):
         parts.append(
-            f"Tensors at peak ({size(pick(estimate, 'tensor_bytes'))}): compare with {compared['tensor_bytes']}. "
+            f"Tensors at peak ({size(estimate.tensor_bytes)}): compare with {compared['tensor_bytes']}. "
             f"Total: compare with {compared['total_bytes']}."
         )
-    if pick(estimate, "overhead_source"):
-        parts.append(f"Overheads (CUDA context, kernels, allocator reserve): {pick(estimate, 'overhead_source')}.")
-    parts += [f"{note[0].upper()}{note[1:]}." for note in pick(estimate, "notes") or [] if note]
-    comparisons = pick(estimate, "comparisons") or {}
-    if isinstance(comparisons, dict):
-        items = list(comparisons.items())
-    else:
-        items = [
-            (pick(c, "name", pick(c, "title", "?")), pick(c, "total_bytes", pick(c, "bytes"))) for c in comparisons
-        ]
+    if estimate.overhead_source:
+        parts.append(f"Overheads (CUDA context, kernels, allocator reserve): {estimate.overhead_source}.")
+    parts += [f"{note[0].upper()}{note[1:]}." for note in estimate.notes or [] if note]
+    items = list((estimate.comparisons or {}).items())
     if items:
         others = " · ".join(
             f"{pretty_name(name)}: {size(value) if isinstance(value, (int, float)) else plain(value)}"

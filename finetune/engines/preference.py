@@ -124,6 +124,14 @@ def _train(config: TrainConfig, progress: Progress, resume_from: Path | None = N
     if progress.stop_requested.is_set():
         return "stopped"
     plan = prepared.plan
+    progress.event(  # what the run compares and reads, for the model card
+        "objective",
+        objective=plan.objective,
+        beta=config.beta,
+        loss_type=config.loss_type if plan.objective == "dpo" else None,
+        reference=plan.reference,
+        columns=prepared.data.format.columns,
+    )
     args = preference_arguments(config, plan, progress.run.path, prepared.data.eval is not None)
     kwargs: dict[str, Any] = {}
     if plan.objective in ("dpo", "kto"):

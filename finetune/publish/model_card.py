@@ -11,6 +11,7 @@ only to draw the loss curve.
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,8 @@ class RunSummary:
     base: BaseModel | None = None
     dataset: DatasetInfo | None = None
     public: PublicConfig | None = None  # the config as published (no local paths)
+    data_columns: dict[str, str] = field(default_factory=dict)  # role -> column, as the run read its data
+    rewards: dict[str, float] = field(default_factory=dict)  # preference runs: the last logged reward metrics
 
     @property
     def final_loss(self) -> float | None:
@@ -85,19 +88,31 @@ class RunSummary:
         return min(self.evals, key=lambda p: p[1]) if self.evals else None
 
 
+REWARD_KEYS = ("rewards_margin", "rewards_accuracy")  # from finetune.progress's "log" events of preference runs
+OBJECTIVE_NAMES = {
+    "dpo": "DPO (direct preference optimisation)",
+    "orpo": "ORPO (odds-ratio preference optimisation, no reference model)",
+    "kto": "KTO (Kahneman-Tversky optimisation, answers marked good or bad)",
+}
+
+
 def summarize(run_dir: str | Path) -> RunSummary:
     """Read config, status and events of a run directory."""
     run = RunDir(Path(run_dir))
     config_text = run.config_path.read_text(encoding="utf-8")
     config = TrainConfig.from_yaml(config_text)
     summary = RunSummary(run=run, config=config, config_text=config_text, status=run.read_status())
-    for event in run.read_events(("log", "eval", "samples")):
+    for event in run.read_events(("log", "eval", "samples", "objective")):
+        if event.get("type") == "objective" and isinstance(event.get("columns"), dict):
+            summary.data_columns = {str(k): str(v) for k, v in event["columns"].items()}
+            continue
         step = event.get("step")
         if not isinstance(step, (int, float)):
             continue
         kind = event.get("type")
         if kind == "log" and _is_number(event.get("loss")):
             summary.logs.append((int(step), float(event["loss"])))
+            summary.rewards.update({k: float(event[k]) for k in REWARD_KEYS if _is_number(event.get(k))})
         elif kind == "log" and _is_number(event.get("eval_loss")):
             summary.evals.append((int(step), float(event["eval_loss"])))
         elif kind == "eval" and _is_number(event.get("eval_loss")):
@@ -372,6 +387,8 @@ def _body(s: RunSummary, repo_id: str, *, merged: bool, license: str | None, los
     }[c.method]
     if merged:
         what = f"{base.description} with a LoRA adapter merged into its weights (a full model)"
+    if c.objective != "sft":
+        what += f", preference-tuned with {c.objective.upper()}"
     title = repo_id.split("/")[-1]
     lines = [
         f"# {title}",
@@ -390,6 +407,7 @@ def _body(s: RunSummary, repo_id: str, *, merged: bool, license: str | None, los
         ("Dataset", s.dataset.description),
         ("Method", _method_text(c)),
         ("Task", c.task),
+        *_objective_rows(s),
         ("Optimisation", _optim_text(c)),
         ("Steps", _steps_text(s)),
         ("Final training loss", _fmt(s.final_loss)),
@@ -417,7 +435,7 @@ def _body(s: RunSummary, repo_id: str, *, merged: bool, license: str | None, los
         "(it is the resolved configuration below, every field spelled out) and run:",
         "",
         "```bash",
-        public.reproduce_command(),
+        _reproduce_command(s),
         "```",
     ]
     if public.fill_in:
@@ -437,6 +455,48 @@ def _body(s: RunSummary, repo_id: str, *, merged: bool, license: str | None, los
     fence = _fence(text)
     lines += ["", f"{fence}yaml", text.rstrip("\n"), fence, ""]
     return "\n".join(lines)
+
+
+def _objective_rows(s: RunSummary) -> list[tuple[str, str]]:
+    """Card rows of a preference run: the objective and its settings, the data columns, the last rewards."""
+    c = s.config
+    if c.objective == "sft":
+        return []
+    text = OBJECTIVE_NAMES.get(c.objective, c.objective) + f", beta {c.beta:g}"
+    if c.objective == "dpo":
+        text += f", loss `{c.loss_type}`"
+    if c.objective in ("dpo", "kto"):
+        reference = "the base model with the adapter off" if c.method != "full" else "a frozen copy of the base model"
+        text += f"; reference: {reference}"
+    columns = s.data_columns or {
+        role: getattr(c, f"{role}_column")
+        for role in ("prompt", "chosen", "rejected", "completion", "label")
+        if getattr(c, f"{role}_column")
+    }
+    rows = [("Objective", text), ("Data columns", ", ".join(f"{r} = `{n}`" for r, n in columns.items()) or "detected")]
+    if s.rewards:
+        rows.append(
+            (
+                "Final reward margin / preference accuracy",
+                f"{_fmt(s.rewards.get('rewards_margin'))} / {_fmt(s.rewards.get('rewards_accuracy'))}",
+            )
+        )
+    return rows
+
+
+def _reproduce_command(s: RunSummary) -> str:
+    """The published reproduce command; a preference run also spells out its objective settings."""
+    assert s.public is not None
+    command = s.public.reproduce_command()
+    c = s.config
+    if c.objective == "sft":
+        return command
+    sets = [f"objective={c.objective}", f"beta={c.beta:g}"]
+    if c.objective == "dpo":
+        sets.append(f"loss_type={c.loss_type}")
+    columns = ("prompt_column", "chosen_column", "rejected_column", "completion_column", "label_column")
+    sets += [f"{key}={getattr(c, key)}" for key in columns if getattr(c, key)]
+    return command + "".join(f" --set {shlex.quote(item)}" for item in sets)
 
 
 def _method_text(c: TrainConfig) -> str:
