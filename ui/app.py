@@ -58,6 +58,15 @@ CSS = """
 .fs-example-text { white-space: pre-wrap; font-size: 0.9em; margin: 4px 0; background: none; }
 .fs-trained { background: #fde68a; color: #111827; border-radius: 3px; }
 .fs-masked { color: #9ca3af; }
+.fs-plan { border-left: 4px solid var(--color-accent); padding-left: 10px; }
+.fs-prefs { font-variant-numeric: tabular-nums; margin: 6px 0; }
+/* Narrow screens: tables scroll sideways instead of breaking words letter by letter. */
+.fs-table .table-wrap, .fs-table .table-container { overflow-x: auto; }
+.fs-table td, .fs-table th { word-break: normal !important; overflow-wrap: normal !important; }
+.fs-table.fs-nowrap td { white-space: nowrap; }
+@media (max-width: 640px) {
+  #fs-tabs button[role="tab"] { padding-left: 8px; padding-right: 8px; }
+}
 """
 
 
@@ -96,7 +105,8 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
             gr.Markdown(PUBLIC_NOTE, elem_id="fs-public-note", elem_classes=["fs-note"])
         # The form as kept in this browser; outside the tabs, so the page reads it on load whichever tab is open.
         saved = gr.BrowserState({}, storage_key="finetune-studio-form")
-        with gr.Tabs(elem_id="fs-tabs", selected="start") as tab_bar:
+        # "wrap": on a narrow screen every tab stays in view (the default "menu" hides the last ones behind "⋯")
+        with gr.Tabs(elem_id="fs-tabs", selected="start", overflow_behavior="wrap") as tab_bar:
             with gr.Tab("Start", id="start", elem_id="tab-start") as tabs["Start"]:
                 start = start_tab.build(studio)
             with gr.Tab("Memory", id="memory", elem_id="tab-memory") as tabs["Memory"]:
@@ -112,7 +122,7 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
         config.saved = saved
         config_tab.wire(config)
         memory_tab.wire(memory, config, demo)
-        train_tab.wire(train, config, demo)
+        train_tab.wire(train, config, demo, tabs["Train"])
         chat_tab.wire(chat, config, demo, tabs["Chat"])
         publish_tab.wire(publish, demo, tabs["Publish"])
         start_tab.wire(start, config, train, tab_bar, tabs["Start"], demo)

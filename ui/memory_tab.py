@@ -1,8 +1,9 @@
 """Memory tab: will this run fit on my GPU? The breakdown as a table and a bar chart, a fit verdict with headroom,
 ranked suggestions, and "Apply", which copies a suggestion into the shared form (the Configure tab).
 
-Its fields mirror the same fields of the Configure tab: editing one here edits it there and back, and an estimate
-uses the Configure form with these values on top.
+Its fields mirror the same fields of the Configure tab: editing one here edits it there and back (and says so: it
+changes the next run), and an estimate uses the Configure form with these values on top. Handlers receive both forms
+keyed by name (gradio's `inputs_kwargs`); this tab's own fields arrive as `memory__NAME` (`MemoryTab.form_of`).
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from finetune.config import FIELD_NAMES
+from finetune.config import FIELD_NAMES, field_label
 from finetune.errors import UserError
-from finetune.studio import Studio
-from ui.config_tab import ConfigTab, error_update, field_error_md, form_values, make_field, warn
+from finetune.studio import Studio, field_problem
+from ui.config_tab import ConfigTab, error_update, field_error_md, hidden_fields, make_field, warn
 from ui.formatting import (
     GIB,
     advice_rows,
@@ -24,8 +25,6 @@ from ui.formatting import (
     breakdown_table,
     changes_text,
     details_markdown,
-    one_line,
-    pick,
     plain,
     verdict_markdown,
 )
@@ -49,6 +48,7 @@ DEFAULT_CARD_GIB = 24.0
 PREFERRED_CARDS = ("A10G", "L4", "24 GB")  # a common first guess (the GPU of many Spaces)
 ADVICE_HEADERS = ["#", "Suggestion", "Settings it changes", "New estimate", "Fits", "Cost"]
 BREAKDOWN_HEADERS = ["Component", "Memory", "Share"]
+OWN = "memory__"  # this tab's fields reach handlers as OWN + name, beside the Configure form's NAME
 
 
 def gpu_cards() -> dict[str, float]:
@@ -91,20 +91,33 @@ class MemoryTab:
     advice_state: Any = None
     cards_cache: dict[str, float] | None = None
 
+    cells: dict[str, Any] = field(default_factory=dict)
+
     def cards(self) -> dict[str, float]:
         if self.cards_cache is None:
             self.cards_cache = gpu_cards()
         return self.cards_cache
 
+    @property
+    def form(self) -> dict[str, Any]:
+        """Both forms as gradio `inputs_kwargs`: the Configure fields by name, this tab's as OWN + name."""
+        return {**self.config.form, **{OWN + n: c for n, c in self.fields.items()}}
+
+    @staticmethod
+    def form_of(values: dict[str, Any]) -> dict[str, Any]:
+        """The settings to estimate: the Configure form with this tab's own fields (OWN + name) on top."""
+        form = {n: v for n, v in values.items() if not n.startswith(OWN)}
+        form.update({n[len(OWN) :]: v for n, v in values.items() if n.startswith(OWN)})
+        return form
+
     # ----- handlers
-    def estimate(self, device: str, card: str, custom_gib: float | None, gpus: float | None, *values: Any) -> list:
+    def estimate(self, device: str, card: str, custom_gib: float | None, gpus: float | None, **values: Any) -> list:
         """The estimate for the Configure form with this tab's fields on top.
 
         Returns updates for: verdict, chart, breakdown table, comparisons, advice table, advice choice, apply button,
         advice state, this tab's field errors (in MEMORY_FIELDS order).
         """
-        mine = dict(zip(MEMORY_FIELDS, values[: len(MEMORY_FIELDS)], strict=True))
-        form = {**form_values(values[len(MEMORY_FIELDS) :]), **mine}
+        form = self.form_of(values)
         blank = [gr.update()] * 8
         _, problems = self.studio.check(form)
         if problems:
@@ -124,13 +137,14 @@ class MemoryTab:
         except UserError as exc:
             return self._fail(blank, {getattr(exc, "field", None) or "model": str(exc)})
         except Exception as exc:  # e.g. a model config that cannot be read: one line, never a traceback
-            return self._fail(blank, {"model": f"model: cannot estimate this model: {one_line(exc)}"})
+            message = next(iter(field_problem(exc).values()))
+            return self._fail(blank, {"model": f"model: cannot estimate this model: {message}"})
         where = card if on_gpu and card != CUSTOM else ("a custom GPU" if on_gpu else "this machine's memory (CPU)")
         verdict = verdict_markdown(result, where, gib, gpu_count if on_gpu else 1)
         rows = breakdown_rows(result)
         chart = pd.DataFrame([{"component": name, "GiB": round(value / GIB, 3)} for name, value, _ in rows])
-        advice = list(pick(result, "advice") or [])
-        choices = [(f"{i}. {pick(a, 'title', '')}", i - 1) for i, a in enumerate(advice, start=1)]
+        advice = list(result.advice or [])
+        choices = [(f"{i}. {a.title}", i - 1) for i, a in enumerate(advice, start=1)]
         return [
             verdict,
             gr.update(value=chart, visible=True),
@@ -139,7 +153,7 @@ class MemoryTab:
             gr.update(value=pd.DataFrame(advice_rows(result), columns=ADVICE_HEADERS), visible=bool(advice)),
             gr.update(choices=choices, value=0 if choices else None, visible=bool(advice)),
             gr.update(visible=bool(advice)),
-            [dict(pick(a, "changes") or {}) for a in advice],
+            [dict(a.changes or {}) for a in advice],
             *self._errors({}),
         ]
 
@@ -165,10 +179,23 @@ class MemoryTab:
         values = dict(zip(FIELD_NAMES, self.config.restore(saved), strict=True))
         return [*values.values(), *(values[n] for n in MEMORY_FIELDS)]
 
-    def apply(self, index: int | None, suggestions: list[dict[str, Any]] | None, *values: Any) -> list:
+    @staticmethod
+    def edited(name: str, value: Any) -> str:
+        """What an edit here does to the next run, said where it was made (the Configure form holds it now)."""
+        shown = str(value).lower() if isinstance(value, bool) else value
+        return (
+            f"✎ {field_label(name)} is now **{plain(shown)}** for the next run too: *Configure* and *Train* use the "
+            "same settings."
+        )
+
+    def visibility(self, **values: Any) -> list:
+        """Updates for this tab's cells (MEMORY_FIELDS order): hidden where the field does not apply."""
+        hidden = hidden_fields(self.form_of(values))
+        return [gr.update(visible=n not in hidden) for n in MEMORY_FIELDS]
+
+    def apply(self, index: int | None, suggestions: list[dict[str, Any]] | None, **values: Any) -> list:
         """Copy a suggestion into the shared form: updates for every Configure field, this tab's fields, a message."""
-        mine = dict(zip(MEMORY_FIELDS, values[: len(MEMORY_FIELDS)], strict=True))
-        form = {**form_values(values[len(MEMORY_FIELDS) :]), **mine}
+        form = self.form_of(values)
         if index is None or not suggestions or not 0 <= int(index) < len(suggestions):
             warn("Estimate first, then pick a suggestion to apply.")
             return [gr.update()] * (len(FIELD_NAMES) + len(MEMORY_FIELDS)) + ["Nothing applied."]
@@ -192,12 +219,13 @@ def build(studio: Studio) -> MemoryTab:
     )
     with gr.Row():
         with gr.Column(scale=3):
-            for row in (MEMORY_FIELDS[i : i + 3] for i in range(0, len(MEMORY_FIELDS), 3)):
-                with gr.Row(equal_height=False):
-                    for name in row:
-                        with gr.Column(min_width=200):
-                            tab.fields[name] = make_field(name, defaults[name], prefix="mem")
-                            tab.errors[name] = field_error_md(name, prefix="mem")
+            hidden = hidden_fields(defaults)
+            with gr.Row(equal_height=False, elem_classes=["fs-fields"]):
+                for name in MEMORY_FIELDS:
+                    with gr.Column(min_width=200, visible=name not in hidden, elem_id=f"mem-cell-{name}") as cell:
+                        tab.cells[name] = cell
+                        tab.fields[name] = make_field(name, defaults[name], prefix="mem")
+                        tab.errors[name] = field_error_md(name, prefix="mem")
         with gr.Column(scale=1, min_width=260):
             tab.device = gr.Radio(
                 ["GPU", "CPU"],
@@ -248,6 +276,7 @@ def build(studio: Studio) -> MemoryTab:
             label="Breakdown",
             interactive=False,
             elem_id="mem-table",
+            elem_classes=["fs-table"],
             wrap=True,
             visible=False,
         )
@@ -258,6 +287,7 @@ def build(studio: Studio) -> MemoryTab:
         interactive=False,
         visible=False,
         elem_id="mem-advice",
+        elem_classes=["fs-table"],
         wrap=True,
         column_widths=["5%", "28%", "28%", "12%", "7%", "20%"],
     )
@@ -288,7 +318,18 @@ def wire(tab: MemoryTab, config: ConfigTab, demo: gr.Blocks) -> None:
             edited = source.blur if isinstance(source, (gr.Textbox, gr.Number)) else source.input
             copied = edited(_same, source, target, **mirror)
             if source is tab.fields[name]:  # then check (and keep) the form, as an edit in Configure does
-                copied.then(config.check_quiet, config.inputs, [*config.error_outputs, config.saved], **mirror)
+                copied.then(
+                    config.check_quiet, None, [*config.error_outputs, config.saved], inputs_kwargs=config.form, **mirror
+                )
+                edited(lambda value, name=name: tab.edited(name, value), source, tab.applied, **mirror)
+    for name in ("method", "zero_stage"):  # also on programmatic changes (Configure's edits, Apply, a reload)
+        tab.fields[name].change(
+            tab.visibility,
+            None,
+            [tab.cells[n] for n in MEMORY_FIELDS],
+            inputs_kwargs={OWN + n: tab.fields[n] for n in ("method", "zero_stage")},
+            **mirror,
+        )
     tab.device.change(
         lambda d: [gr.update(visible=d == "GPU")] * 3,
         tab.device,
@@ -316,13 +357,23 @@ def wire(tab: MemoryTab, config: ConfigTab, demo: gr.Blocks) -> None:
         tab.advice_state,
         *errors,
     ]
-    inputs = [tab.device, tab.card, tab.custom_gib, tab.gpus, *mine, *config.inputs]
-    tab.estimate_btn.click(tab.estimate, inputs, outputs, api_name="estimate", show_progress_on=[tab.verdict])
+    inputs = [tab.device, tab.card, tab.custom_gib, tab.gpus]
+    tab.estimate_btn.click(
+        tab.estimate, inputs, outputs, inputs_kwargs=tab.form, api_name="estimate", show_progress_on=[tab.verdict]
+    )
     # A page reload brings back the settings kept in this browser, on both tabs.
     demo.load(tab.restore, config.saved, [*config.inputs, *mine], api_visibility="undocumented", show_progress="hidden")
     tab.apply_btn.click(
         tab.apply,
-        [tab.advice_pick, tab.advice_state, *mine, *config.inputs],
+        [tab.advice_pick, tab.advice_state],
         [*config.inputs, *mine, tab.applied],
+        inputs_kwargs=tab.form,
         api_visibility="undocumented",
-    ).then(tab.estimate, inputs, outputs, api_visibility="undocumented", show_progress_on=[tab.verdict])
+    ).then(
+        tab.estimate,
+        inputs,
+        outputs,
+        inputs_kwargs=tab.form,
+        api_visibility="undocumented",
+        show_progress_on=[tab.verdict],
+    )

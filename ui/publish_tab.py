@@ -15,7 +15,7 @@ import gradio as gr
 from finetune.errors import UserError
 from finetune.studio import Studio
 from ui.config_tab import warn
-from ui.formatting import plain
+from ui.formatting import plain, run_title
 
 NO_GGUF = "no"  # the GGUF choice that pushes none
 
@@ -38,9 +38,8 @@ class PublishTab:
 
     def runs(self, current: str | None = None) -> dict:
         """Finished runs first (they can be pushed), newest first."""
-        runs = self.studio.runs()
-        runs = sorted(runs, key=lambda r: r.get("status") != "completed")  # stable: newest first within each
-        choices = [(f"{r['run_id']} · {r.get('status')}", r["run_id"]) for r in runs]
+        runs = sorted(self.studio.runs(), key=lambda r: r.status != "completed")  # stable: newest first within each
+        choices = [(f"{run_title(r)} · {r.status} · {r.run_id}", r.run_id) for r in runs]
         ids = [v for _, v in choices]
         return gr.update(choices=choices, value=current if current in ids else (ids[0] if ids else None))
 

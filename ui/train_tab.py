@@ -1,38 +1,54 @@
-"""Train tab: start, stop and resume; the progress bar, the live loss plot, held-out answers then and now, the log
-tail, and the list of runs.
+"""Train tab: what is about to run, start, stop and resume; the progress bar, the live loss plot (and a preference
+run's rewards), held-out answers then and now, the log tail, and the list of runs by a readable name.
 
 A `gr.Timer` polls once a second. The tick reads the in-memory training state and, only when something changed
-(a new step, status, message or event), the run's event log; otherwise it returns "no change" for every output.
-A page reload or a second browser tab finds the running run on load and follows it.
+(a new step, status, message or event), the run's event log; otherwise it changes nothing. Handlers return
+{component: update} for what they change. A page reload or a second browser tab finds the running run on load and
+follows it; a line about a start or resume (or another page's "busy") goes when that run ends.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import gradio as gr
 import pandas as pd
 
+from finetune.config import FIELD_NAMES, field_label
 from finetune.errors import BusyError, UserError
-from finetune.studio import Studio
-from ui.config_tab import ConfigTab, form_values, warn
+from finetune.studio import RunPreview, RunSummary, Studio
+from ui.config_tab import ConfigTab, form_stamp, warn
 from ui.formatting import (
     RUN_HEADERS,
     log_lines,
     loss_rows,
     one_line,
     plain,
+    preference_facts,
+    preference_rows,
     problem_markdown,
     progress_html,
     run_rows,
+    run_title,
     sample_rows,
+    size,
 )
 
 TICK_SECONDS = 1.0
 SERIES = ("train", "eval")
+PREFERENCE_SERIES = ("reward margin", "KL")
+METHOD_WORDS = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA (4-bit base + LoRA)"}
+OBJECTIVE_WORDS = {
+    "sft": "supervised fine-tuning (SFT)",
+    "dpo": "preferences (DPO)",
+    "orpo": "preferences (ORPO)",
+    "kto": "preferences (KTO)",
+}
+CHANGED_SHOWN = 8  # settings changed from the defaults named in the summary (then "and N more")
 
 
 def loss_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -46,6 +62,55 @@ def loss_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 EMPTY_LOSS = loss_frame([])
+
+
+def preference_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The preference plot's data (reward margin and KL by step), every series present from the start."""
+    have = {r["series"] for r in rows}
+    blanks = [{"step": 0, "value": float("nan"), "series": s} for s in PREFERENCE_SERIES if s not in have]
+    return pd.DataFrame(rows + blanks, columns=["step", "value", "series"])
+
+
+def plan_markdown(preview: RunPreview, changed: list[str]) -> str:
+    """What Start would run, in plain words: model, data, method and goal, length, batch, where, memory."""
+    if preview.max_steps > 0:
+        length = f"**{preview.max_steps} steps**"
+    else:
+        length = f"**{preview.epochs:g} epoch{'s' if preview.epochs != 1 else ''}**"
+    where = "a GPU" if preview.device == "cuda" else "this machine's CPU"
+    if preview.processes > 1:
+        where += f" × {preview.processes} processes"
+    memory = (
+        f"about **{size(preview.estimate_bytes)}** at the peak"
+        if preview.estimate_bytes
+        else f"no memory estimate ({plain(preview.estimate_note)})"
+        if preview.estimate_note
+        else "no memory estimate"
+    )
+    lines = [
+        f"**Start will train** `{plain(preview.model)}` on `{plain(preview.dataset)}`: "
+        f"{METHOD_WORDS.get(preview.method, preview.method)}, "
+        f"{OBJECTIVE_WORDS.get(preview.objective, preview.objective)}.",
+        f"{length} of {preview.effective_batch} examples each, up to {preview.max_seq_length} tokens per example, "
+        f"on {where}; {memory}.",
+    ]
+    if changed:
+        more = f" and {len(changed) - CHANGED_SHOWN} more" if len(changed) > CHANGED_SHOWN else ""
+        lines.append(
+            f"Changed from the defaults (in *Configure* or *Memory*): {', '.join(changed[:CHANGED_SHOWN])}{more}."
+        )
+    return "\n\n".join(lines)
+
+
+def changed_settings(values: dict[str, Any], defaults: dict[str, Any]) -> list[str]:
+    """'Label = value' for each setting that differs from the defaults."""
+    out = []
+    for name in FIELD_NAMES:
+        if name in values and values[name] != defaults.get(name):
+            value = values[name]
+            shown = str(value).lower() if isinstance(value, bool) else value
+            out.append(f"{field_label(name)} = {plain(shown)}")
+    return out
 
 
 def signed_in_user(request: gr.Request | None) -> str | None:
@@ -78,6 +143,9 @@ def owner_of(request: gr.Request | None) -> str:
 class TrainTab:
     studio: Studio
     config: ConfigTab | None = None
+    plan: Any = None
+    plan_stamp: Any = None
+    processes: Any = None
     start_btn: Any = None
     stop_btn: Any = None
     resume_btn: Any = None
@@ -85,6 +153,8 @@ class TrainTab:
     progress: Any = None
     problem: Any = None
     plot: Any = None
+    prefs: Any = None
+    prefs_plot: Any = None
     samples: Any = None
     log: Any = None
     runs_table: Any = None
@@ -94,16 +164,30 @@ class TrainTab:
     viewing: Any = None
     shown: Any = None
 
+    # ----- what is about to run
+    def describe(self, **values: Any) -> tuple[str, str]:
+        """(the summary of what Start would run, the form stamp it is for)."""
+        try:
+            preview = self.studio.preview_run(values)
+        except UserError as exc:
+            text = f"⚠ Start would refuse these settings: {plain(exc)}. Fix it in the *Configure* tab."
+            return text, form_stamp(values)
+        except Exception as exc:  # never a traceback in the page
+            return f"⚠ Cannot describe these settings: {plain(one_line(exc))}", form_stamp(values)
+        return plan_markdown(preview, changed_settings(values, self.studio.default_values())), form_stamp(values)
+
+    def show_plan(self, text: Any, stamp: Any, **values: Any) -> Any:
+        """The summary, unless the form changed since it was computed (then nothing: a newer one is on its way)."""
+        return text if stamp == form_stamp(values) else gr.skip()
+
     # ----- reading a run
     def run_state(self, run_id: str) -> dict[str, Any] | None:
-        """The live state when `run_id` is this process's current/last run, else its status file summary."""
+        """The live state when `run_id` is this process's current/last run, else its summary."""
         state = self.studio.state()
         if state is not None and state.run_id == run_id:
             return state.to_dict()
-        for run in self.studio.runs():
-            if run["run_id"] == run_id:
-                return run
-        return None
+        run = self.studio.run(run_id)
+        return dataclasses.asdict(run) if run is not None else None
 
     def events(self, run_id: str) -> list[dict[str, Any]]:
         try:
@@ -125,140 +209,188 @@ class TrainTab:
     def runs_key(self) -> tuple:
         """Changes when this process's run changes status or a run folder appears or goes."""
         state = self.studio.state()
-        return (*((state.run_id, state.status) if state is not None else ("", "")), _mtime(self.studio.manager.root))
+        return (*((state.run_id, state.status) if state is not None else ("", "")), self.studio.runs_stamp())
+
+    def table_key(self) -> tuple:
+        """`runs_key` plus the live step: the runs table shows the step the run is at."""
+        state = self.studio.state()
+        live = (state.step, state.loss, state.eval_loss) if state is not None and state.active else ()
+        return (*self.runs_key(), *live)
 
     # ----- handlers
-    def render(self, run_id: str) -> list:
-        """[progress, problem, plot, samples, log] for one run (or the empty page)."""
+    def render(self, run_id: str) -> dict:
+        """{progress, problem, plot, preference line and plot, samples, log} for one run (or the empty page)."""
         if not run_id:
-            return [progress_html(None), "", EMPTY_LOSS, _samples_frame([], []), ""]
+            return {
+                self.progress: progress_html(None),
+                self.problem: "",
+                self.plot: EMPTY_LOSS,
+                self.prefs: "",
+                self.prefs_plot: gr.update(value=preference_frame([]), visible=False),
+                self.samples: _samples_frame([], []),
+                self.log: "",
+            }
         state = self.run_state(run_id)
         events = self.events(run_id)
-        rows = loss_rows(events)
+        preference = preference_rows(events)
         headers, samples = sample_rows(events, active=(state or {}).get("status") in ("pending", "loading", "running"))
-        return [
-            progress_html(state or {"run_id": run_id, "status": "unknown"}),
-            problem_markdown(state),
-            loss_frame(rows),
-            _samples_frame(headers, samples),
-            log_lines(events),
-        ]
+        return {
+            self.progress: progress_html(state or {"run_id": run_id, "status": "unknown"}),
+            self.problem: problem_markdown(state),
+            self.plot: loss_frame(loss_rows(events)),
+            self.prefs: preference_facts(events),
+            self.prefs_plot: gr.update(value=preference_frame(preference), visible=bool(preference)),
+            self.samples: _samples_frame(headers, samples),
+            self.log: log_lines(events),
+        }
 
-    def runs_outputs(self, selected: str | None = None) -> list:
-        """[runs table, run choice]."""
-        runs = self.studio.runs()
-        ids = [r["run_id"] for r in runs]
+    def runs_outputs(self, runs: list[RunSummary], selected: str | None = None) -> dict:
+        """{run choice, start, stop, resume}: Resume only for a selected run that can resume, while nothing runs."""
+        ids = [r.run_id for r in runs]
         value = selected if selected in ids else (ids[0] if ids else None)
-        return [
-            pd.DataFrame(run_rows(runs), columns=RUN_HEADERS),
-            gr.update(choices=[(_run_label(r), r["run_id"]) for r in runs], value=value),
-        ]
-
-    def buttons(self) -> list:
+        chosen = next((r for r in runs if r.run_id == value), None)
         state = self.studio.state()
         active = bool(state and state.active)
-        return [gr.update(interactive=not active), gr.update(interactive=active)]
+        return {
+            self.run_pick: gr.update(choices=[(_run_label(r), r.run_id) for r in runs], value=value),
+            self.start_btn: gr.update(interactive=not active),
+            self.stop_btn: gr.update(interactive=active),
+            self.resume_btn: gr.update(interactive=bool(chosen and chosen.resumable and not active)),
+        }
 
-    def tick(self, viewing: str, shown: tuple | list | None) -> list:
-        """Called by the timer: outputs [viewing, shown, progress, problem, plot, samples, log, runs table, run choice,
-        start button, stop button]; "no change" for whatever did not change."""
+    def tick(self, viewing: str, shown: tuple | list | None) -> dict:
+        """Called by the timer: updates for whatever changed since `shown` (the keys drawn last), nothing else."""
         state = self.studio.state()
         if not viewing and state is not None and state.active:
             viewing = state.run_id  # someone started a run while this page showed none: follow it
-        key, runs_key = self.key(viewing), self.runs_key()
-        old_key, old_runs_key = (tuple(shown[0]), tuple(shown[1])) if shown else ((), ())
-        skip = gr.skip()
-        page = self.render(viewing) if key != old_key else [skip] * 5
-        runs = self.runs_outputs(viewing) + self.buttons() if runs_key != old_runs_key else [skip] * 4
-        return [viewing, [list(key), list(runs_key)], *page, *runs]
+        key, runs_key, table_key = self.key(viewing), self.runs_key(), self.table_key()
+        old = [tuple(k) for k in shown] if shown and len(shown) == 3 else [(), (), ()]
+        out: dict = {self.viewing: viewing, self.shown: [list(key), list(runs_key), list(table_key)]}
+        if key != old[0]:
+            out.update(self.render(viewing))
+        if table_key != old[2]:
+            runs = self.studio.runs()
+            out[self.runs_table] = pd.DataFrame(run_rows(runs), columns=RUN_HEADERS)
+            if runs_key != old[1]:
+                out.update(self.runs_outputs(runs, viewing))
+                if old[1] and not (state is not None and state.active):
+                    out[self.message] = ""  # "Started…", "Resuming…" or "busy" ends with the run it was about
+        return out
 
-    def attach(self) -> list:
+    def attach(self) -> dict:
         """On page load: follow the running run, else show the newest run; same outputs as `tick`."""
         state = self.studio.state()
         if state is not None and state.active:
             viewing = state.run_id
         else:
             runs = self.studio.runs()
-            viewing = runs[0]["run_id"] if runs else ""
+            viewing = runs[0].run_id if runs else ""
         return self.tick(viewing, None)
 
-    def select(self, run_id: str | None) -> list:
+    def select(self, run_id: str | None) -> dict:
         """Show another run: same outputs as `tick`, redrawn."""
         return self.tick(run_id or "", None)
 
-    def start(self, request: gr.Request, *values: Any) -> list:
-        """Start a run from the Configure form: [message, viewing, shown, *Configure error outputs]."""
-        form = form_values(values)
-        _, problems = self.studio.check(form)
+    def processes_choice(self) -> dict:
+        """The processes dropdown: 1..max_processes, shown only where more than one is possible."""
+        most = max_processes(self.studio)
+        return gr.update(choices=list(range(1, most + 1)), value=1, visible=most > 1)
+
+    def start_kwargs(self, processes: Any) -> dict[str, int]:
+        """`processes=N` for `Studio.start` when more than one is chosen (and the backend can launch them)."""
+        count = int(processes or 1) if isinstance(processes, (int, float)) else 1
+        if count > 1 and "processes" in inspect.signature(self.studio.start).parameters:
+            return {"processes": count}
+        return {}
+
+    def start(self, request: gr.Request | None = None, processes: Any = 1, **values: Any) -> dict:
+        """Start a run from the Configure form (and the processes choice): {message, viewing, shown, *Configure error
+        outputs}."""
+        problems_out = self.config.error_outputs
+        _, problems = self.studio.check(values)
         if problems:
             first = next(iter(problems.values()))
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            return [
-                f"⚠ Not started: {plain(first)}{more}. Fix it in the Configure tab.",
-                gr.skip(),
-                gr.skip(),
-                *self.config.problem_updates(problems),
-            ]
+            text = f"⚠ Not started: {plain(first)}{more}. Fix it in the Configure tab."
+            return {self.message: text, **dict(zip(problems_out, self.config.problem_updates(problems), strict=True))}
         try:
-            state = self.studio.start(form, owner=owner_of(request))
+            state = self.studio.start(values, owner=owner_of(request), **self.start_kwargs(processes))
         except BusyError as exc:
             warn(str(exc))
-            return [f"⚠ {plain(exc)}", gr.skip(), gr.skip(), *self.config.problem_updates({})]
+            return {self.message: f"⚠ {plain(exc)}"}
         except UserError as exc:
-            field = getattr(exc, "field", None)
-            problem = {field: str(exc)} if field in self.config.fields else {}
-            return [f"⚠ Not started: {plain(exc)}", gr.skip(), gr.skip(), *self.config.problem_updates(problem)]
+            updates = self.config.exception_updates(exc) if getattr(exc, "field", None) in self.config.fields else []
+            return {self.message: f"⚠ Not started: {plain(exc)}", **dict(zip(problems_out, updates, strict=False))}
         except Exception as exc:  # never a traceback in the page
-            return [f"⚠ Not started: {plain(one_line(exc))}", gr.skip(), gr.skip(), *self.config.problem_updates({})]
+            return {self.message: f"⚠ Not started: {plain(one_line(exc))}"}
         message = (
             f"▶ Started run `{state.run_id}` at {time.strftime('%H:%M:%S')}. The model loads first (a few seconds), "
             "then the loss plot fills in."
         )
-        return [message, state.run_id, None, *self.config.problem_updates({})]
+        clean = dict(zip(problems_out, self.config.problem_updates({}), strict=True))
+        return {self.message: message, self.viewing: state.run_id, self.shown: None, **clean}
 
     def stop(self) -> str:
         if self.studio.stop():
             return "■ Stopping: the current step finishes and a checkpoint is saved, so you can resume later."
         return "Nothing is running."
 
-    def resume(self, request: gr.Request, run_id: str | None) -> list:
-        """[message, viewing, shown]."""
+    def resume(self, request: gr.Request | None, run_id: str | None) -> dict:
+        """{message, viewing, shown} (only the message when nothing resumes)."""
         if not run_id:
-            return ["Pick a run under *Runs* first.", gr.skip(), gr.skip()]
+            return {self.message: "Pick a run under *Runs* first."}
         try:
             state = self.studio.resume(run_id, owner=owner_of(request))
         except UserError as exc:
             warn(str(exc))
-            return [f"⚠ {plain(exc)}", gr.skip(), gr.skip()]
+            return {self.message: f"⚠ {plain(exc)}"}
         except Exception as exc:
-            return [f"⚠ Not resumed: {plain(one_line(exc))}", gr.skip(), gr.skip()]
-        return [f"▶ Resuming `{state.run_id}` from its last checkpoint.", state.run_id, None]
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return Path(path).stat().st_mtime
-    except OSError:
-        return 0.0
+            return {self.message: f"⚠ Not resumed: {plain(one_line(exc))}"}
+        return {
+            self.message: f"▶ Resuming `{state.run_id}` from its last checkpoint.",
+            self.viewing: state.run_id,
+            self.shown: None,
+        }
 
 
 def _samples_frame(headers: list[str], rows: list[list[str]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=headers or ["Held-out prompt", "Answer before training", "Answer now"])
 
 
-def _run_label(run: dict[str, Any]) -> str:
-    return f"{run['run_id']} · {run.get('status', '?')}"
+def _run_label(run: RunSummary) -> str:
+    return f"{run_title(run)} · {run.status} · {run.run_id}"
+
+
+def max_processes(studio: Studio) -> int:
+    """How many processes a run may use here (1 until the backend can launch process groups)."""
+    probe = getattr(studio, "max_processes", None)
+    try:
+        return max(1, int(probe())) if callable(probe) else 1
+    except Exception:  # a machine the backend cannot read: one process, as before
+        return 1
 
 
 # ----------------------------------------------------------------------------------------------- layout
 def build(studio: Studio) -> TrainTab:
     tab = TrainTab(studio)
     gr.Markdown(
-        "Train with the settings from *Configure*. The plot shows the training loss falling (and the evaluation "
-        "loss, if your data has an evaluation split). Below it, the same held-out questions are answered by the "
-        "model before training and now, so you can see the tuning take hold."
+        "Train with the settings from *Start* or *Configure*. The plot shows the training loss falling (and the "
+        "evaluation loss, if your data has an evaluation split). Below it, the same held-out questions are answered "
+        "by the model before training and now, so you can see the tuning take hold."
     )
-    with gr.Row():
+    tab.plan = gr.Markdown("", elem_id="train-plan", elem_classes=["fs-plan"])
+    tab.plan_stamp = gr.State("")
+    with gr.Row(equal_height=True):
+        tab.processes = gr.Dropdown(  # offered on page load (counting GPUs imports torch: not while building)
+            choices=[1],
+            value=1,
+            label="Processes (GPUs)",
+            info="More than one launches a process group (torchrun) on this machine.",
+            elem_id="train-processes",
+            visible=False,
+            scale=0,
+            min_width=180,
+        )
         tab.start_btn = gr.Button("Start training", variant="primary", elem_id="train-start", scale=0, min_width=170)
         tab.stop_btn = gr.Button(
             "Stop", variant="stop", elem_id="train-stop", scale=0, min_width=100, interactive=False
@@ -267,7 +399,7 @@ def build(studio: Studio) -> TrainTab:
     tab.progress = gr.HTML(progress_html(None), elem_id="train-progress")
     tab.problem = gr.Markdown("", elem_id="train-problem", elem_classes=["fs-problem"])
     with gr.Row(equal_height=False):
-        with gr.Column(scale=3):
+        with gr.Column(scale=3, min_width=300):
             tab.plot = gr.LinePlot(
                 EMPTY_LOSS,
                 x="step",
@@ -282,7 +414,23 @@ def build(studio: Studio) -> TrainTab:
                 elem_id="train-plot",
                 height=300,
             )
-        with gr.Column(scale=2):
+            tab.prefs = gr.HTML("", elem_id="train-prefs")
+            tab.prefs_plot = gr.LinePlot(
+                preference_frame([]),
+                x="step",
+                y="value",
+                color="series",
+                title="Preference: reward margin (chosen − rejected) and KL",
+                x_title="step",
+                y_title="",
+                color_map={"reward margin": "#16a34a", "KL": "#7c3aed"},
+                color_title="",
+                x_axis_format="d",
+                elem_id="train-prefs-plot",
+                height=200,
+                visible=False,
+            )
+        with gr.Column(scale=2, min_width=260):
             tab.log = gr.Textbox(
                 label="Log (latest)", lines=14, max_lines=14, interactive=False, elem_id="train-log", autoscroll=True
             )
@@ -292,6 +440,7 @@ def build(studio: Studio) -> TrainTab:
         interactive=False,
         wrap=True,
         elem_id="train-samples",
+        elem_classes=["fs-table"],
         column_widths=["20%", "40%", "40%"],
     )
     with gr.Accordion("Runs", open=True, elem_id="train-runs"):
@@ -299,7 +448,8 @@ def build(studio: Studio) -> TrainTab:
             pd.DataFrame(columns=RUN_HEADERS),
             interactive=False,
             elem_id="train-runs-table",
-            wrap=True,
+            elem_classes=["fs-table", "fs-nowrap"],
+            wrap=False,
             show_label=False,
         )
         with gr.Row():
@@ -309,9 +459,10 @@ def build(studio: Studio) -> TrainTab:
                 label="Run",
                 elem_id="train-run-pick",
                 scale=3,
+                min_width=240,
                 info="Show a past run, or resume a stopped / interrupted one.",
             )
-            tab.resume_btn = gr.Button("Resume", elem_id="train-resume", scale=0, min_width=110)
+            tab.resume_btn = gr.Button("Resume", elem_id="train-resume", scale=0, min_width=110, interactive=False)
             tab.refresh_btn = gr.Button("Refresh", elem_id="train-refresh", scale=0, min_width=110)
     tab.viewing = gr.State("")
     tab.shown = gr.State(None)
@@ -320,7 +471,7 @@ def build(studio: Studio) -> TrainTab:
 
 
 # ----------------------------------------------------------------------------------------------- events
-def wire(tab: TrainTab, config: ConfigTab, demo: gr.Blocks) -> None:
+def wire(tab: TrainTab, config: ConfigTab, demo: gr.Blocks, train_tab: Any = None) -> None:
     tab.config = config
     page = [
         tab.viewing,
@@ -328,20 +479,37 @@ def wire(tab: TrainTab, config: ConfigTab, demo: gr.Blocks) -> None:
         tab.progress,
         tab.problem,
         tab.plot,
+        tab.prefs,
+        tab.prefs_plot,
         tab.samples,
         tab.log,
         tab.runs_table,
         tab.run_pick,
         tab.start_btn,
         tab.stop_btn,
+        tab.resume_btn,
+        tab.message,
     ]
     quiet = {"show_progress": "hidden", "concurrency_limit": None}
     tab.timer.tick(tab.tick, [tab.viewing, tab.shown], page, api_name="status", **quiet)
     demo.load(tab.attach, None, page, api_visibility="undocumented", **quiet)
+    demo.load(tab.processes_choice, None, tab.processes, api_visibility="private", show_progress="hidden")
+    # What Start would run: said when the tab opens (pending first), shown only for the form it was computed for.
+    pending = {"queue": False, "show_progress": "hidden", "api_visibility": "private"}
+    for trigger in [demo.load] + ([train_tab.select] if train_tab is not None else []):
+        trigger(lambda: "⏳ Reading the settings and estimating the memory…", None, tab.plan, **pending).then(
+            tab.describe,
+            None,
+            [tab.plan, tab.plan_stamp],
+            inputs_kwargs=config.form,
+            api_visibility="private",
+            show_progress="hidden",
+        ).then(tab.show_plan, [tab.plan, tab.plan_stamp], tab.plan, inputs_kwargs=config.form, **pending)
     tab.start_btn.click(
         tab.start,
-        config.inputs,
+        None,
         [tab.message, tab.viewing, tab.shown, *config.error_outputs],
+        inputs_kwargs={**config.form, "processes": tab.processes},  # the form first: API clients send it in order
         api_name="start",
         concurrency_limit=None,
     )
