@@ -18,6 +18,9 @@ from finetune.config import TrainConfig
 from finetune.errors import UserError
 
 SAMPLE_ROWS = 2000  # rows tokenised at most: percentiles are stable well before this, and it takes about a second
+CHARS_PER_TOKEN = 4  # English text in a BPE vocabulary: the stand-in when no tokenizer can be loaded
+TEMPLATE_TOKENS = 4  # role markers and separators a chat template adds per message (ChatML: 4-5)
+RENDERED_KINDS = ("text", "prompt_completion", "messages", "classification")  # what data.render_segments renders
 _CACHE: OrderedDict[tuple, DataStats] = OrderedDict()
 _CACHE_SIZE = 16
 _LOCK = threading.Lock()
@@ -142,7 +145,8 @@ def _data_stamp(config: TrainConfig) -> int:
 
 
 def _tokenizer_for(config: TrainConfig, notes: list[str]) -> tuple[Any, str]:
-    """The model's own tokenizer; when it cannot be loaded (offline, gated), the embedded model's, said in a note."""
+    """The model's own tokenizer; when it cannot be loaded (offline, gated), the embedded model's if it is ready on
+    disk, else None (lengths estimated from characters); either stand-in is said in a note."""
     from finetune import models
     from finetune.config import EMBEDDED_MODEL
 
@@ -151,11 +155,16 @@ def _tokenizer_for(config: TrainConfig, notes: list[str]) -> tuple[Any, str]:
     except UserError:
         if config.model == EMBEDDED_MODEL:
             raise
+    if (models.embedded_cache_dir() / "tokenizer_config.json").is_file():  # converted already: loads in 0.3 s
+        notes.append(
+            f"counted with the embedded SmolLM2 tokenizer: {config.model}'s own could not be loaded here "
+            "(counts differ by tokenizer, typically within 20%)"
+        )
+        return models.load_tokenizer(config.replace(model=EMBEDDED_MODEL)), EMBEDDED_MODEL
     notes.append(
-        f"counted with the embedded SmolLM2 tokenizer: {config.model}'s own could not be loaded here "
-        "(lengths differ by tokenizer, typically within 20%)"
+        f"estimated at {CHARS_PER_TOKEN} characters per token: {config.model}'s tokenizer could not be loaded here"
     )
-    return models.load_tokenizer(config.replace(model=EMBEDDED_MODEL)), EMBEDDED_MODEL
+    return None, f"about {CHARS_PER_TOKEN} characters per token"
 
 
 def _measure(config: TrainConfig, tokenizer: Any, name: str, notes: list[str]) -> DataStats:
@@ -174,8 +183,38 @@ def _row_length(row: dict[str, Any], fmt: Any, tokenizer: Any) -> int:
     """Tokens in one row, uncut: the chat template or prompt/completion rendering training uses."""
     from finetune import data
 
+    if tokenizer is None:
+        return _estimated_length(row, fmt)
     if fmt.kind == "classification":
         pair = data.text_value(row[fmt.columns["text_pair"]]) if "text_pair" in fmt.columns else None
         return len(tokenizer(data.text_value(row[fmt.columns["text"]]), pair)["input_ids"])
+    if fmt.kind not in RENDERED_KINDS:  # preference pairs: the prompt with its longer answer is what a step holds
+        return _estimated_length(row, fmt, tokenizer)
     segments = data.render_segments(row, fmt, tokenizer)
     return sum(len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text, _ in segments)
+
+
+def _estimated_length(row: dict[str, Any], fmt: Any, tokenizer: Any = None) -> int:
+    """Tokens of a row from its text alone: counted with `tokenizer`, else characters / CHARS_PER_TOKEN, plus a few
+    tokens of template per message; preference rows count the prompt and the longer answer."""
+    from finetune import data
+
+    def tokens(text: str) -> int:
+        if tokenizer is not None:
+            return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        return -(-len(text) // CHARS_PER_TOKEN)
+
+    pieces: list[int] = []
+    for role, column in fmt.columns.items():
+        value = row.get(column)
+        if role == "label" or value is None:
+            continue
+        if role == "messages":
+            messages = data.message_list(value)
+            pieces.append(sum(tokens(m["content"]) + TEMPLATE_TOKENS for m in messages))
+        else:
+            pieces.append(tokens(data.text_value(value)) + TEMPLATE_TOKENS)
+    if fmt.kind in ("preference",) and {"chosen", "rejected"} <= set(fmt.columns):
+        answers = [tokens(data.text_value(row[fmt.columns[k]])) for k in ("chosen", "rejected")]
+        return sum(pieces) - sum(answers) + max(answers)
+    return sum(pieces)

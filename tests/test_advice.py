@@ -1,0 +1,164 @@
+"""Advice that keeps the task feasible: combinations ranked by an honest cost (slowdown, what is trained, data cut
+off measured on the data's own token lengths), the 8B QLoRA case on a 24 GB card, and the first screen's proposal."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from finetune import memory
+from finetune.config import FIELDS, TrainConfig
+from finetune.data_stats import data_stats
+from finetune.studio import Studio
+from tests.helpers import tiny_config, write_jsonl
+
+WORDS = "the ship sails at dawn and the crew sings "  # 42 characters
+
+
+@pytest.fixture(scope="module")
+def long_rows(tmp_path_factory) -> Path:
+    """50 text rows of 2500 to 15000 characters: many longer than 512 tokens in any tokenizer."""
+    rows = [{"text": WORDS * (60 + 50 * (i % 7))} for i in range(50)]
+    return write_jsonl(tmp_path_factory.mktemp("long") / "long.jsonl", rows)
+
+
+@pytest.fixture(scope="module")
+def short_rows(tmp_path_factory) -> Path:
+    """40 prompt/completion rows, each well under 128 tokens."""
+    rows = [{"prompt": f"Question {i}?", "completion": "Arr! " * (1 + i % 9)} for i in range(40)]
+    return write_jsonl(tmp_path_factory.mktemp("short") / "short.jsonl", rows)
+
+
+def fitting_capacity(config: TrainConfig, share: float = 0.6) -> float:
+    """GiB that hold `share` of what the run needs on the CPU (so it does not fit as it is)."""
+    return share * memory.estimate(config, device="cpu").total_bytes / memory.GiB
+
+
+# ----------------------------------------------------------------------------- the data's token lengths
+
+
+def test_data_stats_count_the_tokens_training_sees(tiny_model_dir, long_rows):
+    from transformers import AutoTokenizer
+
+    config = tiny_config(tiny_model_dir, dataset=str(long_rows), max_seq_length=512)
+    stats = Studio().data_stats(config.to_dict())
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rows = [json.loads(line)["text"] for line in long_rows.read_text().splitlines()]
+    eos = tokenizer.eos_token
+    expected = sorted(len(tokenizer(text + eos, add_special_tokens=False)["input_ids"]) for text in rows)
+    assert stats.rows == 50 and stats.lengths == expected and not stats.sampled
+    assert stats.p50 <= stats.p90 <= stats.p99 <= stats.max == expected[-1]
+    assert stats.fit_share == sum(n <= 512 for n in expected) / 50
+    assert stats.tokens_lost(512) == pytest.approx(sum(max(0, n - 512) for n in expected) / sum(expected))
+    assert stats.tokens_lost(stats.max) == 0.0 and "50 rows" in stats.summary()
+
+
+def test_without_the_models_tokenizer_lengths_are_estimated_and_said(long_rows):
+    """A Hub model offline (conftest sets HF_HUB_OFFLINE=1) and no embedded tokenizer on disk: characters / 4."""
+    config = TrainConfig(model="meta-llama/Llama-3.1-8B", dataset=str(long_rows))
+    stats = data_stats(config)
+    assert stats.max == -(-len(WORDS * 360) // 4) + 4 and "characters per token" in stats.notes[0]
+
+
+# ----------------------------------------------------------------------------- ranking
+
+
+def test_cutting_rows_that_are_all_shorter_is_free(tiny_model_dir, short_rows):
+    config = tiny_config(
+        tiny_model_dir, dataset=str(short_rows), method="full", per_device_train_batch_size=8, max_seq_length=512
+    )
+    est = memory.estimate(config, device="cpu", gpu_gib=fitting_capacity(config))
+    assert est.fits is False and est.advice
+    shorter = [a for a in est.advice if "max_seq_length" in a.changes]
+    assert shorter and all(a.keeps_data and "every row still fits" in a.cost for a in shorter)
+    assert est.advice[0].keeps_data and est.advice[0].fits
+
+
+def test_cutting_long_rows_is_costed_and_ranked_after_options_that_keep_them(tiny_model_dir, long_rows):
+    config = tiny_config(
+        tiny_model_dir, dataset=str(long_rows), method="full", per_device_train_batch_size=8, max_seq_length=512
+    )
+    est = memory.estimate(config, device="cpu", gpu_gib=fitting_capacity(config))
+    assert est.advice and est.advice[0].keeps_data
+    cuts = [a for a in est.advice if "max_seq_length" in a.changes]
+    for a in cuts:
+        assert a.data_lost == pytest.approx(data_stats(config).tokens_lost(a.changes["max_seq_length"]))
+        assert a.data_lost > 0.01 and "cuts" in a.cost
+    whole = [a.keeps_data for a in est.advice]
+    assert whole == sorted(whole, reverse=True)  # every option that keeps the data before any that cuts it
+    for a in est.advice:
+        assert config.replace(**a.changes).effective_batch_size == config.effective_batch_size
+        assert "time" in a.cost or "speed" in a.cost  # each option states its speed cost
+
+
+# ----------------------------------------------------------------------------- the 8B QLoRA case (issue 17)
+
+
+@pytest.fixture(scope="module")
+def llama_8b_qlora(long_rows) -> TrainConfig:
+    """meta-llama/Llama-3.1-8B from the bundled catalogue (offline), QLoRA, batch 8 x 2048 tokens, long rows."""
+    return TrainConfig(
+        model="meta-llama/Llama-3.1-8B",
+        dataset=str(long_rows),
+        method="qlora",
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=1,
+        max_seq_length=2048,
+    )
+
+
+def test_8b_qlora_on_a_24gb_card_keeps_2048_tokens_and_batch_8(llama_8b_qlora, capsys):
+    card = memory.GPU_CARDS["L4 (24 GB)"]  # 22.0 GiB usable: the tightest 24 GB card
+    memory.estimate(llama_8b_qlora, device="cuda")  # the replay of the settings as given (cached afterwards)
+    started = time.monotonic()
+    est = memory.estimate(llama_8b_qlora, device="cuda", gpu_gib=card)
+    advice_seconds = time.monotonic() - started
+    assert est.fits is False and est.advice
+    top = est.advice[0]
+    chosen = llama_8b_qlora.replace(**top.changes)
+    assert chosen.max_seq_length == 2048 and chosen.effective_batch_size == 8 and top.keeps_data
+    assert chosen.gradient_checkpointing and chosen.method == "qlora"
+    assert top.fits and top.new_total_bytes <= card * memory.GiB
+    assert advice_seconds < 20, f"advice took {advice_seconds:.1f} s"
+
+    # `estimate --json` gives the same ranked list.
+    parser = argparse.ArgumentParser(prog="finetune")
+    memory.register_cli(parser.add_subparsers(dest="command", required=True))
+    sets = [a for k in ("model", "dataset", "method", "per_device_train_batch_size", "max_seq_length")
+            for a in ("--set", f"{k}={getattr(llama_8b_qlora, k)}")]  # fmt: skip
+    args = parser.parse_args(["estimate", *sets, "--set", "gradient_accumulation_steps=1", "--gpu-gib", "l4", "--json"])
+    assert args.func(args) == 0
+    listed = json.loads(capsys.readouterr().out)["advice"]
+    assert [(a["title"], a["changes"], a["cost"]) for a in listed] == [(a.title, a.changes, a.cost) for a in est.advice]
+
+
+# ----------------------------------------------------------------------------- the first screen's proposal
+
+
+def test_proposal_is_a_complete_configuration_that_fits_with_reasons(tiny_model_dir, short_rows):
+    asked = tiny_config(
+        tiny_model_dir, dataset=str(short_rows), method="full", per_device_train_batch_size=8, max_seq_length=512
+    )
+    capacity = fitting_capacity(asked, 0.5)
+    proposal = Studio().propose(asked.to_dict(), device="cpu", gpu_gib=capacity)
+    assert set(proposal.values) == set(FIELDS)
+    chosen = TrainConfig.from_dict(proposal.values)
+    assert proposal.fits is True and proposal.estimate.fits and proposal.estimate.total_bytes <= capacity * memory.GiB
+    assert chosen.effective_batch_size == asked.effective_batch_size
+    longest = data_stats(asked).max
+    assert longest <= chosen.max_seq_length < 512  # every row still whole, less memory promised
+    assert proposal.changes == {k: v for k, v in proposal.values.items() if asked.to_dict()[k] != v}
+    assert 2 <= len(proposal.reasons) <= 4 and all(r.endswith(".") for r in proposal.reasons)
+    assert any("fits" in r for r in proposal.reasons)
+
+
+def test_proposal_keeps_settings_that_already_fit(tiny_model_dir):
+    asked = tiny_config(tiny_model_dir)  # 64 tokens: the short mini data fits whole
+    proposal = Studio().propose(asked.to_dict(), device="cpu", gpu_gib=64.0)
+    assert proposal.fits is True and proposal.estimate.advice == []
+    assert TrainConfig.from_dict(proposal.values).effective_batch_size == asked.effective_batch_size
+    assert "LoRA trains small adapters" in proposal.reasons[0]
