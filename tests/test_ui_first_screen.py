@@ -191,7 +191,8 @@ def test_chat_answers_with_the_run(page, server, tiny_model_dir):
 
 # ----------------------------------------------------------------------------------------------- stale answers
 def test_an_answer_for_changed_choices_is_dropped(studio_home, tiny_model_dir, data_file):
-    """Two requests in a row from one page: the first one's answer, arriving last, changes nothing."""
+    """A request made stale before it starts is skipped; one whose choices change while it is worked out is
+    dropped when it ends (it would overwrite the newer choices' settings); the newest one is shown."""
     from finetune.studio import Studio
     from ui.app import build_app
 
@@ -208,16 +209,26 @@ def test_an_answer_for_changed_choices_is_dropped(studio_home, tiny_model_dir, d
         return answer
 
     first = choose()
-    old = dict(page)  # the first request, still being answered when the user changes a choice
+    old = dict(page)  # the page as the first request saw it
     second = choose()
     assert second[tab.proposal_ticket] == first[tab.proposal_ticket] + 1
-    stale = tab.propose(old)
-    assert stale and all(_skipped(v) for v in stale.values())
+    assert all(_skipped(v) for v in tab.propose(old).values())  # stale before it started
+    assert all(_skipped(v) for v in tab.look_at_data(old).values())
+
+    real_propose = ui.studio.propose
+
+    def propose_while_the_user_changes_a_choice(*args, **kwargs):
+        choose()
+        return real_propose(*args, **kwargs)
+
+    ui.studio.propose = propose_while_the_user_changes_a_choice
+    current = dict(page)
+    dropped = tab.propose(current)
+    assert dropped and all(_skipped(v) for v in dropped.values())
+    ui.studio.propose = real_propose
     fresh = tab.propose(page)
     assert "Proposed for this computer's CPU" in fresh[tab.proposal]
     assert "What Start will run" in fresh[tab.summary] and fresh[tab.proposed]["values"]["model"] == str(tiny_model_dir)
-    stale_data = tab.look_at_data(old)
-    assert stale_data and all(_skipped(v) for v in stale_data.values())
     assert "48" in tab.look_at_data(page)[tab.data_info]
 
 

@@ -306,6 +306,8 @@ class StartTab:
         choices changed while it was worked out."""
         session = session_of(request)
         ticket = data.get(self.proposal_ticket)
+        if not self.tickets.current(session, "proposal", ticket):
+            return {self.proposal: gr.skip()}  # the choices changed while this request waited its turn
         form = self.form(data)
         device, gpus, gib, where = self.hardware_of(data)
         if not hasattr(self.studio, "propose"):
@@ -341,18 +343,29 @@ class StartTab:
         """The data's token-length statistics and its first examples as the model sees them (dropped if stale)."""
         session = session_of(request)
         ticket = data.get(self.data_ticket)
+        if not self.tickets.current(session, "data", ticket):
+            return {self.data_info: gr.skip()}
         form = self.form(data)
-        try:
-            parts = []
-            if hasattr(self.studio, "data_stats"):
-                parts.append(f"<p>{_md_bold(stats_text(self.studio.data_stats(form), form.get('max_seq_length')))}</p>")
-            parts.append(preview_html(self.studio.preview_data(form, n=2)))
-            answer = {self.data_info: "".join(parts)}
-        except UserError as exc:
-            answer = {self.data_info: f"<p class='fs-problem'>⚠ {plain(exc)}</p>"}
-        except Exception as exc:
-            answer = {self.data_info: f"<p class='fs-problem'>⚠ Cannot read the data: {plain(one_line(exc))}</p>"}
+        stats, preview = self._stats_html(form), self._preview_html(form)
+        answer = {self.data_info: stats if stats == preview else stats + preview}  # one problem said once
         return answer if self.tickets.current(session, "data", ticket) else _skip(answer)
+
+    def _stats_html(self, form: dict[str, Any]) -> str:
+        """The statistics line, or why there is none (the preview below may still work, and the other way round)."""
+        try:
+            return f"<p>{_md_bold(plain(stats_text(self.studio.data_stats(form), form.get('max_seq_length'))))}</p>"
+        except UserError as exc:
+            return f"<p class='fs-problem'>⚠ {plain(exc)}</p>"
+        except Exception as exc:
+            return f"<p class='fs-problem'>⚠ No token statistics: {plain(one_line(exc))}</p>"
+
+    def _preview_html(self, form: dict[str, Any]) -> str:
+        try:
+            return preview_html(self.studio.preview_data(form, n=2))
+        except UserError as exc:
+            return f"<p class='fs-problem'>⚠ {plain(exc)}</p>"
+        except Exception as exc:
+            return f"<p class='fs-problem'>⚠ Cannot preview the data: {plain(one_line(exc))}</p>"
 
     def show(self, data: dict) -> dict:
         """On opening the tab and on page load: the choices and the summary as the shared form says now (on load,
@@ -520,26 +533,31 @@ def wire(tab: StartTab, config: ConfigTab, train: Any, tabs: Any, start_tab: Any
     """Connect the first screen to the shared form, the Train tab and the tab bar."""
     tab.config, tab.train, tab.tabs = config, train, tabs
     quick = {"queue": False, "show_progress": "hidden", "api_visibility": "private"}
-    slow = {"api_visibility": "private", "show_progress": "minimal"}
+    # One proposal and one data reading at a time per app: a queued request already stale is skipped at once.
+    proposing = {"api_visibility": "private", "show_progress": "minimal", "concurrency_id": "start-propose"}
+    reading = {"api_visibility": "private", "show_progress": "minimal", "concurrency_id": "start-data"}
     form_out = [config.fields[n] for n in ("model", "dataset", "task", "objective")]
     proposal_out = [*config.fields.values(), tab.proposal, tab.summary, tab.proposed]
     pending = [*form_out, tab.data, tab.data_ticket, tab.proposal_ticket, tab.data_info, tab.proposal, tab.message]
+
+    def then_propose(event: Any) -> None:
+        # The data is read again after the proposal: its share of rows that fit uses the proposed length.
+        proposed = event.then(tab.propose, tab.inputs, proposal_out, **proposing)
+        proposed.then(tab.look_at_data, tab.inputs, [tab.data_info], **reading)
+
+    def then_look_and_propose(event: Any) -> None:
+        event.then(tab.look_at_data, tab.inputs, [tab.data_info], **reading)
+        then_propose(event)
+
     for trigger in (tab.model.input, tab.data.input, tab.goal.input):
-        chosen = trigger(tab.choose, tab.inputs, pending, **quick)
-        chosen.then(tab.look_at_data, tab.inputs, [tab.data_info], **slow)
-        chosen.then(tab.propose, tab.inputs, proposal_out, **slow)
-    hardware = tab.hardware.input(
-        tab.choose_hardware, tab.inputs, [tab.proposal_ticket, tab.card, tab.gpus, tab.proposal, tab.message], **quick
-    )
-    hardware.then(tab.propose, tab.inputs, proposal_out, **slow)
+        then_look_and_propose(trigger(tab.choose, tab.inputs, pending, **quick))
+    hardware_out = [tab.proposal_ticket, tab.card, tab.gpus, tab.proposal, tab.message]
+    then_propose(tab.hardware.input(tab.choose_hardware, tab.inputs, hardware_out, **quick))
     asked = [tab.proposal_ticket, tab.proposal, tab.message]
-    for trigger in (tab.card.input, tab.gpus.submit, tab.gpus.blur):
-        trigger(tab.ask_proposal, None, asked, **quick).then(tab.propose, tab.inputs, proposal_out, **slow)
-    tab.propose_btn.click(tab.ask_proposal, None, asked, **quick).then(tab.propose, tab.inputs, proposal_out, **slow)
+    for trigger in (tab.card.input, tab.gpus.submit, tab.gpus.blur, tab.propose_btn.click):
+        then_propose(trigger(tab.ask_proposal, None, asked, **quick))
     uploaded = tab.upload.upload(tab.use_upload, tab.upload, [tab.data, tab.message], api_visibility="private")
-    chosen = uploaded.then(tab.choose, tab.inputs, pending, **quick)
-    chosen.then(tab.look_at_data, tab.inputs, [tab.data_info], **slow)
-    chosen.then(tab.propose, tab.inputs, proposal_out, **slow)
+    then_look_and_propose(uploaded.then(tab.choose, tab.inputs, pending, **quick))
     shown = [tab.model, tab.data, tab.goal, tab.summary]
     start_tab.select(tab.show, tab.inputs, shown, **quick)
     demo.load(tab.show, {*tab.inputs, config.saved}, shown, **quick)
