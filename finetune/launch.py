@@ -377,7 +377,7 @@ def _spawn_supervisor(run: RunDir, lock: Any) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")]))}
     with open(run.path / LOG_FILE, "ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "finetune.process_group", str(run.path)],
+            [sys.executable, "-m", "finetune.process_group", str(run.path), str(lock.fileno())],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,

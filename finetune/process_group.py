@@ -18,6 +18,7 @@ status it writes `failed` with the first failing rank's error in one line.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -158,8 +159,9 @@ class GroupProgress(Progress):
 
 
 # --------------------------------------------------------------------------- the supervisor
-def supervise(run_path: Path) -> int:
-    """Run the launcher command of launch.json, wait for it, and settle the run's final status."""
+def supervise(run_path: Path, lock_fd: int | None = None) -> int:
+    """Run the launcher command of launch.json, wait for it, and settle the run's final status. `lock_fd`: the
+    device lock inherited from `launch`, held until the end (then its holder line is cleared, as a release does)."""
     run = RunDir(Path(run_path))
     record = read_group(run.path)
     env = {**os.environ, GROUP_ENV: str(run.path)}
@@ -182,6 +184,9 @@ def supervise(run_path: Path) -> int:
                 continue
     settle(run, code)
     stop_path(run.path).unlink(missing_ok=True)
+    if lock_fd is not None:
+        with contextlib.suppress(OSError):
+            os.ftruncate(lock_fd, 0)
     return 0
 
 
@@ -249,8 +254,8 @@ def _log_tail(path: Path, limit: int = 200_000) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m finetune.process_group RUN_DIR`: the supervisor (started by `launch`, never by hand)."""
-    return supervise(Path(argv[0]))
+    """`python -m finetune.process_group RUN_DIR [LOCK_FD]`: the supervisor (started by `launch`, never by hand)."""
+    return supervise(Path(argv[0]), int(argv[1]) if len(argv) > 1 else None)
 
 
 if __name__ == "__main__":

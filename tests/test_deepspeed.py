@@ -292,6 +292,8 @@ def test_trainer_path_zero2_with_cpu_optimizer_offload(tiny_model_dir, monkeypat
     assert used["zero_optimization"]["stage"] == 2
     assert used["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
     assert used["train_batch_size"] == 4 and used["optimizer"]["params"]["lr"] == config.learning_rate
+    # The same config sits in the run directory, as the DeepSpeed engine writes its own (README: ds_config.json).
+    assert read_json(run.path / "ds_config.json") == used
     assert_world_torn_down()
 
     # The process-wide DeepSpeed state is gone: a plain Trainer run in the same process is not affected.
@@ -301,3 +303,21 @@ def test_trainer_path_zero2_with_cpu_optimizer_offload(tiny_model_dir, monkeypat
     plain = RunManager().start(tiny_config(tiny_model_dir, max_steps=2, save_steps=2), background=False)
     assert plain.status == "completed", plain.error
     assert not list((Path(plain.run_dir) / "checkpoint-2").glob("global_step*"))  # no DeepSpeed this time
+
+
+def test_deepspeed_checkpoints_keep_each_ranks_random_state_for_resume(tmp_path):
+    """What a resumed DeepSpeed run draws (dropout masks) is what the run would have drawn had it not stopped."""
+    import random
+
+    import numpy as np
+
+    from finetune.engines.deepspeed_engine import load_rng_state, save_rng_state
+
+    torch.manual_seed(1), random.seed(1), np.random.seed(1)
+    save_rng_state(tmp_path, rank=1)
+    expected = (torch.rand(3), random.random(), np.random.rand())
+    torch.manual_seed(2), random.seed(2), np.random.seed(2)  # a new process starts elsewhere
+    assert not load_rng_state(tmp_path, rank=0)  # another rank's state is not taken
+    assert load_rng_state(tmp_path, rank=1)
+    again = (torch.rand(3), random.random(), np.random.rand())
+    assert torch.equal(expected[0], again[0]) and expected[1:] == again[1:]

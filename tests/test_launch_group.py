@@ -1,0 +1,195 @@
+"""Runs the project launches itself as a detached group of 2 processes on the CPU (gloo): `python -m finetune launch`
+(--follow), `stop`, `launch --resume`, a rank killed mid-run, the app finding a launched run from its files, and one
+line for every bad launch flag. Each launch is a real torchrun group training the tiny model for a few steps."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from finetune.atomic import read_json
+from finetune.cli import main
+from finetune.device_lock import DeviceLock
+from finetune.process_group import STOP_FILE, group_alive, read_group
+from finetune.rundir import RunDir
+from tests.helpers import events_size, raw_events, tiny_config
+
+ROOT = Path(__file__).resolve().parents[1]
+GROUP_TIMEOUT_S = 400  # a 2-process start on a busy 2-core machine (DeepSpeed may JIT-build its op once)
+
+
+def child_env(home: Path) -> dict[str, str]:
+    """This repository importable, the test's studio home."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, "FINETUNE_STUDIO_HOME": str(home)}
+
+
+def cli(*args: str, home: Path, timeout: int = GROUP_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """`python -m finetune ARGS` in a child process, as a user types it."""
+    return subprocess.run(
+        [sys.executable, "-m", "finetune", *args],
+        capture_output=True,
+        text=True,
+        env=child_env(home),
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+def wait_for(condition, what: str, timeout: float = GROUP_TIMEOUT_S) -> float:
+    """Poll `condition()` until true; returns the seconds it took."""
+    start = time.monotonic()
+    while not condition():
+        assert time.monotonic() - start < timeout, f"timed out waiting for {what}"
+        time.sleep(0.2)
+    return time.monotonic() - start
+
+
+def status(run: Path) -> dict:
+    return RunDir(run).read_status()
+
+
+def assert_group_gone(run: Path) -> None:
+    """Every process of the group has ended and the device is free again."""
+    record = read_group(run)
+    assert not group_alive(run), record
+    assert len(record["rank_pids"]) == 2
+    lock = DeviceLock(run.parent)
+    lock.acquire({"run_id": "next"})  # free: the next run may start (BusyError otherwise)
+    lock.release()
+
+
+# --------------------------------------------------------------------------- bad input: one line, nothing started
+@pytest.mark.parametrize(
+    "flags, field",
+    [
+        (["--nproc", "999"], "--nproc"),
+        (["--nproc", "0"], "--nproc"),
+        (["--gpus", "0,1"], "--gpus"),  # this machine has no GPU
+        (["--launcher", "mpirun"], "--launcher"),
+    ],
+)
+def test_bad_launch_flags_are_refused_in_one_line_before_anything_starts(
+    tiny_model_dir, tmp_path, studio_home, capsys, flags, field
+):
+    config = tiny_config(tiny_model_dir)
+    config.save(tmp_path / "run.yaml")
+    code = main(["launch", "--config", str(tmp_path / "run.yaml"), *flags])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith(f"error: {field}:") and "\n" not in err, err
+    assert not (studio_home / "runs").is_dir() or not [p for p in (studio_home / "runs").iterdir()]
+
+
+def test_resume_refuses_a_running_or_finished_run_and_stop_refuses_an_idle_one(tiny_model_dir, studio_home, capsys):
+    runs = studio_home / "runs"
+    for name, state in (("running", "running"), ("done", "completed")):
+        run = RunDir(runs / name)
+        run.path.mkdir(parents=True)
+        run.write_config(tiny_config(tiny_model_dir))
+        run.write_status({"status": state, "pid": os.getpid(), "step": 2})  # this live process "runs" it
+        (run.path / "checkpoint-2").mkdir()
+    assert main(["launch", "--resume", str(runs / "running")]) == 2
+    assert "error: --resume: running is still running" in capsys.readouterr().err
+    assert main(["launch", "--resume", "done"]) == 2
+    assert "error: --resume: done already completed" in capsys.readouterr().err
+    assert main(["stop", "done"]) == 2
+    assert "error: run_dir: done is not running (it is completed)" in capsys.readouterr().err
+    assert not (runs / "done" / STOP_FILE).exists()
+
+
+# --------------------------------------------------------------------------- real groups
+def test_zero2_trainer_launched_and_followed_to_the_end(tiny_model_dir, tmp_path, studio_home):
+    """ZeRO-2 through the Trainer, 2 ranks: `launch --follow` prints the run directory, follows with train's
+    progress and ends with the summary line; rank 0 alone wrote the run, which records world_size 2 and the
+    DeepSpeed config as the Trainer filled it in."""
+    config = tiny_config(tiny_model_dir, zero_stage=2, max_steps=4, save_steps=2, per_device_train_batch_size=2)
+    config.save(tmp_path / "run.yaml")
+    done = cli("launch", "--config", str(tmp_path / "run.yaml"), "--nproc", "2", "--follow", home=studio_home)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    run = Path(lines[0])
+    assert run.parent == studio_home / "runs"
+    assert lines[-1].startswith("completed: step 4/4") and str(run) in lines[-1], lines[-1]
+    final = status(run)
+    assert final["status"] == "completed" and final["world_size"] == 2
+    assert RunDir(run).has_final_model()
+    assert {e["world_size"] for e in RunDir(run).read_events(("status",))} == {2}
+    ds = read_json(run / "ds_config.json")
+    assert ds["zero_optimization"]["stage"] == 2 and ds["train_batch_size"] == 2 * 2  # "auto" resolved: 2 × 1 × 2
+    assert [e["step"] for e in raw_events(run)] == [1, 2, 3, 4]  # one log line per step: rank 0 alone writes
+    assert_group_gone(run)
+
+
+def test_zero3_engine_stopped_then_resumed_with_the_same_processes(tiny_model_dir, tmp_path, studio_home):
+    """ZeRO-3 through the engine loop, 2 ranks, detached: the app (a fresh Studio, as after a restart) finds it
+    running from its files; `stop` ends it with a checkpoint from both ranks; `launch --resume --follow` continues
+    from there with 2 processes and trains only the steps after the checkpoint."""
+    from finetune.studio import Studio
+
+    config = tiny_config(
+        tiny_model_dir,
+        backend="deepspeed",
+        zero_stage=3,
+        max_steps=60,
+        save_steps=100,
+        per_device_train_batch_size=2,
+        lora_dropout=0.0,
+    )
+    config.save(tmp_path / "run.yaml")
+    started = cli("launch", "--config", str(tmp_path / "run.yaml"), "--nproc", "2", home=studio_home, timeout=60)
+    assert started.returncode == 0, started.stderr[-3000:]
+    run = Path(started.stdout.strip().splitlines()[-1])
+    try:
+        wait_for(lambda: status(run).get("step", 0) >= 2, "step 2")
+        app = Studio(runs_root=studio_home / "runs")
+        seen = app.state()
+        assert seen is not None and seen.status == "running" and seen.world_size == 2 and seen.step >= 2, seen
+        assert [r.status for r in app.runs() if r.run_id == run.name] == ["running"]
+    finally:
+        stopped = cli("stop", str(run), home=studio_home, timeout=60)
+    assert stopped.returncode == 0, stopped.stderr
+    wait_for(lambda: not group_alive(run), "the group to end")
+    final = status(run)
+    assert final["status"] == "stopped" and 2 <= final["step"] < 60, final
+    step = final["step"]
+    checkpoint = RunDir(run).last_checkpoint()
+    assert checkpoint is not None and checkpoint.name == f"checkpoint-{step}"
+    assert sorted(p.name for p in checkpoint.glob("rng_state_*.pth")) == ["rng_state_0.pth", "rng_state_1.pth"]
+    assert len(list(checkpoint.glob("*zero_pp_rank_*_optim_states.pt"))) == 2
+    assert not (run / STOP_FILE).exists()
+    assert_group_gone(run)
+
+    mark = events_size(run)
+    resumed = cli("launch", "--resume", str(run), "--set", f"max_steps={step + 2}", "--follow", home=studio_home)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    final = status(run)
+    assert final["status"] == "completed" and final["step"] == step + 2 and final["world_size"] == 2
+    assert [e["step"] for e in raw_events(run, mark)] == [step + 1, step + 2]
+    assert read_group(run)["nproc"] == 2
+    assert RunDir(run).has_final_model()
+
+
+def test_a_rank_killed_mid_run_fails_the_run_in_one_line_within_seconds(tiny_model_dir, tmp_path, studio_home):
+    config = tiny_config(
+        tiny_model_dir, backend="deepspeed", zero_stage=2, max_steps=200, save_steps=100, per_device_train_batch_size=2
+    )
+    config.save(tmp_path / "run.yaml")
+    started = cli("launch", "--config", str(tmp_path / "run.yaml"), "--nproc", "2", home=studio_home, timeout=60)
+    assert started.returncode == 0, started.stderr[-3000:]
+    run = Path(started.stdout.strip().splitlines()[-1])
+    wait_for(lambda: status(run).get("step", 0) >= 1, "step 1")
+    rank_pids = read_group(run)["rank_pids"]
+    os.kill(rank_pids[1], signal.SIGKILL)
+    took = wait_for(lambda: not group_alive(run), "the group to end", timeout=120)
+    final = status(run)
+    assert final["status"] == "failed", final
+    assert final["error"] == f"rank 1 (pid {rank_pids[1]}) was killed by SIGKILL", final["error"]
+    assert took < 60, f"the other rank took {took:.0f}s to go down"
+    print(f"rank 1 killed: the group was down and the run marked failed {took:.1f}s later")
+    assert_group_gone(run)
