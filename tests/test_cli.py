@@ -201,6 +201,35 @@ def test_bad_input_table_gets_one_line_errors_and_no_run_directory(tiny_model_di
     assert list_runs(studio_home / "runs") == []  # no half-written run directory anywhere
 
 
+def launch_bad_cases(tmp: Path) -> list[tuple[list[str], str]]:
+    """(arguments, expected one-line error) for `launch` and `stop` (a CPU machine: no GPUs)."""
+    cores = os.cpu_count() or 1
+    return [
+        (["launch", "--nproc", str(cores + 1)], f"--nproc: {cores + 1} processes on a CPU with {cores} cores"),
+        (["launch", "--nproc", "0"], "--nproc: 0 must be a whole number ≥ 1"),
+        (["launch", "--nproc", "2", "--gpus", "0,1"], "--gpus: 0,1: this machine has no GPU"),
+        (["launch", "--nproc", "2", "--launcher", "mpirun"], "--launcher: 'mpirun' is not a launcher"),
+        (["launch", "--nproc", "2", "--set", "lora_r=-1"], "lora_r: -1 is out of range"),
+        (["launch", "--resume", str(tmp / "no-such-run")], f"resume: {tmp / 'no-such-run'} is not a run directory"),
+        (["launch", "--nodes", "2", "--nproc", "1"], "--master-addr: give this machine's address"),
+        (["stop", str(tmp / "no-such-run")], f"run_dir: {tmp / 'no-such-run'} is not a run directory"),
+    ]
+
+
+def test_bad_launch_flags_get_one_line_errors_and_start_nothing(tiny_model_dir, tmp_path, studio_home, capsys):
+    config = tiny_config(tiny_model_dir)
+    config.save(tmp_path / "run.yaml")
+    for args, message in launch_bad_cases(tmp_path):
+        if args[0] == "launch" and "--resume" not in args:
+            args = [*args, "--config", str(tmp_path / "run.yaml")]
+        code = main(args)
+        err = capsys.readouterr().err.strip()
+        assert code == 2, (args, err)
+        assert err.startswith("error: ") and message in err, (args, err)
+        assert "\n" not in err and "Traceback" not in err, (args, err)
+    assert list_runs(studio_home / "runs") == []  # nothing launched, no run directory
+
+
 @pytest.mark.parametrize("args", [["train", "--set", "lora_rr=1"], ["train", "--resume", "/nonexistent/run"]])
 def test_the_real_entry_point_exits_non_zero_with_one_line(args, studio_home):
     done = cli(*args, env_home=studio_home, timeout=120)

@@ -11,8 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from finetune.atomic import read_json
 from finetune.cli import main
 from finetune.device_lock import DeviceLock
@@ -65,27 +63,7 @@ def assert_group_gone(run: Path) -> None:
     lock.release()
 
 
-# --------------------------------------------------------------------------- bad input: one line, nothing started
-@pytest.mark.parametrize(
-    "flags, field",
-    [
-        (["--nproc", "999"], "--nproc"),
-        (["--nproc", "0"], "--nproc"),
-        (["--gpus", "0,1"], "--gpus"),  # this machine has no GPU
-        (["--launcher", "mpirun"], "--launcher"),
-    ],
-)
-def test_bad_launch_flags_are_refused_in_one_line_before_anything_starts(
-    tiny_model_dir, tmp_path, studio_home, capsys, flags, field
-):
-    config = tiny_config(tiny_model_dir)
-    config.save(tmp_path / "run.yaml")
-    code = main(["launch", "--config", str(tmp_path / "run.yaml"), *flags])
-    err = capsys.readouterr().err.strip()
-    assert code == 2 and err.startswith(f"error: {field}:") and "\n" not in err, err
-    assert not (studio_home / "runs").is_dir() or not [p for p in (studio_home / "runs").iterdir()]
-
-
+# --------------------------------------------------------------------------- refusals (the flag table: test_cli.py)
 def test_resume_refuses_a_running_or_finished_run_and_stop_refuses_an_idle_one(tiny_model_dir, studio_home, capsys):
     runs = studio_home / "runs"
     for name, state in (("running", "running"), ("done", "completed")):
