@@ -141,12 +141,11 @@ def test_the_first_screen_picks_model_and_data_and_proposes(page, server, tiny_m
 
 @browser_test
 def test_an_expert_edit_shows_in_the_start_summary(page):
+    from tests.test_ui_browser import fill, open_group
+
     page.get_by_role("tab", name="Configure", exact=True).click()
-    steps = page.locator("#cfg-max_steps").locator("input").first
-    if not steps.is_visible():
-        page.locator("#cfg-group-optimisation").get_by_text("Optimisation", exact=True).first.click()
-    steps.fill(str(STEPS))
-    steps.press("Tab")
+    open_group(page, "Optimisation", "max_steps")
+    fill(page, "cfg-max_steps", STEPS)
     page.get_by_role("tab", name="Start", exact=True).click()
     summary = page.locator("#start-summary")
     expect(summary).to_contain_text(f"{STEPS} steps")

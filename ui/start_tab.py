@@ -272,11 +272,11 @@ class StartTab:
             objective = form["objective"]  # keep orpo / kto chosen in Configure: they are preferences too
         dataset = self._matching_data(goal, data.get(self.data) or form.get("dataset"))
         session = session_of(request)
+        chosen = {"model": data.get(self.model) or form.get("model"), "dataset": dataset, "task": task}
+        chosen["objective"] = objective
         return {
-            self.config.fields["model"]: data.get(self.model) or form.get("model"),
-            self.config.fields["dataset"]: dataset,
-            self.config.fields["task"]: task,
-            self.config.fields["objective"]: objective,
+            **{self.config.fields[n]: v for n, v in chosen.items()},
+            **self._kept({**form, **chosen}),
             self.data: gr.update(value=dataset, choices=self._data_choices(dataset)),
             self.data_ticket: self.tickets.issue(session, "data"),
             self.proposal_ticket: self.tickets.issue(session, "proposal"),
@@ -334,6 +334,7 @@ class StartTab:
         updates = {self.config.fields[n]: v for n, v in values.items() if form.get(n) != v}
         return {
             **updates,
+            **self._kept(new_form),
             self.proposal: f"{head}\n{reasons}\n\nWritten into the settings: **Configure** shows every one of them.",
             self.summary: run_summary(new_form, proposed),
             self.proposed: proposed,
@@ -417,6 +418,10 @@ class StartTab:
             self.train.shown: None,
             self.tabs: gr.Tabs(selected="train"),
         }
+
+    def _kept(self, form: dict[str, Any]) -> dict:
+        """The form for this browser's storage (a reload brings it back), as a Configure edit keeps it."""
+        return {self.config.saved: form} if self.config.saved is not None else {}
 
     # ----- choices
     def _matching_data(self, goal: str, dataset: str) -> str:
@@ -537,8 +542,10 @@ def wire(tab: StartTab, config: ConfigTab, train: Any, tabs: Any, start_tab: Any
     proposing = {"api_visibility": "private", "show_progress": "minimal", "concurrency_id": "start-propose"}
     reading = {"api_visibility": "private", "show_progress": "minimal", "concurrency_id": "start-data"}
     form_out = [config.fields[n] for n in ("model", "dataset", "task", "objective")]
-    proposal_out = [*config.fields.values(), tab.proposal, tab.summary, tab.proposed]
-    pending = [*form_out, tab.data, tab.data_ticket, tab.proposal_ticket, tab.data_info, tab.proposal, tab.message]
+    kept = [config.saved] if config.saved is not None else []
+    proposal_out = [*config.fields.values(), tab.proposal, tab.summary, tab.proposed, *kept]
+    pending = [*form_out, *kept, tab.data, tab.data_ticket, tab.proposal_ticket, tab.data_info, tab.proposal]
+    pending.append(tab.message)
 
     def then_propose(event: Any) -> None:
         # The data is read again after the proposal: its share of rows that fit uses the proposed length.
