@@ -43,6 +43,11 @@ def form(**changes: Any) -> list[Any]:
     return [values[n] for n in FIELD_NAMES]
 
 
+def named(**changes: Any) -> dict[str, Any]:
+    """The same form keyed by field name, as the page hands it to a tab's handler."""
+    return dict(zip(FIELD_NAMES, form(**changes), strict=True))
+
+
 def field_errors(updates: list) -> dict[str, str]:
     """The visible field errors in a list of `ConfigTab.error_outputs` updates."""
     return {n: u["value"] for n, u in zip(FIELD_NAMES, updates, strict=False) if u.get("visible")}
@@ -296,12 +301,12 @@ def test_preview_answers_every_refused_path_with_the_same_neutral_message(studio
     real = data_file(tmp_path / "server")
     answers = []
     for value in (str(real), str(real.with_name("missing.jsonl")), str(tmp_path), "/etc/passwd", "/no/such.csv"):
-        html, *updates = ui.config.show_preview(*form(dataset=value))
+        html, *updates = ui.config.show_preview(**named(dataset=value))
         assert html == "" and field_errors(updates) == {"dataset": f"⚠ {REFUSED['dataset']}"}, value
         answers.append([html, *updates])
     assert all(a == answers[0] for a in answers)
     for value in (str(tiny_model_dir), "/no/such/model"):
-        html, *updates = ui.config.show_preview(*form(model=value))
+        html, *updates = ui.config.show_preview(**named(model=value))
         assert field_errors(updates) == {"model": f"⚠ {REFUSED['model']}"}
 
 
@@ -449,7 +454,7 @@ def test_a_chat_message_beyond_the_limit_is_refused_in_one_line_before_any_model
 
 def test_field_text_beyond_the_limit_is_refused_naming_the_field(studio_home):
     ui = build_app(Studio(studio_home / "runs")).studio_ui
-    errors = field_errors(ui.config.check(*form(model="m" * 100_000, prompt_column="c" * 100_000)))
+    errors = field_errors(ui.config.check(**named(model="m" * 100_000, prompt_column="c" * 100_000)))
     assert set(errors) == {"model", "prompt_column"}
     assert all("\n" not in e and len(e) < 300 and "too long" in e for e in errors.values())
 
@@ -465,7 +470,7 @@ def test_upload_yaml_goes_through_the_backends_bounded_parser(studio_home, tmp_p
     lines += [f"{c}: &{c} [{','.join([f'*{p}'] * 9)}]" for p, c in zip("abcdefgh", "bcdefghi", strict=True)]
     bomb.write_text("\n".join(lines) + "\nmodel: *i\n", encoding="utf-8")
     t0 = time.perf_counter()
-    out = ui.config.load(str(bomb), *form())
+    out = ui.config.load(str(bomb))
     assert time.perf_counter() - t0 < 1.0
     assert parsed and all(u == {"__type__": "update"} for u in out[: len(FIELD_NAMES)])  # the form is unchanged
     summary = out[-1]
@@ -475,10 +480,12 @@ def test_upload_yaml_goes_through_the_backends_bounded_parser(studio_home, tmp_p
 # ----------------------------------------------------------------------------------------------- Check = Start
 def check_and_start(ui, studio, values: list) -> tuple[tuple[bool, set], tuple[bool, set]]:
     """(ok, fields with errors) for Check and for Start on the same form (Start's launch is recorded, not run)."""
-    updates = ui.config.check(*values)
+    by_name = dict(zip(FIELD_NAMES, values, strict=True))
+    updates = ui.config.check(**by_name)
     check = (updates[-1].startswith("✓"), set(field_errors(updates)))
-    message, _, _, *start_updates = ui.train.start(None, *values)
-    start = (message.startswith("▶"), set(field_errors(start_updates)))
+    out = ui.train.start(None, **by_name)  # {component: update}
+    shown = {n for n, c in ui.config.errors.items() if isinstance(out.get(c), dict) and out[c].get("visible")}
+    start = (out[ui.train.message].startswith("▶"), shown)
     return check, start
 
 
@@ -561,14 +568,14 @@ def test_download_yaml_leaves_no_temp_folders(studio_home, tmp_path, monkeypatch
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     studio = Studio(studio_home / "runs")
     ui = build_app(studio).studio_ui
-    paths = [ui.config.save(*form(max_steps=n))[0]["value"] for n in (10, 10, 20)]
+    paths = [ui.config.save(**named(max_steps=n))[0]["value"] for n in (10, 10, 20)]
     assert list(scratch.iterdir()) == []
-    assert paths[0] == paths[1] != paths[2]
-    assert sorted(p.name for p in studio.downloads_dir.iterdir()) == sorted({Path(p).name for p in paths})
+    assert paths[0] == paths[1] != paths[2] and {Path(p).name for p in paths} == {"run.yaml"}
+    assert sorted(p.name for p in studio.downloads_dir.iterdir()) == sorted({Path(p).parent.name for p in paths})
     assert "max_steps: 20" in Path(paths[2]).read_text(encoding="utf-8")
     old = time.time() - studio_mod.DOWNLOAD_KEEP_SECONDS - 60
     os.utime(paths[0], (old, old))
-    ui.config.save(*form(max_steps=30))
+    ui.config.save(**named(max_steps=30))
     assert not Path(paths[0]).exists() and Path(paths[2]).exists()
 
 
