@@ -111,15 +111,16 @@ class DataStats:
 
 
 def data_stats(config: TrainConfig, tokenizer: Any = None) -> DataStats:
-    """Token-length statistics of the training split as `config` trains on it (cached per data and tokenizer)."""
-    notes: list[str] = []
-    name = config.model
-    if tokenizer is None:
-        tokenizer, name = _tokenizer_for(config, notes)
-    key = (config.dataset, config.dataset_split, _columns(config), config.task, name, _data_stamp(config))
+    """Token-length statistics of the training split as `config` trains on it (cached per data and model: the
+    form asks again on every edit, and the tokenizer is loaded only when the data is counted)."""
+    key = (config.model, config.dataset, config.dataset_split, _columns(config), config.task, _data_stamp(config))
     with _LOCK:
-        cached = _CACHE.get(key)
+        cached = _CACHE.get(key) if tokenizer is None else None
     if cached is None:
+        notes: list[str] = []
+        name = config.model
+        if tokenizer is None:
+            tokenizer, name = _tokenizer_for(config, notes)
         cached = _measure(config, tokenizer, name, notes)
         with _LOCK:
             _CACHE[key] = cached

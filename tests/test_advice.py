@@ -153,7 +153,7 @@ def test_proposal_is_a_complete_configuration_that_fits_with_reasons(tiny_model_
     assert longest <= chosen.max_seq_length < 512  # every row still whole, less memory promised
     assert proposal.changes == {k: v for k, v in proposal.values.items() if asked.to_dict()[k] != v}
     assert 2 <= len(proposal.reasons) <= 4 and all(r.endswith(".") for r in proposal.reasons)
-    assert any("fits" in r for r in proposal.reasons)
+    assert f"{chosen.max_seq_length} tokens per row keeps them whole" in proposal.reasons[-1]
 
 
 def test_proposal_keeps_settings_that_already_fit(tiny_model_dir):
@@ -161,4 +161,14 @@ def test_proposal_keeps_settings_that_already_fit(tiny_model_dir):
     proposal = Studio().propose(asked.to_dict(), device="cpu", gpu_gib=64.0)
     assert proposal.fits is True and proposal.estimate.advice == []
     assert TrainConfig.from_dict(proposal.values).effective_batch_size == asked.effective_batch_size
-    assert "LoRA trains small adapters" in proposal.reasons[0]
+    assert "LoRA trains small adapters" in proposal.reasons[0] and "fits as set" in proposal.reasons[1]
+
+
+def test_proposal_for_the_8b_turns_checkpointing_on_where_only_it_fits(llama_8b_qlora):
+    card = memory.GPU_CARDS["L4 (24 GB)"]
+    proposal = memory.propose(llama_8b_qlora, device="cuda", gpu_gib=card)
+    chosen = TrainConfig.from_dict(proposal.values)
+    assert proposal.fits and chosen.gradient_checkpointing and chosen.max_seq_length == 2048
+    assert chosen.effective_batch_size == 8 and proposal.estimate.total_bytes <= card * memory.GiB
+    assert proposal.reasons[0].startswith("QLoRA keeps the 8B base in 4 bits")
+    assert "gradient checkpointing and batch 1 × 8 accumulation keeps the effective batch of 8" in proposal.reasons[1]

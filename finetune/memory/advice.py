@@ -371,27 +371,31 @@ def _fit_to_data(config: TrainConfig, stats: Any) -> TrainConfig:
 def _reasons(
     asked: TrainConfig, chosen: TrainConfig, est: Any, stats: Any, advice: Advice | None, gpu_gib: float | None
 ) -> list[str]:
-    """Two or three sentences: the method, the batch and checkpointing, the data length and the fit."""
-    from finetune import memory as mem
-
+    """Two or three sentences on why: the method, the batch and checkpointing, the data's length. (The fit verdict
+    itself is the estimate's: the UI shows it beside these.)"""
     out = [_method_sentence(chosen, est)]
+    batch = f"batch {chosen.per_device_train_batch_size} × {chosen.gradient_accumulation_steps} accumulation"
     if advice is not None:
-        how = "gradient checkpointing" if chosen.gradient_checkpointing and not asked.gradient_checkpointing else ""
-        batch = f"batch {chosen.per_device_train_batch_size} × {chosen.gradient_accumulation_steps} accumulation"
-        if how:
-            out.append(f"It did not fit as asked; {how} and {batch} keep the effective batch of "
-                       f"{chosen.effective_batch_size} ({advice.cost}).")  # fmt: skip
-        else:
-            out.append(f"It did not fit as asked; the best change is {advice.title.lower()} ({advice.cost}).")
-    if stats is not None and stats.lengths:
+        checkpointing = chosen.gradient_checkpointing and not asked.gradient_checkpointing
+        how = f"gradient checkpointing and {batch}" if checkpointing else advice.title[0].lower() + advice.title[1:]
         out.append(
-            f"{stats.share_within(chosen.max_seq_length):.0%} of the {stats.rows} rows fit {chosen.max_seq_length} "
-            f"tokens whole (longest {stats.max})."
+            f"As asked it needs more than {gpu_gib:g} GiB; {how} keeps the effective batch of "
+            f"{chosen.effective_batch_size} ({advice.cost})."
         )
-    if gpu_gib:
-        verdict = "fits" if est.fits else "still does not fit"
-        out.append(f"It needs about {mem._size(est.total_bytes)} of {gpu_gib:g} GiB: it {verdict}.")
-    return out[:4]
+    elif est.fits:
+        out.append(f"{batch[0].upper()}{batch[1:]} fits as set: nothing slower (checkpointing, a smaller micro batch) "
+                   "is needed.")  # fmt: skip
+    elif est.fits is False:
+        out.append("No combination of the memory savers fits this card: choose a smaller model or a larger card.")
+    if stats is not None and stats.lengths:
+        seq = chosen.max_seq_length
+        if seq < asked.max_seq_length and stats.max <= seq:
+            out.append(f"Every row is at most {stats.max} tokens, so {seq} tokens per row keeps them whole and needs "
+                       f"less memory than {asked.max_seq_length}.")  # fmt: skip
+        else:
+            out.append(f"{stats.share_within(seq):.0%} of the {stats.rows} rows fit {seq} tokens whole "
+                       f"(longest {stats.max}).")  # fmt: skip
+    return out
 
 
 def _method_sentence(config: TrainConfig, est: Any) -> str:
