@@ -270,6 +270,8 @@ def _liger_blocker(config: TrainConfig, device: str) -> str | None:
         return "Liger's kernels need a CUDA GPU and this run has none"
     if config.task != "causal_lm":
         return "Liger's kernels serve causal_lm only (its fused loss replaces the language-model head's)"
+    if config.objective != "sft":
+        return f"the {config.objective} trainer does not use Liger's kernels (only sft does)"
     family = liger_model_type(config.model)
     if family not in LIGER_MODEL_TYPES:
         known = "unknown" if family is None else repr(family)

@@ -59,6 +59,7 @@ def test_on_a_gpu_auto_needs_the_package_and_on_plans_it_for_supported_causal_lm
     assert plan_for(gpt2, device="cuda").liger is False  # a family Liger does not patch
     classifier = llama.replace(task="sequence_classification", liger_kernel="on")
     assert plan_for(classifier, device="cuda").liger is False  # its fused loss is a language-model head's
+    assert plan_for(llama.replace(objective="dpo", liger_kernel="on"), device="cuda").liger is False  # SFT only
 
 
 @pytest.mark.parametrize(
@@ -66,6 +67,7 @@ def test_on_a_gpu_auto_needs_the_package_and_on_plans_it_for_supported_causal_lm
     [
         ("cpu", {}, "need a CUDA GPU"),
         ("cuda", {"task": "sequence_classification"}, "serve causal_lm only"),
+        ("cuda", {"objective": "dpo"}, "the dpo trainer does not use Liger's kernels"),
         ("cuda", {"model": "gpt2-dir"}, "model family ('gpt2') is not one Liger patches"),
     ],
 )
@@ -173,6 +175,30 @@ def test_the_loss_curve_keeps_a_point_a_second_on_a_gpu_and_every_step_on_a_cpu(
     assert logged_steps("cuda", 0.0, max_steps=3) == [1, 2, 3]  # short runs: first, (second), last
     slow = logged_steps("cuda", every * 1.1, max_steps=4)  # steps slower than the cadence: every one
     assert slow == [1, 2, 3, 4]
+
+
+# ----------------------------------------------------------------------------- the training process's allocator
+
+
+@pytest.mark.parametrize(
+    ("preset", "expected"),
+    [
+        ({}, "expandable_segments:True"),  # less allocator slack on a GPU (issue 13)
+        ({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"}, "max_split_size_mb:128"),  # the user's own wins
+        ({"PYTORCH_ALLOC_CONF": "backend:native"}, None),  # torch's newer name counts as the user's setting too
+    ],
+)
+def test_the_cli_entry_sets_expandable_segments_unless_the_user_configured_the_allocator(preset, expected):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
+    # finetune/__main__.py's top (what `python -m finetune` runs before main), then the variable it leaves
+    code = "import os, runpy; runpy.run_module('finetune', run_name='x'); print(os.getenv('PYTORCH_CUDA_ALLOC_CONF'))"
+    done = subprocess.run([sys.executable, "-c", code], env={**env, **preset}, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == str(expected)
 
 
 # ----------------------------------------------------------------------------- on a GPU
