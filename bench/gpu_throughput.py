@@ -6,10 +6,15 @@ For each method, ours and the plain script run alternately, each in a fresh proc
   ours   a worker process that starts the run as `python -m finetune train` does (RunManager, training thread,
          the same engine), precision bf16; in-loop tokens/s from events.jsonl step timestamps
   plain  bench/plain_trainer.py --bf16 [--method qlora], with its timing callback
-Peak memory is `torch.cuda.max_memory_allocated()` in each process (on a CPU: the process's max RSS).
+  ours-no-liger (with --sides): ours with liger_kernel off, to tell Liger's share from the rest of ours
+"ours" runs the default config, liger_kernel auto: Liger's kernels where liger-kernel is installed and the GPU runs
+them (the report says whether they were on). Peak memory is `torch.cuda.max_memory_allocated()` in each process (on a
+CPU: the process's max RSS). `--shape llama-3.2-1b` is issue 13's Liger case: 16 layers, hidden 2048, vocab 128256.
 
     .venv/bin/python bench/gpu_throughput.py                  # on the GPU machine, a few minutes on an H200
     .venv/bin/python bench/gpu_throughput.py --tiny --out ''  # CPU: tiny model and steps, checks the plumbing
+    .venv/bin/python bench/gpu_throughput.py --shape llama-3.2-1b --tokenizer tiny --methods lora \
+        --sides ours,ours-no-liger,plain                      # Liger on/off against plain (bench/gpu/run.sh)
 
 The last line is the headline: ours / plain tokens/s and peak memory for LoRA and QLoRA.
 """
@@ -43,6 +48,9 @@ from bench.common import (  # noqa: E402
 )
 
 PY = sys.executable
+SIDES = ("ours", "ours-no-liger", "plain")
+# Named model shapes (layers, hidden, intermediate, heads, kv heads, vocabulary); the default is TinyLlama's.
+SHAPES = {"llama-3.2-1b": (16, 2048, 8192, 32, 8, 128256)}
 
 
 # ----------------------------------------------------------------------------- the worker for ours (own process)
@@ -63,8 +71,11 @@ def worker_ours(args: argparse.Namespace) -> None:
         per_device_train_batch_size=args.batch, learning_rate=5e-4, lr_scheduler_type="cosine", warmup_steps=2,
         max_steps=args.steps, logging_steps=1, save_steps=args.steps + 1000, seed=42,
         precision="bf16" if torch.cuda.is_available() else "fp32",
-        gradient_checkpointing=args.gradient_checkpointing, output_dir=str(out),
+        gradient_checkpointing=args.gradient_checkpointing, output_dir=str(out), liger_kernel=args.liger,
     )  # fmt: skip
+    from finetune.plan import plan_for
+
+    liger = plan_for(config).liger
     manager = RunManager(out.parent / "ours-root")
     manager.start(config, owner="gpu_throughput")
     final = manager.wait()
@@ -77,7 +88,8 @@ def worker_ours(args: argparse.Namespace) -> None:
         else int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
     )
     steps = [[e["step"], e["time"], e["loss"]] for e in events if e["type"] == "log"]
-    Path(args.result).write_text(json.dumps({"steps": steps, "peak_memory_bytes": peak}), encoding="utf-8")
+    figures = {"steps": steps, "peak_memory_bytes": peak, "liger": liger}
+    Path(args.result).write_text(json.dumps(figures), encoding="utf-8")
 
 
 # ----------------------------------------------------------------------------- the driver
@@ -85,11 +97,11 @@ def run_side(args: argparse.Namespace, work: Path, side: str, method: str, i: in
     result = work / f"{side}-{method}-{i}.json"
     out = work / f"{side}-{method}-{i}"
     common = ["--model", str(model), "--data", str(data)]
-    if side == "ours":
+    if side.startswith("ours"):
         cmd = [
             PY, str(Path(__file__).resolve()), "--worker", "ours", *common, "--run-dir", str(out),
             "--result", str(result), "--method", method, "--seq", str(args.seq), "--batch", str(args.batch),
-            "--steps", str(args.steps),
+            "--steps", str(args.steps), "--liger", "off" if side == "ours-no-liger" else "auto",
         ]  # fmt: skip
     else:
         cmd = [
@@ -114,7 +126,8 @@ def run_side(args: argparse.Namespace, work: Path, side: str, method: str, i: in
     first = next(s for s in steps if s[0] >= max(1, args.skip))
     last = steps[-1]
     tps = (last[0] - first[0]) * args.batch * args.seq / (last[1] - first[1])
-    return {"tps": tps, "peak": figures["peak_memory_bytes"], "wall": wall, "loss": steps[-1][2]}
+    peak, liger = figures["peak_memory_bytes"], figures.get("liger")
+    return {"tps": tps, "peak": peak, "wall": wall, "loss": steps[-1][2], "liger": liger}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--vocab", type=int, default=0, help="model vocabulary if larger than the tokenizer's")
     parser.add_argument("--methods", default="lora,qlora")
+    parser.add_argument(
+        "--sides", default="ours,plain", help=f"comma-separated, from {', '.join(SIDES)} (ours and plain needed)"
+    )
+    parser.add_argument("--shape", choices=("tinyllama", *SHAPES), default="tinyllama", help="named model shape")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--skip", type=int, default=5, help="steps left out of in-loop tokens/s (warm-up)")
     parser.add_argument("--batch", type=int, default=8)
@@ -148,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--method", help=argparse.SUPPRESS)
     parser.add_argument("--run-dir", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("--liger", default="auto", help=argparse.SUPPRESS)
     return parser
 
 
@@ -161,6 +179,11 @@ def main(argv: list[str] | None = None) -> str:
     import torch
 
     cuda = torch.cuda.is_available()
+    sides = [x.strip() for x in args.sides.split(",") if x.strip()]
+    if set(sides) - set(SIDES) or not {"ours", "plain"} <= set(sides):
+        raise SystemExit(f"--sides: choose from {', '.join(SIDES)}, with ours and plain")
+    if args.shape in SHAPES:
+        args.layers, args.hidden, args.intermediate, args.heads, args.kv_heads, args.vocab = SHAPES[args.shape]
     if args.tiny:
         args.steps, args.skip, args.batch, args.seq, args.repeats = min(args.steps, 6), 2, 4, 64, 1
         args.layers, args.hidden, args.intermediate, args.heads, args.kv_heads = 2, 64, 128, 4, 2
@@ -188,14 +211,15 @@ def main(argv: list[str] | None = None) -> str:
             f"gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}"
         )
         report.print(f"load average before: {loadavg()}")
-        results: dict[str, dict[str, list[dict]]] = {m: {"ours": [], "plain": []} for m in methods}
+        results: dict[str, dict[str, list[dict]]] = {m: {s: [] for s in sides} for m in methods}
         for i in range(args.repeats):
             for method in methods:
-                for side in ("ours", "plain") if i % 2 == 0 else ("plain", "ours"):
+                for side in sides if i % 2 == 0 else sides[::-1]:
                     r = run_side(args, work, side, method, i, model, data)
                     results[method][side].append(r)
                     print(f"  {method} {side:5s}: {r['tps']:.0f} tok/s, peak {r['peak'] / 2**30:.2f} GiB, "
-                          f"wall {r['wall']:.0f}s", flush=True)  # fmt: skip
+                          f"wall {r['wall']:.0f}s, last loss {r['loss']:.4f}, Liger {r['liger']}",
+                          flush=True)  # fmt: skip
         rows, heads = [], []
         for method in methods:
             o, p = results[method]["ours"], results[method]["plain"]
@@ -203,7 +227,18 @@ def main(argv: list[str] | None = None) -> str:
             mem_o, mem_p = median([r["peak"] for r in o]) / 2**30, median([r["peak"] for r in p]) / 2**30
             rows.append([method, tps_o, tps_p, tps_o / tps_p, mem_o, mem_p, mem_o / mem_p,
                          median([r["wall"] for r in o]), median([r["wall"] for r in p])])  # fmt: skip
-            heads.append(f"{method} tok/s {tps_o / tps_p:.3f}x, peak memory {mem_o / mem_p:.3f}x")
+            head = f"{method} tok/s {tps_o / tps_p:.3f}x, peak memory {mem_o / mem_p:.3f}x (Liger {o[0]['liger']})"
+            if "ours-no-liger" in sides:
+                n = results[method]["ours-no-liger"]
+                tps_n, mem_n = median([r["tps"] for r in n]), median([r["peak"] for r in n]) / 2**30
+                loss_o, loss_n = median([r["loss"] for r in o]), median([r["loss"] for r in n])
+                rows.append([f"{method} Liger off", tps_n, tps_p, tps_n / tps_p, mem_n, mem_p, mem_n / mem_p,
+                             median([r["wall"] for r in n]), median([r["wall"] for r in p])])  # fmt: skip
+                head += (
+                    f", Liger off {tps_n / tps_p:.3f}x / {mem_n / mem_p:.3f}x; last loss {loss_o:.4f} vs "
+                    f"{loss_n:.4f} off"
+                )
+            heads.append(head)
         report.print()
         report.print(
             table(

@@ -43,6 +43,8 @@ from bench.common import (  # noqa: E402
 )
 
 PY = sys.executable
+PROCESS_GOAL = 1.05  # whole-process time, ours / plain: at most
+LOOP_GOAL = 0.99  # in-loop tokens/s, ours / plain: at least
 
 
 def env(args: argparse.Namespace) -> dict[str, str]:
@@ -289,11 +291,13 @@ def main(argv: list[str] | None = None) -> str:
             "(same rows, order and seed; LoRA init may differ)"
         )
         report.print(f"load average after: {loadavg()}")
-        ok = "meets" if wall_ratio <= 1.05 and tps_ratio >= 0.97 else "MISSES"
+        # Issue 13's goals; judged on wall time and, steadier on a shared machine, on CPU time.
+        wall_ok = "meets" if wall_ratio <= PROCESS_GOAL and tps_ratio >= LOOP_GOAL else "MISSES"
+        cpu_ok = "meets" if cpu_ratio <= PROCESS_GOAL and cpu_tps_ratio >= LOOP_GOAL else "MISSES"
         headline = (
-            f"overhead: whole-process wall ours/plain = {wall_ratio:.3f}x (goal <= 1.05), in-loop tokens/s "
-            f"ours/plain = {tps_ratio:.3f}x (goal >= 0.97) [{ok}; median of {args.repeats} rounds]; by CPU time: "
-            f"process {cpu_ratio:.3f}x, in-loop {cpu_tps_ratio:.3f}x"
+            f"overhead: whole-process wall ours/plain = {wall_ratio:.3f}x (goal <= {PROCESS_GOAL}), in-loop tokens/s "
+            f"ours/plain = {tps_ratio:.3f}x (goal >= {LOOP_GOAL}) [{wall_ok}; median of {args.repeats} rounds]; "
+            f"by CPU time: process {cpu_ratio:.3f}x, in-loop {cpu_tps_ratio:.3f}x [{cpu_ok}]"
         )
         return report.finish(args.out, headline)
     finally:

@@ -40,8 +40,9 @@ CASES = {
         rf"^ui latency: /status p50 {NUMBER} ms, p95 {NUMBER} ms .* slowdown from polling {NUMBER}%",
     ),
     "gpu_throughput": (
-        ["--tiny", "--methods", "qlora", "--steps", "3", "--out", ""],
-        rf"^gpu throughput on cpu \(ours/plain\): qlora tok/s {NUMBER}x, peak memory {NUMBER}x",
+        ["--tiny", "--methods", "qlora", "--sides", "ours,ours-no-liger,plain", "--steps", "3", "--out", ""],
+        rf"^gpu throughput on cpu \(ours/plain\): qlora tok/s {NUMBER}x, peak memory {NUMBER}x \(Liger False\), "
+        rf"Liger off {NUMBER}x / {NUMBER}x; last loss {NUMBER} vs {NUMBER} off",
     ),
 }  # fmt: skip
 

@@ -11,7 +11,8 @@ Steps, most important first (a step starts only if the deadline leaves it its mi
   env            versions, the GPU, nvidia-smi
   pytest-gpu     pytest -m gpu on the test files that carry the mark
   memory-totals  bench/gpu/memory_totals.py: tensor_bytes vs max_memory_allocated, total_bytes vs device use
-  throughput     bench/gpu_throughput.py: ours vs the plain Trainer + PEFT script, LoRA and QLoRA
+  throughput     bench/gpu_throughput.py: ours (Liger auto) and ours with Liger off vs the plain Trainer + PEFT script,
+                 LoRA on issue 13's Liger case (Llama-3.2-1B shape, vocabulary 128256): tokens/s, peak, last loss
   deepspeed      bench/deepspeed_gpu.py: ZeRO-2 / ZeRO-3, with and without CPU offload, one GPU
   overhead-parts bench/overhead_parts.py --device cuda: our per-step pieces switched on one at a time (if time is left;
                  else a second call: bash bench/gpu/run.sh --only overhead-parts)
@@ -41,7 +42,7 @@ ENV_SNIPPET = r"""
 import importlib.metadata as md, json, os, platform, shutil, subprocess, sys
 info = {"python": platform.python_version(), "executable": sys.executable}
 for name in ("torch", "transformers", "peft", "accelerate", "bitsandbytes", "deepspeed", "datasets", "tokenizers",
-             "huggingface_hub", "pydantic", "safetensors"):
+             "huggingface_hub", "pydantic", "safetensors", "trl", "liger-kernel", "triton"):
     try:
         info[name] = md.version(name)
     except md.PackageNotFoundError:
@@ -55,7 +56,8 @@ if shutil.which("nvidia-smi"):
 info["PYTORCH_CUDA_ALLOC_CONF"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
 print(json.dumps(info, indent=1))
 print(f"env: torch {info['torch']} (CUDA {info['cuda']}), transformers {info['transformers']}, peft {info['peft']}, "
-      f"bitsandbytes {info['bitsandbytes']}, deepspeed {info['deepspeed']}; GPU {info['gpu']}")
+      f"bitsandbytes {info['bitsandbytes']}, deepspeed {info['deepspeed']}, liger-kernel {info['liger-kernel']}, "
+      f"triton {info['triton']}; GPU {info['gpu']}")
 """
 
 
@@ -97,11 +99,12 @@ def steps(cpu: bool, results: Path) -> list[Step]:
     out = str(results)
     tests = gpu_test_files()
     memory = ["--tiny"] if cpu else []
+    liger = ["--methods", "lora", "--sides", "ours,ours-no-liger,plain"]
     throughput = (
-        ["--tiny", "--methods", "lora", "--steps", "3"]
+        ["--tiny", *liger, "--steps", "3"]
         if cpu
-        else ["--tokenizer", "tiny", "--vocab", "49152", "--steps", "20", "--skip", "5", "--repeats", "1"]
-    )  # the GPU shape: 1.07B parameters as in issue 13 (SmolLM2's vocabulary size, the tests' tokenizer)
+        else ["--shape", "llama-3.2-1b", "--tokenizer", "tiny", *liger, "--steps", "20", "--skip", "5", "--repeats=1"]
+    )  # issue 13's Liger case: a 1.2B Llama with a 128k vocabulary (the tests' tokenizer; its ids fit any vocabulary)
     deepspeed = (
         ["--tiny", "--configs", "zero2", "--steps", "2", "--warmup", "1", "--timeout", "120"]
         if cpu
@@ -110,11 +113,11 @@ def steps(cpu: bool, results: Path) -> list[Step]:
     parts = ["--rounds", "1", "--steps", "6", "--skip", "2", "--variants", "base,ours"] if cpu else ["--device", "cuda"]
     return [
         Step("env", [py, "-c", ENV_SNIPPET], budget=40, minimum=5),
-        Step("pytest-gpu", [py, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", *tests], budget=90),
+        Step("pytest-gpu", [py, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", *tests], budget=100),
         Step(
             "memory-totals",
             [py, "bench/gpu/memory_totals.py", *memory, "--deadline", DEADLINE, "--out", f"{out}/memory_totals.md"],
-            budget=210,
+            budget=180,
             minimum=60,
             script="bench/gpu/memory_totals.py",
             outputs=["memory_totals.md", "memory_totals.json"],
@@ -122,7 +125,7 @@ def steps(cpu: bool, results: Path) -> list[Step]:
         Step(
             "throughput",
             [py, "bench/gpu_throughput.py", *throughput, "--out", f"{out}/gpu_throughput.md"],
-            budget=120,
+            budget=150,
             minimum=60,
             script="bench/gpu_throughput.py",
             outputs=["gpu_throughput.md"],
