@@ -113,7 +113,7 @@ class DataStats:
 def data_stats(config: TrainConfig, tokenizer: Any = None) -> DataStats:
     """Token-length statistics of the training split as `config` trains on it (cached per data and model: the
     form asks again on every edit, and the tokenizer is loaded only when the data is counted)."""
-    key = (config.model, config.dataset, config.dataset_split, _columns(config), config.task, _data_stamp(config))
+    key = _key(config)
     with _LOCK:
         cached = _CACHE.get(key) if tokenizer is None else None
     if cached is None:
@@ -127,6 +127,25 @@ def data_stats(config: TrainConfig, tokenizer: Any = None) -> DataStats:
             while len(_CACHE) > _CACHE_SIZE:
                 _CACHE.popitem(last=False)
     return DataStats(cached.rows, cached.lengths, config.max_seq_length, cached.tokenizer, list(cached.notes))
+
+
+def cached_or_local(config: TrainConfig) -> DataStats | None:
+    """The statistics when they cost no download: counted already (the first screen asked), or the data is on this
+    machine (bundled or a file). None for a Hub dataset not counted yet: an estimate never downloads a dataset."""
+    from pathlib import Path
+
+    with _LOCK:
+        cached = _CACHE.get(_key(config))
+    if cached is not None:
+        return DataStats(cached.rows, cached.lengths, config.max_seq_length, cached.tokenizer, list(cached.notes))
+    if config.dataset.startswith("bundled:") or Path(config.dataset).expanduser().is_file():
+        return data_stats(config)
+    return None
+
+
+def _key(config: TrainConfig) -> tuple:
+    """What identifies a count: the model (its tokenizer), the data and how its rows are read."""
+    return (config.model, config.dataset, config.dataset_split, _columns(config), config.task, _data_stamp(config))
 
 
 def _columns(config: TrainConfig) -> tuple:

@@ -95,6 +95,25 @@ def test_cutting_long_rows_is_costed_and_ranked_after_options_that_keep_them(tin
         assert "time" in a.cost or "speed" in a.cost  # each option states its speed cost
 
 
+def test_a_hub_dataset_is_never_downloaded_for_advice_and_its_cuts_rank_last(tiny_model_dir, monkeypatch):
+    from finetune import data
+
+    def no_download(config):
+        raise AssertionError("the estimate read the dataset")
+
+    monkeypatch.setattr(data, "load_raw", no_download)
+    config = tiny_config(
+        tiny_model_dir, dataset="someone/a-hub-dataset", method="full", per_device_train_batch_size=8,
+        max_seq_length=512,
+    )  # fmt: skip
+    est = memory.estimate(config, device="cpu", gpu_gib=fitting_capacity(config, 0.3))
+    assert est.advice
+    cuts = [a for a in est.advice if "max_seq_length" in a.changes]
+    assert cuts and all(a.data_lost is None and "data length unknown" in a.cost for a in cuts)
+    whole = [a.keeps_data for a in est.advice]
+    assert whole == sorted(whole, reverse=True)
+
+
 # ----------------------------------------------------------------------------- the 8B QLoRA case (issue 17)
 
 

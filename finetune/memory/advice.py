@@ -329,11 +329,12 @@ def _confirmed(config: TrainConfig, device: str, gpus: int, capacity: int, advic
 
 
 def _stats_for(config: TrainConfig) -> Any:
-    """The data's token lengths, or None when the data cannot be read here (then a cut's cost is unknown)."""
-    from finetune.data_stats import data_stats
+    """The data's token lengths, or None when they are not known without a download or the data cannot be read
+    (then a cut's cost is unknown and cuts rank after every option that keeps the data)."""
+    from finetune.data_stats import cached_or_local
 
     try:
-        return data_stats(config)
+        return cached_or_local(config)
     except Exception:  # noqa: BLE001 - advice without the data's lengths still helps: cuts are ranked last
         return None
 
