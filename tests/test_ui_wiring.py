@@ -332,6 +332,80 @@ def test_show_command_with_the_real_launcher(ui):
     assert errors_by_field(updates) == {}
 
 
+def test_fields_that_do_not_apply_are_hidden_and_their_values_kept(ui, demo):
+    def shown(**changes: Any) -> set[str]:
+        return {n for n, u in zip(FIELD_NAMES, ui.config.visibility(**form(**changes)), strict=True) if u["visible"]}
+
+    lora = shown()
+    assert {"lora_r", "use_dora", "max_steps"} <= lora
+    assert not {"quant_type", "beta", "loss_type", "chosen_column", "offload_param", "num_labels"} & lora
+    assert "lora_r" not in shown(method="full") and {"quant_type", "double_quant"} <= shown(method="qlora")
+    assert {"beta", "loss_type", "chosen_column", "rejected_column"} <= shown(objective="dpo")
+    kto = shown(objective="kto")
+    assert "beta" in kto and "label_column" in kto and not {"loss_type", "chosen_column"} & kto
+    assert {"offload_optimizer", "offload_param"} <= shown(zero_stage=2)
+    assert {"num_labels", "text_pair_column", "label_column"} <= shown(task="sequence_classification")
+    # A change of task, method, goal or ZeRO stage (typed, uploaded, reset, applied) re-decides every cell.
+    cells = sorted(c._id for c in ui.config.cells.values())
+    for name in ("task", "method", "objective", "zero_stage"):
+        deps = [
+            d for d in demo.config["dependencies"] if list(d["targets"][0]) == [ui.config.fields[name]._id, "change"]
+        ]
+        assert any(sorted(d["outputs"]) == cells for d in deps), name
+    # Hidden, never lost: a hidden field still reaches the backend, and its error opens its cell.
+    updates = ui.config.check(**form(method="full", lora_r=0))
+    assert "lora_r" in errors_by_field(updates)
+    cell_updates = dict(zip(FIELD_NAMES, updates[len(FIELD_NAMES) : 2 * len(FIELD_NAMES)], strict=True))
+    assert cell_updates["lora_r"] == {"__type__": "update", "visible": True}
+
+
+def test_an_emptied_number_field_says_which_and_what_to_do(ui):
+    errors = errors_by_field(ui.config.check(**form(learning_rate=None, max_steps=None)))
+    assert errors == {
+        "learning_rate": "⚠ Learning rate: empty; give a number",
+        "max_steps": "⚠ Training steps: empty; give a number",
+    }
+
+
+def test_check_verifies_the_data_as_start_does_and_drops_a_stale_answer(ui, tmp_path):
+    """Check reads the data file as Start would; its answer is shown only while the form still holds the values it
+    was computed for (a slow answer for an older value is dropped, and says so)."""
+    missing = form(dataset=str(tmp_path / "gone.jsonl"))
+    errors = errors_by_field(ui.config.check(**missing))
+    assert list(errors) == ["dataset"] and "file not found" in errors["dataset"]
+
+    answer, stamp = ui.config.verify(**missing)
+    late = ui.config.show_verified(answer, stamp, **form())  # the user picked other data meanwhile
+    assert late[:-1] == [{"__type__": "update"}] * (len(late) - 1)
+    assert late[-1].startswith("The settings changed while this was running")
+    assert "dataset" in errors_by_field(ui.config.show_verified(answer, stamp, **missing))
+    html, *updates = ui.config.show_preview_answer(*ui.config.make_preview(**missing), **form())
+    assert "press <b>Preview data</b> again" in html and updates == [{"__type__": "update"}] * len(updates)
+
+
+def test_slow_actions_say_they_are_pending_first(demo, ui):
+    """Check, Preview and Show command each answer at once with a pending line (before any backend call)."""
+    deps = demo.config["dependencies"]
+    for button, shown in ((ui.config.check_btn, ui.config.summary), (ui.config.preview_btn, ui.config.preview)):
+        first = next(d for d in deps if list(d["targets"][0]) == [button._id, "click"])
+        assert first["outputs"] == [shown._id] and first["queue"] is False and first["inputs"] == []
+        pending = demo.fns[first["id"]].fn()
+        assert pending.lstrip("<p>").startswith("⏳")
+
+
+def test_show_command_lists_each_case_once_with_relative_paths(ui, studio):
+    code, *updates = ui.config.show_commands(4, 2, **form())
+    text = code["value"]
+    commands = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert len(commands) == len(set(commands)) >= 3  # without DeepSpeed, torchrun's multi-node command once
+    assert "--nproc_per_node 4" in text and "--nnodes 2" in text and "2 GPUs" not in text
+    assert str(studio.manager.root) not in text and "output_dir=runs/" in text
+    code, *_ = ui.config.show_commands(2, 1, **form())
+    assert "--nnodes" not in code["value"]
+    _, *updates = ui.config.show_commands(0, 1, **form())
+    assert "GPUs per machine" in summary_of(updates)
+
+
 def test_reset_restores_the_defaults(ui):
     out = ui.config.reset()
     assert out[: len(FIELD_NAMES)] == list(form().values())
@@ -493,6 +567,37 @@ def test_a_past_run_shows_its_progress_loss_curve_and_answers(ui, studio, traine
 
     again = on_page(ui, ui.train.tick(viewing, shown))
     assert set(again) == {"viewing", "shown"}  # nothing changed: nothing redrawn
+
+
+def test_the_train_tab_says_what_start_will_run(ui, tiny_model_dir, tmp_path):
+    text, stamp = ui.train.describe(**tiny_run_form(tiny_model_dir, tmp_path, lora_r=4, max_steps=7))
+    assert f"`{tiny_model_dir}`" in text and "tiny.jsonl" in text and "LoRA, supervised fine-tuning (SFT)" in text
+    assert "**7 steps** of 4 examples each" in text and "up to 32 tokens" in text
+    assert "at the peak" in text and "LoRA rank = 4" in text and "Training steps = 7" in text
+    assert ui.train.show_plan(text, stamp, **tiny_run_form(tiny_model_dir, tmp_path, lora_r=4, max_steps=7)) == text
+    assert ui.train.show_plan(text, stamp, **form()) == {"__type__": "update"}  # the form changed: dropped
+    text, _ = ui.train.describe(**form(max_steps=0))
+    assert text.startswith("⚠ Start would refuse these settings: max_steps")
+
+
+def test_preference_metrics_are_shown_beside_the_loss(ui, trained_run):
+    """A preference run's log events carry rewards and KL: the page shows the latest as numbers and a second plot."""
+    with (trained_run / "events.jsonl").open("a", encoding="utf-8") as log:
+        for step, margin in ((11, 0.25), (12, 0.5)):
+            event = {"type": "log", "step": step, "loss": 0.6, "rewards_chosen": 0.1, "rewards_rejected": -0.4}
+            event.update({"rewards_margin": margin, "rewards_accuracy": 0.75, "kl": 0.02, "time": time.time()})
+            log.write(json.dumps(event) + "\n")
+    page = on_page(ui, ui.train.select("run-a"))
+    assert "reward margin <b>0.5</b>" in page["prefs"] and "chosen preferred <b>75%</b>" in page["prefs"]
+    assert "KL <b>0.02</b>" in page["prefs"] and 'data-step="12"' in page["prefs"]
+    plot = page["prefs_plot"]["value"]
+    assert page["prefs_plot"]["visible"] and list(plot[plot.series == "reward margin"].value) == [0.25, 0.5]
+    assert "margin 0.5" in page["log"]
+
+
+def test_a_sft_run_shows_no_preference_plot(ui, trained_run):
+    page = on_page(ui, ui.train.select("run-a"))
+    assert page["prefs"] == "" and page["prefs_plot"]["visible"] is False
 
 
 def test_resume_of_a_completed_run_is_refused_in_one_line(ui, studio, trained_run):
