@@ -223,6 +223,7 @@ class RunManager:
                 holder = {"run_id": run.name, "owner": owner or "the command line", "started_at": time.time()}
                 self._device_lock.acquire({**holder, "pid": os.getpid()})
             self._active = ActiveRun(progress, None, config)
+            self._group = None  # from now on this run, not a group followed before, is the current one
         try:
             if rank == 0:
                 self._write_start(config, run, progress, resume_from, launch)

@@ -4,7 +4,9 @@ line for every bad launch flag. Each launch is a real torchrun group training th
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -81,6 +83,61 @@ def test_resume_refuses_a_running_or_finished_run_and_stop_refuses_an_idle_one(t
     assert not (runs / "done" / STOP_FILE).exists()
 
 
+# --------------------------------------------------------------------------- the supervisor, with stand-in ranks
+STAND_IN_RANK = """
+import json, os, sys, time
+from pathlib import Path
+run = Path(os.environ["FINETUNE_GROUP_RUN"])
+status = {"status": "running", "step": 3, "pid": os.getpid(), "world_size": 2}
+(run / "status.json").write_text(json.dumps(status))
+while not (run / "stop-requested").exists():
+    if (run / "die").exists():
+        print("error: rank 1: RuntimeError: boom", file=sys.stderr)
+        sys.exit(1)
+    time.sleep(0.05)
+(run / "status.json").write_text(json.dumps({**status, "status": "stopped"}))
+"""
+
+
+def supervised_stand_in(tiny_model_dir: Path, home: Path) -> tuple[Path, subprocess.Popen]:
+    """A run under the real supervisor whose "launcher" is one small Python process acting as the ranks: it trains
+    until the stop flag appears (then says stopped), or fails with a rank's error line when asked to."""
+    run = RunDir(home / "runs" / "stand-in")
+    run.path.mkdir(parents=True)
+    run.write_config(tiny_config(tiny_model_dir))
+    run.write_status({"status": "pending"})
+    (run.path / "launch.json").write_text(json.dumps({"command": [sys.executable, "-c", STAND_IN_RANK], "nproc": 2}))
+    supervisor = subprocess.Popen(
+        [sys.executable, "-m", "finetune.process_group", str(run.path)], env=child_env(home), start_new_session=True
+    )
+    wait_for(lambda: run.read_status().get("status") == "running", "the stand-in to run", timeout=60)
+    return run.path, supervisor
+
+
+def test_sigterm_to_the_group_and_stop_both_raise_the_stop_flag(tiny_model_dir, studio_home):
+    run, supervisor = supervised_stand_in(tiny_model_dir, studio_home)
+    os.killpg(supervisor.pid, signal.SIGTERM)  # what `kill -TERM -PGID` (or a session manager) sends
+    assert supervisor.wait(timeout=60) == 0
+    assert status(run)["status"] == "stopped" and not (run / STOP_FILE).exists()  # the flag is gone for a resume
+
+    (run / "die").unlink(missing_ok=True)
+    shutil.rmtree(run)
+    run, supervisor = supervised_stand_in(tiny_model_dir, studio_home)
+    done = cli("stop", run.name, home=studio_home, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("stop requested: stand-in saves a checkpoint"), done
+    assert supervisor.wait(timeout=60) == 0
+    assert status(run)["status"] == "stopped"
+
+
+def test_a_rank_that_fails_is_named_in_the_runs_one_line_error(tiny_model_dir, studio_home):
+    run, supervisor = supervised_stand_in(tiny_model_dir, studio_home)
+    (run / "die").write_text("")
+    assert supervisor.wait(timeout=60) == 0
+    final = status(run)
+    assert final["status"] == "failed" and final["error"] == "rank 1: RuntimeError: boom", final
+    assert RunDir(run).read_events(("status",))[-1]["error"] == "rank 1: RuntimeError: boom"
+
+
 # --------------------------------------------------------------------------- real groups
 def test_zero2_trainer_launched_and_followed_to_the_end(tiny_model_dir, tmp_path, studio_home):
     """ZeRO-2 through the Trainer, 2 ranks: `launch --follow` prints the run directory, follows with train's
@@ -104,10 +161,10 @@ def test_zero2_trainer_launched_and_followed_to_the_end(tiny_model_dir, tmp_path
     assert_group_gone(run)
 
 
-def test_zero3_engine_stopped_then_resumed_with_the_same_processes(tiny_model_dir, tmp_path, studio_home):
+def test_zero3_engine_stopped_then_resumed_with_the_same_processes(tiny_model_dir, tmp_path, studio_home, capsys):
     """ZeRO-3 through the engine loop, 2 ranks, detached: the app (a fresh Studio, as after a restart) finds it
-    running from its files; `stop` ends it with a checkpoint from both ranks; `launch --resume --follow` continues
-    from there with 2 processes and trains only the steps after the checkpoint."""
+    running from its files, a second run is refused, the app's Stop ends it with a checkpoint from both ranks, and
+    `launch --resume --follow` continues from there with 2 processes, training only the steps after it."""
     from finetune.studio import Studio
 
     config = tiny_config(
@@ -129,9 +186,10 @@ def test_zero3_engine_stopped_then_resumed_with_the_same_processes(tiny_model_di
         seen = app.state()
         assert seen is not None and seen.status == "running" and seen.world_size == 2 and seen.step >= 2, seen
         assert [r.status for r in app.runs() if r.run_id == run.name] == ["running"]
+        assert main(["train", "--config", str(tmp_path / "run.yaml")]) == 2  # one run per machine covers the group
+        assert capsys.readouterr().err.startswith(f"error: busy: run {run.name} started by the command line")
     finally:
-        stopped = cli("stop", str(run), home=studio_home, timeout=60)
-    assert stopped.returncode == 0, stopped.stderr
+        assert app.stop()  # the app's Stop: the same flag as `python -m finetune stop`
     wait_for(lambda: not group_alive(run), "the group to end")
     final = status(run)
     assert final["status"] == "stopped" and 2 <= final["step"] < 60, final
