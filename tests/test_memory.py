@@ -154,10 +154,13 @@ def test_replay_agrees_with_formulas(tiny, method):
         assert est.components["quant_constants"] == est.sizes["quant_constants"]
 
 
-def test_deep_models_are_extrapolated_exactly(tiny):
+@pytest.mark.parametrize("objective", ["sft", "dpo", "kto"])
+def test_deep_models_are_extrapolated_exactly(tiny, objective):
+    """Two shallow replays give the deep one, also with the preference passes (KL, reference) in the step."""
     from transformers import LlamaConfig
 
     from finetune.memory import trace as mt
+    from finetune.plan import plan_for
 
     config = LlamaConfig(
         hidden_size=32,
@@ -167,7 +170,7 @@ def test_deep_models_are_extrapolated_exactly(tiny):
         num_key_value_heads=2,
         vocab_size=256,
     )
-    plan = mt.plan_for(cfg(tiny, method="lora", max_seq_length=64), "cpu")
+    plan = plan_for(cfg(tiny, method="lora", max_seq_length=64, objective=objective), device="cpu")
     deep, shallow = mt.trace_once(config, plan), mt.trace(config, plan)
     assert shallow.layers_traced < 7
     assert abs(shallow.peak - deep.peak) <= 0.001 * deep.peak

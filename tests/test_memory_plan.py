@@ -1,24 +1,33 @@
-"""The estimator and the engine read the same run plan: the model the estimator replays trains the same parameters as
-the one the engine loads, for every method and LoRA variant, and `all` means `all-linear` in both."""
+"""The estimator replays the engine's own model: `finetune.models.build_model`, called on fake tensors, trains the
+same parameters as the model the engine loads, for every method and LoRA variant; `all` means `all-linear` in both;
+the preference objectives and Liger change the estimate the way the step changes."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 
 from finetune import memory, models
 from finetune.config import TrainConfig
+from finetune.memory import analytic as ma
 from finetune.memory import trace
+from finetune.plan import plan_for
 from tests.helpers import measured_peak
 
 MATRIX = {
     "full": {"method": "full"},
     "lora": {"method": "lora"},
     "qlora": {"method": "qlora"},
-    "classification": {"method": "lora", "task": "sequence_classification", "num_labels": 3},
+    "classification-lora": {"method": "lora", "task": "sequence_classification", "num_labels": 3},
+    "classification-full": {"method": "full", "task": "sequence_classification", "num_labels": 3},
     "dora": {"method": "lora", "use_dora": True},
+    "qlora-dora": {"method": "qlora", "use_dora": True},
     "rslora": {"method": "lora", "use_rslora": True, "lora_r": 16},
     "pissa": {"method": "lora", "init_lora_weights": "pissa"},
+    "olora": {"method": "lora", "init_lora_weights": "olora"},
+    "gaussian": {"method": "lora", "init_lora_weights": "gaussian"},
     "targets": {"method": "lora", "lora_target_modules": "q_proj,v_proj"},
     "all": {"method": "lora", "lora_target_modules": "all"},
 }
@@ -35,18 +44,36 @@ def trainable(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
     return {name: tuple(p.shape) for name, p in model.named_parameters() if p.requires_grad}
 
 
+def replayed(config: TrainConfig) -> torch.nn.Module:
+    """The model the estimator replays for `config`, built exactly as `trace_once` builds it (fake tensors)."""
+    plan = plan_for(config, device="cpu")
+    with trace.fake_tensors(plan):
+        return trace.build(memory.model_config_of(config), plan)
+
+
 @pytest.mark.parametrize("case", MATRIX, ids=list(MATRIX))
 def test_the_replayed_model_trains_the_parameters_the_engine_trains(tiny, case):
     config = TrainConfig(model=str(tiny), **MATRIX[case])
     engine = models.load_model(config, num_labels=config.num_labels or None)
-    replayed = trace.build_model(models.load_model_config(str(tiny)), trace.plan_for(config, device="cpu"))
-    assert trainable(replayed) == trainable(engine)
+    fake = replayed(config)
+    assert trainable(fake) == trainable(engine)
     assert trainable(engine)  # something trains
+    assert all(isinstance(p, torch._subclasses.fake_tensor.FakeTensor) for p in fake.parameters())
+
+
+def test_qlora_replays_the_4bit_storage_a_load_holds(tiny):
+    config = TrainConfig(model=str(tiny), method="qlora")
+    engine = models.load_model(config)
+    fake = replayed(config)
+    frozen = {n: (p.dtype, p.numel()) for n, p in engine.named_parameters() if not p.requires_grad}
+    assert {n: (p.dtype, p.numel()) for n, p in fake.named_parameters() if not p.requires_grad} == frozen
+    assert any(dtype == torch.uint8 for dtype, _ in frozen.values())  # packed 4-bit weights
 
 
 def test_all_and_all_linear_give_the_same_estimate(tiny):
     a = memory.estimate(TrainConfig(model=str(tiny), lora_target_modules="all"), device="cpu")
     b = memory.estimate(TrainConfig(model=str(tiny), lora_target_modules="all-linear"), device="cpu")
+    assert a.method == b.method == "traced"
     assert a.tensor_bytes == b.tensor_bytes and a.components == b.components
 
 
@@ -57,3 +84,75 @@ def test_dora_costs_more_and_the_estimate_follows_the_measured_peak(tiny):
     estimated = memory.estimate(dora, device="cpu").tensor_bytes
     assert abs(estimated - measured) <= 0.10 * measured, (estimated, measured)
     assert estimated > memory.estimate(lora, device="cpu").tensor_bytes  # the weight norm is recomputed each step
+
+
+def test_a_classification_estimate_leaves_the_next_one_intact(tiny):
+    """PEFT copies a classification head (modules_to_save); copying a fake tensor used to corrupt the heap."""
+    first = memory.estimate(TrainConfig(model=str(tiny), task="sequence_classification"), device="cpu")
+    again = memory.estimate(TrainConfig(model=str(tiny), max_seq_length=200), device="cuda")
+    assert first.method == again.method == "traced" and again.tensor_bytes > 0
+
+
+# ----------------------------------------------------------------------------- objectives
+
+
+def components(config: TrainConfig, device: str = "cpu") -> memory.MemoryEstimate:
+    est = memory.estimate(config, device=device)
+    assert est.method == "traced", est.notes
+    return est
+
+
+def test_dpo_scores_two_sequences_and_lora_needs_no_reference_copy(tiny):
+    sft = components(TrainConfig(model=str(tiny)))
+    dpo = components(TrainConfig(model=str(tiny), objective="dpo"))
+    assert dpo.components["reference_model"] == 0  # adapters off: the same weights
+    # chosen + rejected in one batch: twice the activations of the same batch of SFT rows (TRL's fused head keeps
+    # the logits out; its fixed tile shows as logits_loss)
+    assert dpo.components["activations"] >= 1.5 * sft.components["activations"]
+    assert dpo.tensor_bytes > sft.tensor_bytes
+
+
+def test_full_dpo_holds_a_frozen_copy_of_the_weights(tiny):
+    full = components(TrainConfig(model=str(tiny), method="full", objective="dpo"))
+    assert full.components["reference_model"] == full.components["weights"] > 0
+    kto = components(TrainConfig(model=str(tiny), method="full", objective="kto"))
+    assert kto.components["reference_model"] == kto.components["weights"]
+    orpo = components(TrainConfig(model=str(tiny), method="full", objective="orpo"))
+    assert orpo.components["reference_model"] == 0  # ORPO has no reference
+
+
+def test_kto_replays_its_kl_and_reference_passes(tiny):
+    plan = plan_for(TrainConfig(model=str(tiny), objective="kto"), device="cpu")
+    result = trace.trace(memory.model_config_of(plan.config), plan)
+    assert {"kl", "reference", "forward", "backward_head"} <= set(result.phase_peak)
+    # one sequence per example: its activations are those of an SFT step's batch, not twice them
+    sft = trace.trace(memory.model_config_of(plan.config), plan_for(plan.config.replace(objective="sft"), "cpu"))
+    assert result.phase_peak["reference"] < result.peak
+    assert result.phase_split["forward"]["activations"] <= 1.1 * sft.phase_split["forward"]["activations"]
+
+
+# ----------------------------------------------------------------------------- Liger
+
+
+def test_liger_keeps_one_chunk_of_logits(tiny):
+    """On a GPU with Liger, the logits never exist whole: the estimate takes Liger's chunk instead (CPU plans never
+    use Liger, so the plan is made for cuda)."""
+    values = {"model": str(tiny), "max_seq_length": 256, "per_device_train_batch_size": 4}
+    eager = components(TrainConfig(**values, liger_kernel="off"), device="cuda")
+    liger = components(TrainConfig(**values, liger_kernel="on"), device="cuda")
+    assert plan_for(TrainConfig(**values, liger_kernel="on"), device="cuda").liger
+    assert liger.tensor_bytes < eager.tensor_bytes
+    assert liger.components["logits_loss"] < eager.components["logits_loss"]
+    assert any("Liger" in note for note in liger.notes)
+
+
+def test_liger_chunk_rule():
+    # liger-kernel 0.8.5: inc_factor = ceil(V / H); rows = next_power_of_2(ceil(BT / inc_factor)), at most BT
+    assert ma.liger_chunk_rows(tokens=8192, hidden=2048, vocab=128256) == 256  # 63 -> ceil(8192/63)=131 -> 256
+    assert ma.liger_chunk_rows(tokens=100, hidden=64, vocab=64) == 100  # one chunk covers every token
+    s = ma.Settings(method="lora", batch=4, seq=2048, half=2, loss_kernel="liger")
+    sh = ma.Shape(hidden=2048, vocab=128256)
+    assert (
+        ma.logits_loss_bytes(sh, ma.Census(), s)
+        < ma.logits_loss_bytes(sh, ma.Census(), dataclasses.replace(s, loss_kernel="eager")) / 20
+    )

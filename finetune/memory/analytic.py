@@ -16,6 +16,9 @@ BLOCK_NESTED = 256  # double quantisation: one fp32 absmax per 256 first-level c
 BLOCK_8BIT_OPTIM = 256  # bitsandbytes 8-bit optimizer state block size
 MIN_8BIT_SIZE = 4096  # bitsandbytes keeps fp32 states for tensors smaller than this
 LOGITS_BACKWARD_BYTES = 12  # per token per vocab entry at the start of backward: log-softmax out, its grad, logits grad
+TRL_TOKEN_TILE = 4096  # TRL 1.16's chunked log-prob head (DPO, KTO): a [tokens, vocab chunk] tile of this many tokens
+TRL_VOCAB_CHUNK = 32768  # ... by this many vocabulary entries, allocated whole whatever the vocabulary size
+LIGER_CHUNK_MEM_CONST = 1  # liger-kernel 0.8.5's default budget for its fused linear cross-entropy chunks
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -85,12 +88,19 @@ class Settings:
     offload_optimizer: bool = False
     offload_param: bool = False
     deepspeed: bool = False
-    loss_kernel: str = "eager"  # how logits and loss are computed: eager = transformers' (see logits_loss_bytes)
+    loss_kernel: str = "eager"  # how logits and loss are computed: eager (transformers'), liger, trl_chunked
+    objective: str = "sft"  # sft | dpo | orpo | kto
+    reference: str | None = None  # dpo / kto: "adapter-off" or "copy" (a frozen copy of the weights)
+
+    @property
+    def sequences(self) -> int:
+        """Sequences per example: DPO and ORPO put the chosen and the rejected answer in one batch."""
+        return 2 if self.objective in ("dpo", "orpo") else 1
 
     @property
     def tokens(self) -> int:
         """Tokens in one micro batch (every row full length: the worst case)."""
-        return self.batch * self.seq
+        return self.batch * self.seq * self.sequences
 
     @property
     def amp(self) -> bool:
@@ -103,9 +113,11 @@ class Settings:
         return 2 if (self.amp and self.method == "lora") else 4
 
 
-def settings_for(config: Any, device: str, gpus: int = 1) -> Settings:
-    """`Settings` for a TrainConfig on a device (cpu runs fp32; cuda runs bf16 unless fp32 is asked)."""
+def settings_for(config: Any, device: str, gpus: int = 1, plan: Any = None) -> Settings:
+    """`Settings` for a TrainConfig on a device (cpu runs fp32; cuda runs bf16 unless fp32 is asked); the run plan,
+    when given, says the objective, its reference and whether Liger's fused loss runs."""
     half = 0 if (device != "cuda" or config.precision == "fp32") else 2
+    objective = plan.objective if plan is not None else getattr(config, "objective", "sft")
     return Settings(
         method=config.method,
         batch=config.per_device_train_batch_size,
@@ -125,7 +137,18 @@ def settings_for(config: Any, device: str, gpus: int = 1) -> Settings:
         offload_optimizer=config.offload_optimizer != "none",
         offload_param=config.offload_param != "none",
         deepspeed=config.backend == "deepspeed" or config.zero_stage > 0,
+        loss_kernel=loss_kernel_of(objective, bool(plan is not None and plan.liger)),
+        objective=objective,
+        reference=plan.reference if plan is not None else None,
     )
+
+
+def loss_kernel_of(objective: str, liger: bool) -> str:
+    """How the logits and loss are computed: TRL's chunked log-prob head (DPO, KTO), Liger's fused linear
+    cross-entropy (SFT with Liger), else transformers' own (the whole logits). ORPO keeps the whole logits."""
+    if objective in ("dpo", "kto"):
+        return "trl_chunked"
+    return "liger" if (liger and objective == "sft") else "eager"
 
 
 def shape_of(model_config: Any) -> Shape:
@@ -193,9 +216,10 @@ def census(model_config: Any, config: Any, trust_remote_code: bool = False) -> C
         return out
     from peft import LoraConfig, get_peft_model
 
-    from finetune.memory.trace import estimation_lora_kwargs
+    from finetune.plan import lora_plan
 
-    lc = LoraConfig(**estimation_lora_kwargs(config))
+    # The plan's adapter settings; counting needs no PiSSA / OLoRA start (values only, and none on the meta device).
+    lc = LoraConfig(**{**lora_plan(config).kwargs(), "init_lora_weights": True})
     with torch.device("meta"):
         peft_model = get_peft_model(model, lc)
     out.trainable = [p.numel() for p in peft_model.parameters() if p.requires_grad]
@@ -476,15 +500,39 @@ def autocast_copies_bytes(sh: Shape, c: Census, s: Settings) -> int:
 def logits_loss_bytes(sh: Shape, c: Census, s: Settings) -> int:
     """Logits and cross-entropy buffers at their peak (start of backward), for the run's loss kernel.
 
-    The one place the loss kernel changes the estimate: `eager` (transformers' own) materialises the logits. A fused
-    linear cross-entropy (e.g. Liger's, which never holds the whole logits) adds its own branch here, and the traced
-    path takes this term instead of the replay's logits (a replay cannot run a Triton kernel)."""
+    The one place the loss kernel changes the estimate: `eager` (transformers' own) materialises the logits; `liger`
+    holds one chunk of them (`liger_logits_bytes`; the traced path takes this term instead of the replay's logits, as
+    a replay cannot run a Triton kernel); `trl_chunked` is TRL's log-prob head, one fixed tile."""
     if s.task == "sequence_classification":
         return 0
+    if s.loss_kernel == "liger":
+        return liger_logits_bytes(sh, c, s)
+    head_copy = 2 * c.head_params if (s.amp and s.weight_bytes == 4) else 0
+    if s.loss_kernel == "trl_chunked":
+        compute = 2 if s.amp else 4
+        tile = min(s.tokens, TRL_TOKEN_TILE) * TRL_VOCAB_CHUNK * compute
+        head_grad = 4 * c.head_params if c.head_trainable else 0  # accumulated in fp32 by the backward
+        return tile + 4 * s.tokens * sh.hidden + head_grad + head_copy  # + the fp32 gradient of the hidden states
     if s.loss_kernel != "eager":
         raise ValueError(f"loss kernel {s.loss_kernel!r}: no memory formula yet")
-    head_copy = 2 * c.head_params if (s.amp and s.weight_bytes == 4) else 0
     return LOGITS_BACKWARD_BYTES * s.tokens * sh.vocab + head_copy  # 12 B per token per vocab entry + a 16-bit head
+
+
+def liger_chunk_rows(tokens: int, hidden: int, vocab: int) -> int:
+    """Rows of logits Liger's fused linear cross-entropy holds at once (liger-kernel 0.8.5): the tokens split so a
+    chunk of logits is about the size of the hidden states, rounded up to a power of two, at most all tokens."""
+    inc_factor = -(-vocab // (LIGER_CHUNK_MEM_CONST * hidden))
+    rows = 1 << max(0, (-(-tokens // inc_factor) - 1).bit_length())
+    return min(rows, tokens)
+
+
+def liger_logits_bytes(sh: Shape, c: Census, s: Settings) -> int:
+    """Liger's fused linear cross-entropy at its peak (it computes the gradients in the forward): one chunk of logits,
+    the gradient of the hidden states, the per-token loss, and the head's gradient when the head trains."""
+    io = 2 if s.amp else 4  # the hidden states reach the head in the autocast dtype
+    rows = liger_chunk_rows(s.tokens, sh.hidden, sh.vocab)
+    head_grad = c.head_params * (4 if s.method == "full" else 2) if c.head_trainable else 0
+    return rows * sh.vocab * io + s.tokens * sh.hidden * io + 4 * s.tokens + head_grad
 
 
 def recompute_bytes(sh: Shape, c: Census, s: Settings) -> int:
@@ -528,11 +576,14 @@ def analyse(sh: Shape, c: Census, s: Settings) -> Analytic:
         "logits_loss": logits_loss_bytes(sh, c, s),
         "optimizer_temporaries": optimizer_temporaries_bytes(c, s),
     }
+    if s.reference == "copy":  # full fine-tuning's DPO / KTO reference: a frozen copy of the starting weights
+        comp["reference_model"] = weights_bytes(c, s)
     if s.deepspeed:
         comp.update(zero_split(c, s))
     if s.gpus > 1 and not s.deepspeed:
         comp["ddp_buckets"] = comp["gradients"]  # DDP's gradient buckets: a second copy of the gradients
-    static = sum(comp[k] for k in ("weights", "quant_constants", "lora", "optimizer", "master_weights"))
+    static = sum(comp.get(k, 0) for k in ("weights", "reference_model", "quant_constants", "lora", "optimizer"))
+    static += comp["master_weights"]
     static += comp.get("ddp_buckets", 0)
     grads_always = comp["gradients"] if s.accumulation > 1 else 0
     acts = comp["activations"]
@@ -543,7 +594,7 @@ def analyse(sh: Shape, c: Census, s: Settings) -> Analytic:
     if s.checkpointing:
         phases["backward with recomputation"] = static + grads_always + acts + recompute_bytes(sh, c, s)
     phases["optimizer step"] = static + comp["gradients"] + comp["optimizer_temporaries"]
-    if s.method == "full" and s.task != "sequence_classification":
+    if s.method == "full" and s.task != "sequence_classification" and s.loss_kernel == "eager":
         head_grad = 4 * c.head_params + s.tokens * sh.vocab * (6 if s.amp else 4)
         phases["backward through the output head"] = static + grads_always + acts + head_grad
     phase = max(phases, key=phases.get)

@@ -7,15 +7,19 @@ Only imported when an estimate is computed (it imports torch and transformers).
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 import weakref
 from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+if TYPE_CHECKING:
+    from finetune.plan import RunPlan
 
 CATEGORY_OF_PHASE = {
     "setup": "activations",
@@ -27,6 +31,8 @@ CATEGORY_OF_PHASE = {
     "backward_bottom_block": "backward_temporaries",
     "backward_tail": "backward_temporaries",
     "optimizer": "optimizer_temporaries",
+    "kl": "reference_forward",  # KTO's no-grad policy pass over the KL sequences
+    "reference": "reference_forward",  # the no-grad reference pass (adapters off, or the frozen copy)
 }
 
 
@@ -108,208 +114,83 @@ class LiveBytes(TorchDispatchMode):
         return out
 
 
-@dataclass
-class Plan:
-    """How the engine runs a config on a device: dtypes, autocast, what is quantised and trained."""
-
-    device: str = "cpu"
-    method: str = "lora"
-    weight_dtype: torch.dtype = torch.float32
-    autocast_dtype: torch.dtype | None = None
-    compute_dtype: torch.dtype = torch.float32
-    task: str = "causal_lm"
-    num_labels: int = 2
-    batch: int = 1
-    seq: int = 128
-    accumulation: int = 1
-    checkpointing: bool = False
-    optim: str = "adamw_torch"
-    foreach: bool = False
-    max_grad_norm: float = 1.0
-    weight_decay: float = 0.0
-    lora_r: int = 8
-    lora_alpha: int = 16
-    lora_dropout: float = 0.05
-    lora_targets: str = "all-linear"
-    quant_type: str = "nf4"
-    double_quant: bool = True
-    lora_kwargs: dict = field(default_factory=dict)  # peft.LoraConfig arguments from the run plan (variants included)
+# ----------------------------------------------------------------------------- the step's settings, from the plan
 
 
-def plan_for(config: Any, device: str = "cuda") -> Plan:
-    """The `Plan` our engine (`finetune.models.load_model` + Trainer) follows for a `TrainConfig` on `device`.
-
-    cpu: everything fp32. cuda: bf16 unless the config asks fp32/fp16; full fine-tuning keeps fp32 weights under
-    autocast, LoRA puts a 16-bit base under fp32 adapters, QLoRA keeps non-quantised weights fp32.
-    """
-    half = _half_dtype(config.precision, device)
-    weight = half if (half is not None and config.method == "lora") else torch.float32
-    return Plan(
-        device=device,
-        method=config.method,
-        weight_dtype=weight,
-        autocast_dtype=half,
-        compute_dtype=half or torch.float32,
-        task=config.task,
-        num_labels=config.num_labels or 2,
-        batch=config.per_device_train_batch_size,
-        seq=config.max_seq_length,
-        accumulation=config.gradient_accumulation_steps,
-        checkpointing=config.gradient_checkpointing,
-        optim=config.optim,
-        foreach=device == "cuda",
-        max_grad_norm=config.max_grad_norm,
-        weight_decay=config.weight_decay,
-        lora_r=config.lora_r,
-        lora_alpha=config.lora_alpha,
-        lora_dropout=config.lora_dropout,
-        lora_targets=config.lora_target_modules,
-        quant_type=config.quant_type,
-        double_quant=config.double_quant,
-        lora_kwargs=estimation_lora_kwargs(config) if config.method in ("lora", "qlora") else {},
-    )
+def autocast_dtype(plan: RunPlan) -> torch.dtype | None:
+    """The dtype the Trainer autocasts to, or None (fp32 runs)."""
+    return plan.torch_dtype(plan.autocast_dtype) if plan.autocast_dtype else None
 
 
-def estimation_lora_kwargs(config: Any) -> dict[str, Any]:
-    """The run plan's `LoraConfig` arguments, with the default start: PiSSA / OLoRA only change the values the
-    adapters start from (an SVD or QR of each weight), not what is allocated, and cannot run on fake tensors."""
-    from finetune.plan import lora_plan
-
-    return {**lora_plan(config).kwargs(), "init_lora_weights": True}
+def foreach(plan: RunPlan) -> bool:
+    """torch's optimizers and clip_grad_norm_ run their foreach (whole group) kernels on CUDA tensors."""
+    return plan.device == "cuda"
 
 
-def _half_dtype(precision: str, device: str) -> torch.dtype | None:
-    """The 16-bit dtype a run uses, or None for fp32 (always on CPU)."""
-    if device != "cuda" or precision == "fp32":
-        return None
-    return torch.float16 if precision == "fp16" else torch.bfloat16
+def sequences_per_example(plan: RunPlan) -> int:
+    """DPO and ORPO score a chosen and a rejected answer per example in one batch, as TRL concatenates them."""
+    return 2 if plan.objective in ("dpo", "orpo") else 1
 
 
-# ----------------------------------------------------------------------------- model building (as the engine does)
+def build(model_config: Any, plan: RunPlan) -> torch.nn.Module:
+    """The model the engine trains, made by the engine's own `finetune.models.build_model` from the config (under
+    fake tensors here), with gradient checkpointing and the preference trainers' setup as the engine gets them."""
+    from finetune import models
 
-
-def lora_target_modules(spec: str) -> str | list[str]:
-    """PEFT's `target_modules` value for our `lora_target_modules` text (the run plan decides it)."""
-    from finetune.plan import lora_targets
-
-    targets = lora_targets(spec)
-    return targets if isinstance(targets, str) else list(targets)
-
-
-def build_model(model_config: Any, plan: Plan, trust_remote_code: bool = False) -> torch.nn.Module:
-    """The model the engine would train, built from its config under whatever mode is active (fake or real)."""
-    import copy
-
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
-
-    cfg = copy.deepcopy(model_config)  # attention: transformers' default (sdpa where supported), as the engine gets
-    if plan.task == "sequence_classification":
-        cfg.num_labels = plan.num_labels
-        if getattr(cfg, "pad_token_id", None) is None:
-            cfg.pad_token_id = 0
-        auto = AutoModelForSequenceClassification
-    else:
-        auto = AutoModelForCausalLM
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(plan.weight_dtype)
-    try:
-        model = auto.from_config(cfg, trust_remote_code=trust_remote_code, dtype=plan.weight_dtype)
-    finally:
-        torch.set_default_dtype(old)
+    model = models.build_model(plan, model_config=model_config)  # PiSSA's SVD and OLoRA's QR run on fake tensors too
     model.train()
-    if plan.method == "qlora":
-        quantize_4bit(model, plan)
-        from peft import prepare_model_for_kbit_training
-
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=plan.checkpointing)
-    if plan.method in ("lora", "qlora"):
-        model = wrap_lora(model, plan)
-    if plan.checkpointing:  # Trainer(activation_checkpointing=True): non-reentrant, inputs made to require grad
-        model.activation_checkpointing_enable()
+    if plan.objective != "sft":
+        _as_trl_prepares(model, plan)
+    if plan.config.gradient_checkpointing:  # Trainer(activation_checkpointing=True): non-reentrant
+        models.enable_checkpointing(model)
     return model
 
 
-def wrap_lora(model: torch.nn.Module, plan: Plan) -> torch.nn.Module:
-    """`peft.get_peft_model` with the LoRA settings of the plan (adapters end up fp32, as PEFT's default autocast)."""
-    from peft import LoraConfig, get_peft_model
+def reference_copy(model_config: Any, plan: RunPlan) -> torch.nn.Module:
+    """Full fine-tuning's DPO / KTO reference: a frozen copy of the starting weights, made as the preference engine
+    loads it (`models.load_base`: the plan's class and dtype)."""
+    from finetune import models
 
-    if plan.lora_kwargs:
-        return get_peft_model(model, LoraConfig(**plan.lora_kwargs))
-    task = "SEQ_CLS" if plan.task == "sequence_classification" else "CAUSAL_LM"
-    lc = LoraConfig(
-        r=plan.lora_r,
-        lora_alpha=plan.lora_alpha,
-        lora_dropout=plan.lora_dropout,
-        target_modules=lora_target_modules(plan.lora_targets),
-        task_type=task,
-    )
-    return get_peft_model(model, lc)
+    ref = models.base_from_config(plan, model_config)
+    ref.requires_grad_(False)
+    ref.eval()
+    _as_trl_prepares(ref, plan, outputs=("log_probs",))  # TRL asks a separate reference for log-probs only
+    return ref
 
 
-def quantize_4bit(model: torch.nn.Module, plan: Plan) -> None:
-    """Swap linear layers for bitsandbytes `Linear4bit` and quantise them, as `from_pretrained(quantization_config)`."""
-    import bitsandbytes as bnb
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-    from transformers import BitsAndBytesConfig
-    from transformers.integrations.bitsandbytes import replace_with_bnb_linear
-    from transformers.pytorch_utils import Conv1D
-    from transformers.quantizers.base import get_keys_to_not_convert
+def _as_trl_prepares(model: torch.nn.Module, plan: RunPlan, outputs: tuple[str, ...] | None = None) -> None:
+    """What TRL's DPO / KTO / ORPO trainers do to the model before training: dropout off (their default), and for
+    DPO and KTO the chunked log-prob head that never holds the whole logits."""
+    from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
 
-    qc = BitsAndBytesConfig(
-        load_in_4bit=True,
-        bnb_4bit_quant_type=plan.quant_type,
-        bnb_4bit_use_double_quant=plan.double_quant,
-        bnb_4bit_compute_dtype=plan.compute_dtype,
-    )
-    originals = {n: m.weight for n, m in model.named_modules() if isinstance(m, (torch.nn.Linear, Conv1D))}
-    skip = get_keys_to_not_convert(model)
-    with unset_fake_temporarily():  # Linear4bit is built on the meta device; its weight is replaced below
-        replace_with_bnb_linear(model, modules_to_not_convert=skip, quantization_config=qc)
-    for name, module in model.named_modules():
-        if isinstance(module, bnb.nn.Linear4bit) and name in originals:
-            w = originals[name].detach()
-            if issubclass(getattr(module, "source_cls", torch.nn.Linear), Conv1D):
-                w = w.T
-            module.weight = _quantized_param(w.contiguous(), module.weight, plan)
-            if module.bias is not None:
-                module.bias = torch.nn.Parameter(torch.zeros(module.bias.shape, dtype=w.dtype), requires_grad=False)
-    model.is_loaded_in_4bit = True
-    model.config.quantization_config = qc
-    del originals
+    disable_dropout_in_model(model)
+    if plan.objective in ("dpo", "kto"):
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        add_fused_lm_head(base, outputs=outputs or FUSED_OUTPUTS[plan.objective])
 
 
-def _quantized_param(w: torch.Tensor, meta_param: Any, plan: Plan) -> torch.nn.Parameter:
-    """A packed 4-bit weight with its QuantState, as `Params4bit._quantize` makes it (works on fake tensors too)."""
-    import bitsandbytes as bnb
-
-    packed, state = bnb.functional.quantize_4bit(
-        w, blocksize=64, compress_statistics=plan.double_quant, quant_type=plan.quant_type, quant_storage=torch.uint8
-    )
-    if not isinstance(w, torch._subclasses.fake_tensor.FakeTensor):
-        kwargs = {k: v for k, v in meta_param.__dict__.items() if k not in ("quant_state", "bnb_quantized", "data")}
-        return bnb.nn.Params4bit(packed, requires_grad=False, quant_state=state, bnb_quantized=True, **kwargs)
-    param = torch.nn.Parameter(packed, requires_grad=False)  # Params4bit cannot wrap a fake tensor
-    for key, value in meta_param.__dict__.items():
-        setattr(param, key, value)
-    param.quant_state, param.bnb_quantized = state, True
-    return param
+# What TRL 1.16 asks its fused head for (DPO: log-probs + metrics; KTO: log-probs, entropy, mean logits).
+FUSED_OUTPUTS = {
+    "dpo": ("log_probs", "entropy", "mean_logits", "is_top1"),
+    "kto": ("log_probs", "entropy", "mean_logits"),
+}
 
 
 # ----------------------------------------------------------------------------- optimizer + step (as Trainer does)
 
 
-def build_optimizer(model: torch.nn.Module, plan: Plan) -> torch.optim.Optimizer:
+def build_optimizer(model: torch.nn.Module, plan: RunPlan) -> torch.optim.Optimizer:
     """Trainer's optimizer for the plan: decay / no-decay groups, torch AdamW, bitsandbytes 8-bit AdamW or SGD."""
     decay = [p for n, p in model.named_parameters() if p.requires_grad and not _no_decay(n)]
     rest = [p for n, p in model.named_parameters() if p.requires_grad and _no_decay(n)]
-    groups = [{"params": decay, "weight_decay": plan.weight_decay}, {"params": rest, "weight_decay": 0.0}]
-    if plan.optim == "sgd":
-        return torch.optim.SGD(groups, lr=1e-4, foreach=plan.foreach)
-    if plan.optim in ("adamw_8bit", "paged_adamw_8bit"):
+    groups = [{"params": decay, "weight_decay": plan.config.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    if plan.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=1e-4, foreach=foreach(plan))
+    if plan.optimizer in ("adamw_8bit", "paged_adamw_8bit"):
         from bitsandbytes.optim import AdamW
 
-        return AdamW(groups, lr=1e-4, optim_bits=8, is_paged=plan.optim.startswith("paged"))
-    return torch.optim.AdamW(groups, lr=1e-4, foreach=plan.foreach)
+        return AdamW(groups, lr=1e-4, optim_bits=8, is_paged=plan.optimizer.startswith("paged"))
+    return torch.optim.AdamW(groups, lr=1e-4, foreach=foreach(plan))
 
 
 def _no_decay(name: str) -> bool:
@@ -319,45 +200,125 @@ def _no_decay(name: str) -> bool:
     return bool(re.search(r"bias|layernorm|rmsnorm|(?:^|\.)norm(?:$|\.)|_norm(?:$|\.)|ln_", name))
 
 
-def make_batch(plan: Plan, vocab_size: int) -> dict[str, torch.Tensor]:
-    """A worst-case batch: every row `seq` tokens long (no padding), labels on every token."""
-    ids = torch.zeros((plan.batch, plan.seq), dtype=torch.long)
-    if plan.task == "sequence_classification":
-        return {"input_ids": ids, "labels": torch.zeros((plan.batch,), dtype=torch.long)}
-    return {"input_ids": ids, "labels": torch.zeros((plan.batch, plan.seq), dtype=torch.long)}
+def make_batch(plan: RunPlan) -> dict[str, torch.Tensor]:
+    """A worst-case batch: every row `max_seq_length` tokens long (no padding), labels on every token; DPO / ORPO
+    rows are chosen + rejected (two sequences per example), KTO adds the mismatched KL sequences."""
+    config = plan.config
+    rows = config.per_device_train_batch_size * sequences_per_example(plan)
+    ids = torch.zeros((rows, config.max_seq_length), dtype=torch.long)
+    if plan.is_classifier:
+        return {"input_ids": ids, "labels": torch.zeros((rows,), dtype=torch.long)}
+    batch = {"input_ids": ids, "labels": torch.zeros((rows, config.max_seq_length), dtype=torch.long)}
+    if plan.objective == "kto":
+        batch["kl_input_ids"] = torch.zeros_like(ids)
+    return batch
 
 
-def train_step(model, optimizer, batch, plan: Plan, counter: LiveBytes | None = None) -> None:
-    """One micro batch + optimizer step exactly as Trainer runs it (autocast + fp32 outputs under amp)."""
+def train_step(model, optimizer, batch, plan: RunPlan, counter: LiveBytes | None = None, reference=None) -> None:
+    """One micro batch + optimizer step exactly as Trainer runs it (autocast + fp32 outputs under amp); preference
+    objectives compute their loss as TRL 1.16 does (see `preference_loss`)."""
     phase = counter.set_phase if counter else (lambda p: None)
     phase("forward")
     model.train()
-    amp = torch.autocast("cpu", dtype=plan.autocast_dtype) if plan.autocast_dtype else contextlib.nullcontext()
+    dtype = autocast_dtype(plan)
+    amp = torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
     with amp:
-        out = model(**batch)
-    if plan.autocast_dtype is not None:  # accelerate's convert_outputs_to_fp32
-        out = {k: (v.float() if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in out.items()}
-    loss = out["loss"]
-    del out
+        if plan.objective == "sft":
+            loss = _sft_loss(model, batch, plan)
+        else:
+            loss = preference_loss(model, batch, plan, phase, reference)
     phase("backward_head")
     loss.backward()
     del loss
     phase("optimizer")
     params = [p for p in model.parameters() if p.requires_grad]
-    if plan.max_grad_norm > 0:
-        torch.nn.utils.clip_grad_norm_(params, plan.max_grad_norm, foreach=plan.foreach or None)
+    if plan.config.max_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(params, plan.config.max_grad_norm, foreach=foreach(plan) or None)
     optimizer.step()
     model.zero_grad(set_to_none=True)
     phase("done")
 
 
-def prime_optimizer(model, optimizer, plan: Plan, counter: LiveBytes | None = None) -> None:
+def _sft_loss(model, batch, plan: RunPlan) -> torch.Tensor:
+    """transformers' own loss (the logits materialised), with accelerate's fp32 outputs under autocast."""
+    out = model(**batch)
+    if plan.autocast_dtype is not None:  # accelerate's convert_outputs_to_fp32
+        out = {k: (v.float() if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in out.items()}
+    return out["loss"]
+
+
+def preference_loss(model, batch, plan: RunPlan, phase: Any, reference: Any = None) -> torch.Tensor:
+    """The forwards of one TRL 1.16 preference step, in its order, and a loss of the same graph.
+
+    DPO: the policy scores chosen + rejected in one batch through the fused log-prob head, then the reference scores
+    them without gradients. KTO: first a no-grad policy pass over the KL sequences, then the policy pass, then the
+    reference over both. ORPO: one pass with the whole logits, the chosen half's NLL and every row's log-probs; no
+    reference. The reference is the model with its adapters off (LoRA / QLoRA) or `reference` (a frozen copy)."""
+    ids, labels = batch["input_ids"], batch["labels"]
+    if plan.objective == "orpo":
+        return _orpo_loss(model, ids, labels)
+    kl = None
+    if plan.objective == "kto":
+        phase("kl")
+        with torch.no_grad():
+            kl = _sequence_logps(model, batch["kl_input_ids"]).mean()
+        phase("forward")
+    logps = _sequence_logps(model, ids)
+    phase("reference")
+    with torch.no_grad(), _reference_of(model, reference) as ref:
+        if kl is not None:
+            kl = (kl - _sequence_logps(ref, batch["kl_input_ids"]).mean()).clamp(min=0)
+        ref_logps = _sequence_logps(ref, ids)
+    phase("forward_head")
+    beta = plan.config.beta
+    if plan.objective == "dpo":
+        chosen, rejected = (logps - ref_logps).chunk(2, dim=0)
+        return -torch.nn.functional.logsigmoid(beta * (chosen - rejected)).mean()
+    return (1 - torch.sigmoid(beta * (logps - ref_logps - kl))).mean()  # KTO, every row desirable
+
+
+def _sequence_logps(model, ids: torch.Tensor) -> torch.Tensor:
+    """Summed per-token log-probs of each row through TRL's fused head (no full logits)."""
+    out = model(input_ids=ids, labels=ids, fused_lm_head=True, use_cache=False)
+    return out.log_probs.sum(dim=1)
+
+
+@contextlib.contextmanager
+def _reference_of(model, reference):
+    """The reference model: the frozen copy, or the policy with its adapters disabled (PEFT's context manager)."""
+    if reference is not None:
+        yield reference
+    elif hasattr(model, "disable_adapter"):
+        with model.disable_adapter():
+            yield model
+    else:
+        yield model
+
+
+def _orpo_loss(model, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """ORPO's concatenated forward (TRL's experimental ORPOTrainer): whole logits, the chosen half's cross-entropy
+    on shifted logits, every row's log-probs through TRL's `selective_log_softmax`, the odds-ratio term."""
+    from trl.trainer.utils import selective_log_softmax
+
+    logits = model(input_ids=ids, use_cache=False).logits
+    half = ids.shape[0] // 2
+    chosen = logits[:half, :-1, :].contiguous()
+    nll = torch.nn.functional.cross_entropy(chosen.view(-1, chosen.shape[-1]), labels[:half, 1:].reshape(-1))
+    del chosen
+    per_token = selective_log_softmax(logits[:, :-1, :], labels[:, 1:])
+    logps = per_token.sum(-1) / labels.shape[1]
+    c, r = logps[:half], logps[half:]
+    log_odds = (c - r) - (torch.log1p(-torch.exp(c)) - torch.log1p(-torch.exp(r)))
+    return nll - torch.nn.functional.logsigmoid(log_odds).mean()
+
+
+def prime_optimizer(model, optimizer, plan: RunPlan, counter: LiveBytes | None = None) -> None:
     """Create the optimizer state (and accumulated grads when accumulating) so the traced step is a steady one."""
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         p.grad = torch.zeros_like(p)
     optimizer.step()
-    if plan.accumulation == 1:
+    if plan.config.gradient_accumulation_steps == 1:
         optimizer.zero_grad(set_to_none=True)
     if counter is not None:
         tag_state(model, optimizer, counter)
@@ -414,13 +375,13 @@ def _embeddings_in_fp32(model: torch.nn.Module, optimizer: Any) -> None:
     optimizer.mng = mng
 
 
-_LOCAL = threading.local()  # .plan: the Plan this thread is replaying (None elsewhere)
+_LOCAL = threading.local()  # .plan: the RunPlan this thread is replaying (None elsewhere)
 _PATCH_LOCK = threading.Lock()
 _PATCH_USERS = [0]
 _ORIGINALS: dict[str, Any] = {}
 
 
-def _in_replay() -> Plan | None:
+def _in_replay() -> RunPlan | None:
     """The plan this thread is replaying, if any: patched functions act as the originals in every other thread."""
     return getattr(_LOCAL, "plan", None)
 
@@ -451,8 +412,59 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, *args, **kwargs):
     return _ORIGINALS["sdpa"](query, key, value, attn_mask, dropout_p, *args, **kwargs)
 
 
+def _deepcopy(self: torch.Tensor, memo: dict) -> torch.Tensor:
+    """Deep-copy a fake tensor by cloning it. torch's own copies the storage bytes of a fake tensor whose data pointer
+    is not null, reading memory it does not own: PEFT's copy of a classification head (`modules_to_save`) corrupted
+    the heap and crashed the next estimate."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if _in_replay() is None or not isinstance(self, FakeTensor):
+        return _ORIGINALS["deepcopy"](self, memo)
+    if id(self) in memo:
+        return memo[id(self)]
+    with torch.no_grad():
+        copied = self.clone()
+    if isinstance(self, torch.nn.Parameter):
+        copied = torch.nn.Parameter(copied, requires_grad=self.requires_grad)
+    memo[id(self)] = copied
+    own = set(vars(copied))  # the fake tensor's own bookkeeping (its mode, device): the clone has its own
+    for key, value in vars(self).items():  # e.g. a packed 4-bit weight's quant_state, as Params4bit copies it
+        if key not in own:
+            setattr(copied, key, copy.deepcopy(value, memo))
+    return copied
+
+
+# PEFT modules that bound `dequantize_module_weight` by name at import (DoRA on a 4-bit base dequantises with it).
+_PEFT_DEQUANTIZE_USERS = ("peft.utils.integrations", "peft.tuners.lora.dora", "peft.tuners.lora.variants")
+
+
+def _dequantize_module_weight(module: torch.nn.Module) -> torch.Tensor:
+    """PEFT's `dequantize_module_weight`, for the replay's packed 4-bit weights too. PEFT recognises bitsandbytes
+    weights by their class, `Params4bit`, which cannot hold a fake tensor, and bitsandbytes' CPU dequantisation
+    writes through the data pointer (a fake tensor has none): give the tensor a dequantisation allocates, the
+    weight's full shape in the QuantState's dtype."""
+    weight = getattr(module, "weight", None)
+    state = getattr(weight, "quant_state", None)
+    if _in_replay() is None or state is None or getattr(weight, "bnb_quantized", False) is not True:
+        return _ORIGINALS["dequantize_module_weight"](module)
+    return torch.empty(tuple(state.shape), dtype=state.dtype)
+
+
+def _patch_peft_dequantize(install: bool) -> None:
+    """Install (or remove) `_dequantize_module_weight` where PEFT looks it up."""
+    import importlib
+
+    modules = [importlib.import_module(name) for name in _PEFT_DEQUANTIZE_USERS]
+    if install:
+        _ORIGINALS["dequantize_module_weight"] = modules[0].dequantize_module_weight
+    for module in modules:
+        module.dequantize_module_weight = (
+            _dequantize_module_weight if install else _ORIGINALS["dequantize_module_weight"]
+        )
+
+
 @contextlib.contextmanager
-def _replaying(plan: Plan):
+def _replaying(plan: RunPlan):
     """Mark this thread as replaying `plan`; the patched functions are installed while any replay runs."""
     import torch.nn.functional as F
 
@@ -461,6 +473,9 @@ def _replaying(plan: Plan):
             _ORIGINALS.update(swap=torch.utils.swap_tensors, dropout=F.dropout, sdpa=F.scaled_dot_product_attention)
             _ORIGINALS["swap_tensors"] = _ORIGINALS.pop("swap")
             torch.utils.swap_tensors, F.dropout, F.scaled_dot_product_attention = _swap_tensors, _dropout, _sdpa
+            _ORIGINALS["deepcopy"] = torch.Tensor.__deepcopy__
+            torch.Tensor.__deepcopy__ = _deepcopy
+            _patch_peft_dequantize(install=True)
         _PATCH_USERS[0] += 1
     _LOCAL.plan = plan
     try:
@@ -472,6 +487,8 @@ def _replaying(plan: Plan):
             if _PATCH_USERS[0] == 0:
                 torch.utils.swap_tensors = _ORIGINALS["swap_tensors"]
                 F.dropout, F.scaled_dot_product_attention = _ORIGINALS["dropout"], _ORIGINALS["sdpa"]
+                torch.Tensor.__deepcopy__ = _ORIGINALS["deepcopy"]
+                _patch_peft_dequantize(install=False)
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList | None:
@@ -495,7 +512,13 @@ def hook_layer_phases(model: torch.nn.Module, counter: LiveBytes) -> None:
     _on_output_grad(layers[0], "backward_bottom_block", counter)
     layers[0].register_forward_pre_hook(lambda _m, args: _on_grad(args[0] if args else None, "backward_tail", counter))
     # (checkpointing re-runs the forward of a block during backward: only the first pass marks the head)
-    layers[-1].register_forward_hook(lambda *_: counter.phase == "forward" and counter.set_phase("forward_head"))
+    layers[-1].register_forward_hook(lambda *_: _head_reached(counter))
+
+
+def _head_reached(counter: LiveBytes) -> None:
+    """The first forward pass left the last block (a forward hook must return None: a value replaces the output)."""
+    if counter.phase == "forward":
+        counter.set_phase("forward_head")
 
 
 def _on_output_grad(layer: torch.nn.Module, phase: str, counter: LiveBytes) -> None:
@@ -555,7 +578,7 @@ class TraceResult:
         return self.phase_split[self.peak_phase]
 
 
-def trace(model_config: Any, plan: Plan, trust_remote_code: bool = False, small: int = 2) -> TraceResult:
+def trace(model_config: Any, plan: RunPlan, small: int = 2) -> TraceResult:
     """Replay a steady step on fake tensors; deep models are traced at `small` and `small`+1 blocks and extrapolated.
 
     Every phase peak is linear in the number of identical blocks, so two shallow traces give the deep one exactly
@@ -563,9 +586,9 @@ def trace(model_config: Any, plan: Plan, trust_remote_code: bool = False, small:
     """
     total = num_layers(model_config)
     if total <= small + 2:
-        return trace_once(model_config, plan, trust_remote_code)
-    a = trace_once(with_layers(model_config, small), plan, trust_remote_code)
-    b = trace_once(with_layers(model_config, small + 1), plan, trust_remote_code)
+        return trace_once(model_config, plan)
+    a = trace_once(with_layers(model_config, small), plan)
+    b = trace_once(with_layers(model_config, small + 1), plan)
     k = total - small - 1
     # The middle blocks' peak lies within one block's worth of the first or last block's: those two stand for it.
     linear = [p for p in b.phase_peak if p in a.phase_peak and p != "backward_blocks"]
@@ -578,24 +601,38 @@ def trace(model_config: Any, plan: Plan, trust_remote_code: bool = False, small:
     return TraceResult(peaks, splits, layers_traced=small + 1)
 
 
-def trace_once(model_config: Any, plan: Plan, trust_remote_code: bool = False) -> TraceResult:
-    """Build the model on fake tensors and replay one steady training step, counting live storages."""
-    from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+@contextlib.contextmanager
+def fake_tensors(plan: RunPlan):
+    """Fake tensors (shapes and dtypes, no memory) for replaying `plan` in this thread: what `trace_once` builds and
+    steps under, and how a test builds the replayed model."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
-    if plan.method == "qlora" or "8bit" in plan.optim:
+    if plan.quantization is not None or "8bit" in plan.optimizer:
         _prewarm_bitsandbytes()
-    with _replaying(plan), FakeTensorMode(allow_non_fake_inputs=True), LiveBytes() as counter:
-        model = build_model(model_config, plan, trust_remote_code)
+    with _replaying(plan), FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        yield mode
+
+
+def trace_once(model_config: Any, plan: RunPlan) -> TraceResult:
+    """Build the model on fake tensors with the engine's function and replay one steady step, counting storages."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with fake_tensors(plan), LiveBytes() as counter:
+        model = build(model_config, plan)
+        reference = reference_copy(model_config, plan) if plan.reference == "copy" else None
         with unset_fake_temporarily():  # bitsandbytes builds its lookup tables from values
             optimizer = build_optimizer(model, plan)
         _embeddings_in_fp32(model, optimizer)
         prime_optimizer(model, optimizer, plan, counter)
+        if reference is not None:
+            for t in [*reference.parameters(), *reference.buffers()]:
+                counter.track(t, "reference_model")
         hook_layer_phases(model, counter)
-        batch = make_batch(plan, model_config.vocab_size)
+        batch = make_batch(plan)
         counter.reset("setup")
-        train_step(model, optimizer, batch, plan, counter)
+        train_step(model, optimizer, batch, plan, counter, reference)
         result = TraceResult(dict(counter.phase_peak), dict(counter.phase_split), num_layers(model_config))
-        del model, optimizer, batch
+        del model, optimizer, batch, reference
     result.phase_peak.pop("done", None)
     result.phase_split.pop("done", None)
     return result
