@@ -24,6 +24,7 @@ from typing import Any
 BUNDLED_MODELS = Path(__file__).parent / "bundled" / "models"
 HUB_HOST = "huggingface.co"
 REACH_TIMEOUT = 3.0  # seconds to resolve and connect to the Hub before calling it unreachable
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
 REACH_TTL = 60.0  # seconds an answer is reused (the form asks on every edit)
 _reach: dict[str, tuple[float, bool]] = {}
 _reach_lock = threading.Lock()
@@ -86,14 +87,28 @@ def hub_reachable(timeout: float = REACH_TIMEOUT) -> bool:
     The answer is kept for a minute: a form asks on every edit, and a machine seldom changes networks."""
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
         return False
+    if any(os.environ.get(name) for name in PROXY_VARIABLES):
+        return True  # through a proxy a direct connection proves nothing: the Hub client decides
+    host, port = _hub_address()
     with _reach_lock:
-        seen = _reach.get(HUB_HOST)
+        seen = _reach.get(host)
         if seen and time.monotonic() - seen[0] < REACH_TTL:
             return seen[1]
-    answer = _connects(HUB_HOST, 443, timeout)
+    answer = _connects(host, port, timeout)
     with _reach_lock:
-        _reach[HUB_HOST] = (time.monotonic(), answer)
+        _reach[host] = (time.monotonic(), answer)
     return answer
+
+
+def _hub_address() -> tuple[str, int]:
+    """The Hub's host and port: HF_ENDPOINT when set (a mirror), else HUB_HOST on 443."""
+    from urllib.parse import urlsplit
+
+    endpoint = os.environ.get("HF_ENDPOINT", "").strip()
+    if not endpoint:
+        return HUB_HOST, 443
+    parts = urlsplit(endpoint if "//" in endpoint else f"https://{endpoint}")
+    return parts.hostname or HUB_HOST, parts.port or (80 if parts.scheme == "http" else 443)
 
 
 def _connects(host: str, port: int, timeout: float) -> bool:

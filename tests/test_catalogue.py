@@ -104,6 +104,9 @@ def test_an_unreachable_hub_is_noticed_in_seconds_without_the_offline_setting(mo
     """No HF_HUB_OFFLINE, but no network: the reachability probe answers within its timeout and the load is
     limited to the local cache, instead of the Hub client's ~25 s of retries."""
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    for name in catalogue.PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(catalogue, "HUB_HOST", "hub.invalid")  # a name that never resolves (RFC 2606)
     catalogue.forget_reachability()
     try:
@@ -114,6 +117,25 @@ def test_an_unreachable_hub_is_noticed_in_seconds_without_the_offline_setting(mo
         assert "not reachable" in str(caught.value) and time.monotonic() - started < 10
     finally:
         catalogue.forget_reachability()
+
+
+def test_the_probe_asks_the_endpoint_the_hub_client_uses(monkeypatch):
+    """HF_ENDPOINT (a mirror) is the address probed: a listening port answers, a closed one does not."""
+    import socket
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    for name in catalogue.PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+        catalogue.forget_reachability()
+        assert catalogue.hub_reachable() is True
+    catalogue.forget_reachability()
+    assert catalogue.hub_reachable() is False  # the port is closed now
+    catalogue.forget_reachability()
 
 
 def test_online_only_config_json_is_fetched(monkeypatch, tmp_path):
