@@ -211,15 +211,22 @@ def test_zero3_engine_stopped_then_resumed_with_the_same_processes(tiny_model_di
     assert RunDir(run).has_final_model()
 
 
-def test_a_rank_killed_mid_run_fails_the_run_in_one_line_within_seconds(tiny_model_dir, tmp_path, studio_home):
+def test_a_rank_killed_mid_run_fails_the_run_in_one_line_within_seconds(tiny_model_dir, studio_home):
+    """Started from the app (Studio.start with 2 processes); rank 1 killed: the other goes down and the run says
+    which rank died, in one line, seconds later."""
+    from finetune.studio import Studio
+
     config = tiny_config(
         tiny_model_dir, backend="deepspeed", zero_stage=2, max_steps=200, save_steps=100, per_device_train_batch_size=2
     )
-    config.save(tmp_path / "run.yaml")
-    started = cli("launch", "--config", str(tmp_path / "run.yaml"), "--nproc", "2", home=studio_home, timeout=60)
-    assert started.returncode == 0, started.stderr[-3000:]
-    run = Path(started.stdout.strip().splitlines()[-1])
+    app = Studio(runs_root=studio_home / "runs")
+    assert app.max_processes() == min(4, os.cpu_count() or 1)
+    state = app.start(config.to_dict(), processes=2)
+    assert state.status == "pending" and state.world_size == 2, state
+    run = Path(state.run_dir)
+    assert run.parent == studio_home / "runs"
     wait_for(lambda: status(run).get("step", 0) >= 1, "step 1")
+    assert app.state().status == "running" and app.state().world_size == 2
     rank_pids = read_group(run)["rank_pids"]
     os.kill(rank_pids[1], signal.SIGKILL)
     took = wait_for(lambda: not group_alive(run), "the group to end", timeout=120)
@@ -229,3 +236,4 @@ def test_a_rank_killed_mid_run_fails_the_run_in_one_line_within_seconds(tiny_mod
     assert took < 60, f"the other rank took {took:.0f}s to go down"
     print(f"rank 1 killed: the group was down and the run marked failed {took:.1f}s later")
     assert_group_gone(run)
+    assert app.state().status == "failed" and not app.manager.is_active()
