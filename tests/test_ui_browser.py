@@ -207,8 +207,9 @@ def expect_reply(page, chatbot_id: str, text: str, timeout_s: float = 30) -> str
 
 
 def run_of(server) -> tuple[str, Path]:
-    run = server["studio"].runs()[0]
-    return run["run_id"], Path(run["run_dir"])
+    studio = server["studio"]
+    run = next(r for r in studio.runs() if r.objective == "sft" and r.final)  # the story's run
+    return run.run_id, studio.manager.root / run.run_id
 
 
 def progress_step(page) -> int:
@@ -251,11 +252,49 @@ def test_memory_shows_the_estimators_figure(page, tiny_model_dir):
 def test_configure_shows_a_bad_value_beside_its_field(page):
     tab(page, "Configure")
     open_group(page, "Optimisation", "max_steps")
+    # Plain words, with the YAML key as a hint.
+    expect(page.locator("#cfg-max_steps")).to_contain_text("Training steps")
+    expect(page.locator("#cfg-max_steps")).to_contain_text("YAML key: max_steps")
     fill(page, "cfg-max_steps", -5)
     expect(page.locator("#cfg-err-max_steps")).to_contain_text("max_steps: -5 is out of range")
     shot(page, "03-configure-error")
     fill(page, "cfg-max_steps", STEPS)
     expect(page.locator("#cfg-err-max_steps")).to_be_hidden()
+    fill(page, "cfg-learning_rate", "")  # an emptied number: the field named, no "None is not a number"
+    expect(page.locator("#cfg-err-learning_rate")).to_have_text("⚠ Learning rate: empty; give a number")
+    fill(page, "cfg-learning_rate", 0.03)
+    expect(page.locator("#cfg-err-learning_rate")).to_be_hidden()
+    # Fields that do not apply are hidden: LoRA's rank for full fine-tuning, the DPO loss unless the goal is DPO.
+    expect(page.locator("#cfg-lora_r")).to_be_visible()
+    expect(page.locator("#cfg-loss_type")).to_be_hidden()
+    choose(page, "cfg-method", "full")
+    expect(page.locator("#cfg-lora_r")).to_be_hidden()
+    choose(page, "cfg-method", "lora")
+    expect(page.locator("#cfg-lora_r")).to_be_visible()
+
+
+def test_check_says_it_is_pending_and_drops_an_answer_for_changed_settings(page, server):
+    """Check waits on the backend (held here): the page says so at once; the settings change meanwhile, so the late
+    answer is dropped with a note instead of being shown under the new value."""
+    studio, entered, release = server["studio"], threading.Event(), threading.Event()
+    real = studio.verify
+
+    def held(values):
+        entered.set()
+        release.wait(60)
+        return real(values)
+
+    studio.verify = held
+    try:
+        page.locator("#cfg-check").click()
+        expect(page.locator("#cfg-summary")).to_contain_text("⏳ Checking the model and data as Start will")
+        assert entered.wait(30)
+        fill(page, "cfg-max_seq_length", 40)
+        release.set()
+        expect(page.locator("#cfg-summary")).to_contain_text("The settings changed while this was running")
+    finally:
+        release.set()
+        studio.verify = real
 
 
 def test_configure_loads_tiny_data_and_previews_it(page, files):
@@ -282,8 +321,13 @@ def test_configure_loads_tiny_data_and_previews_it(page, files):
     shot(page, "04-configure-preview")
 
 
-def test_train_starts_and_progress_advances(page, server):
+def test_train_starts_and_progress_advances(page, server, tiny_model_dir):
     tab(page, "Train")
+    plan = page.locator("#train-plan")  # what Start will run, before Start
+    expect(plan).to_contain_text("Start will train", timeout=60_000)
+    expect(plan).to_contain_text(str(tiny_model_dir))
+    expect(plan).to_contain_text(f"{STEPS} steps")
+    expect(plan).to_contain_text("at the peak")
     page.locator("#train-start").click()
     expect(page.locator("#train-message")).to_contain_text("Started run", timeout=30_000)
     server["gate"].wait_held()  # the run is at step HOLD and waits there
@@ -291,6 +335,11 @@ def test_train_starts_and_progress_advances(page, server):
     expect(progress).to_have_attribute("data-step", str(HOLD), timeout=30_000)
     expect(progress).to_have_attribute("data-status", "running")
     expect(page.locator("#train-plot")).not_to_contain_text("No data")
+    runs = page.locator("#train-runs-table")  # the live step, by a readable name
+    expect(runs).to_contain_text(f"{HOLD} / {STEPS}")
+    expect(runs).to_contain_text("Training")
+    expect(runs).to_contain_text(" · LoRA · ")
+    expect(page.locator("#train-resume")).to_be_disabled()
     shot(page, "05-train-running")
 
 
@@ -333,7 +382,9 @@ def test_the_run_finishes_with_a_loss_curve_and_answers(page):
     expect(page.locator("#train-samples")).to_contain_text("Answer before training (step 0)")
     expect(page.locator("#train-samples")).to_contain_text(f"Answer at step {STEPS}")
     expect(page.locator("#train-log textarea")).to_have_value(re.compile("status → completed"))
-    expect(page.locator("#train-runs-table")).to_contain_text("completed")
+    expect(page.locator("#train-runs-table")).to_contain_text("Finished")
+    expect(page.locator("#train-resume")).to_be_disabled()  # a completed run cannot resume
+    expect(page.locator("#train-message")).not_to_contain_text("Started run")  # the line went with the run
     shot(page, "07-train-finished")
 
 
@@ -400,3 +451,81 @@ def test_publish_pushes_the_trained_run_through_a_password_field(page, server):
     assert repo.files["adapter_model.safetensors"] == (run_dir / "adapter_model.safetensors").read_bytes()
     assert pushed_files_hold_no_secret(hub, GOOD_TOKEN) and GOOD_TOKEN not in page.content()
     shot(page, "10-publish")
+
+
+# ----------------------------------------------------------------------------------------------- after the story
+def test_a_narrow_screen_keeps_every_tab_reachable(page, server):
+    """At 420 px every tab stays in view (no "⋯" menu hiding Chat and Publish), and tables scroll instead of breaking
+    words letter by letter."""
+    narrow = page.context.browser.new_page(viewport={"width": 420, "height": 900})
+    try:
+        narrow.set_default_timeout(30_000)
+        narrow.goto(server["url"])
+        for name in ("Start", "Memory", "Configure", "Train", "Chat", "Publish"):
+            expect(narrow.get_by_role("tab", name=name, exact=True)).to_be_visible()
+        narrow.get_by_role("tab", name="Publish", exact=True).click()
+        expect(narrow.locator("#pub-push")).to_be_visible()
+        narrow.get_by_role("tab", name="Train", exact=True).click()
+        cell = narrow.locator("#train-runs-table td").filter(has_text=" · LoRA · ").first
+        expect(cell).to_be_visible()
+        style = cell.evaluate("c => [getComputedStyle(c).wordBreak, getComputedStyle(c).whiteSpace]")
+        assert style == ["normal", "nowrap"], style  # one line per cell; the table scrolls sideways instead
+        scroller = narrow.locator("#train-runs-table .table-container").first
+        assert scroller.evaluate("e => getComputedStyle(e).overflowX") == "auto"
+        shot(narrow, "11-narrow-train")
+    finally:
+        narrow.close()
+
+
+def pairs_file(folder: Path) -> Path:
+    """Tiny preference pairs: a pirate answer preferred to a plain one."""
+    path = folder / "pairs.jsonl"
+    rows = [{"prompt": f"Question {i}?", "chosen": "Arr, matey!", "rejected": "Hello there."} for i in range(16)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def set_field(page, group: str, field: str, value) -> None:
+    open_group(page, group, field)
+    fill(page, f"cfg-{field}", value)
+
+
+def test_a_dpo_run_from_the_form_shows_its_rewards(page, server, files):
+    """Goal DPO in the form, tiny pairs, a few steps: the Train tab shows the reward margin beside the loss."""
+    tab(page, "Configure")
+    choose(page, "cfg-objective", "dpo")
+    expect(page.locator("#cfg-beta")).to_be_visible()
+    expect(page.locator("#cfg-loss_type")).to_be_visible()
+    fill(page, "cfg-dataset", pairs_file(files["train"].parent))
+    fill(page, "cfg-eval_split", "")
+    set_field(page, "Optimisation", "max_steps", 4)
+    tab(page, "Train")
+    expect(page.locator("#train-plan")).to_contain_text("preferences (DPO)", timeout=60_000)
+    page.locator("#train-start").click()
+    expect(page.locator("#train-message")).to_contain_text("Started run", timeout=30_000)
+    progress = page.locator("#train-progress .fs-progress")
+    expect(progress).to_have_attribute("data-status", "completed", timeout=120_000)
+    expect(page.locator("#train-prefs")).to_contain_text("reward margin")
+    expect(page.locator("#train-prefs-plot")).to_be_visible()
+    expect(page.locator("#train-runs-table")).to_contain_text("DPO")
+    shot(page, "12-train-dpo")
+
+
+def test_a_two_process_run_starts_from_the_train_tab(page, server, files):
+    from ui.train_tab import max_processes
+
+    if max_processes(server["studio"]) < 2:
+        pytest.skip("this machine offers one process only (one GPU or one CPU core)")
+    tab(page, "Configure")
+    choose(page, "cfg-objective", "sft")
+    fill(page, "cfg-dataset", files["train"])
+    set_field(page, "Optimisation", "max_steps", 2)
+    tab(page, "Train")
+    choose(page, "train-processes", "2")
+    page.locator("#train-start").click()
+    expect(page.locator("#train-message")).to_contain_text("Started run", timeout=60_000)
+    progress = page.locator("#train-progress .fs-progress")
+    expect(progress).to_have_attribute("data-status", "completed", timeout=180_000)
+    run = server["studio"].runs()[0]
+    assert run.status == "completed" and run.step == 2
+    shot(page, "13-train-two-processes")
