@@ -18,6 +18,7 @@ from finetune.errors import UserError
 from finetune.rundir import RunDir
 from finetune.runs import RunManager
 from tests.helpers import assert_resumed_exactly, events_size, hold_at_step, raw_events, tiny_config, write_jsonl
+from tests.test_hub import GOOD, hub  # noqa: F401  (the stand-in Hub fixture and its token)
 from tests.test_input_validation import assert_refused_before_a_run
 
 CHOSEN = "Arr, matey! Yo-ho-ho!"
@@ -70,10 +71,11 @@ def heldout_margin(model: Any, tokenizer: Any, prompts: list[str]) -> float:
 
 
 # ----------------------------------------------------------------------------- each objective trains
-def test_dpo_with_lora_prefers_held_out_chosen_answers_more_than_the_base_did(tiny_model_dir, tmp_path):
+def test_dpo_with_lora_prefers_held_out_chosen_answers_and_publishes_its_objective(tiny_model_dir, tmp_path, hub):  # noqa: F811
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from finetune.publish.hub import push_run
     from finetune.publish.model_card import build_model_card
 
     run = train(preference_config(tiny_model_dir, pairs_file(tmp_path), beta=0.2))
@@ -98,6 +100,11 @@ def test_dpo_with_lora_prefers_held_out_chosen_answers_more_than_the_base_did(ti
     card = build_model_card(run.path, "someone/pirate-dpo")
     assert "preference-tuned with DPO" in card and "beta 0.2" in card and "loss `sigmoid`" in card
     assert "chosen = `chosen`" in card and "--set objective=dpo --set beta=0.2" in card
+    # Publish works as for SFT: the adapter, the run's own card (not a library's draft) in one commit.
+    push_run(run.path, "alice/pirate-dpo", token=GOOD)
+    repo = hub.repos["alice/pirate-dpo"]
+    assert repo.files["adapter_model.safetensors"] == (run.path / "adapter_model.safetensors").read_bytes()
+    assert "preference-tuned with DPO" in repo.files["README.md"].decode() and len(repo.commits) == 1
 
 
 def test_orpo_trains_with_lora_and_logs_rewards(tiny_model_dir, tmp_path):
