@@ -243,3 +243,15 @@ def run_id_of(run) -> str:
 
 def field_value(page, elem_id: str) -> str:
     return page.locator(f"#{elem_id}").locator("input, textarea").first.input_value()
+
+
+@pytest.mark.gpu
+def test_the_first_screen_offers_this_machines_gpu():
+    """On a GPU machine the hardware choice names the card and its memory as torch reports them."""
+    import torch
+
+    from finetune.studio import Studio
+
+    name, gib = Studio.detected_gpu()
+    props = torch.cuda.get_device_properties(0)
+    assert name == props.name and abs(gib - props.total_memory / 2**30) < 0.1

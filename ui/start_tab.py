@@ -111,6 +111,12 @@ def data_label(name: str) -> str:
     return name
 
 
+def hardware_choices(gpu: tuple[str, float] | None) -> list[tuple[str, str]]:
+    """The hardware options: this machine's GPU first when it has one."""
+    detected = [(f"This machine's GPU: {gpu[0]} · {gpu[1]:g} GiB", DETECTED)] if gpu else []
+    return [*detected, ("A GPU card (plan for one)", CARD), ("This computer's CPU (a short demo)", CPU)]
+
+
 def first_card(cards: dict[str, float]) -> str | None:
     """A common 24 GB card if listed, else the first one."""
     for hint in PREFERRED_CARDS:
@@ -222,7 +228,7 @@ class StartTab:
     proposed: Any = None  # gr.State: the last proposal applied ({"values", "fit"})
     proposal_ticket: Any = None  # gr.State: the number of the newest proposal request sent from this page
     data_ticket: Any = None  # gr.State: the same for the data's preview and statistics
-    gpu: tuple[str, float] | None = None
+    gpu: tuple | None = None  # (name, GiB) of this machine's GPU; () when it has none; None until looked for
     cards: dict[str, float] = field(default_factory=dict)
     tickets: Tickets = field(default_factory=Tickets)
 
@@ -368,6 +374,14 @@ class StartTab:
         except Exception as exc:
             return f"<p class='fs-problem'>⚠ Cannot preview the data: {plain(one_line(exc))}</p>"
 
+    def detect(self) -> list:
+        """On page load: offer this machine's GPU, chosen, when it has one (looked for once per app)."""
+        if self.gpu is None:
+            self.gpu = self.studio.detected_gpu() or ()
+        if not self.gpu:
+            return [gr.skip(), gr.skip()]
+        return [gr.update(choices=hardware_choices(self.gpu), value=DETECTED), gr.update(visible=True)]
+
     def show(self, data: dict) -> dict:
         """On opening the tab and on page load: the choices and the summary as the shared form says now (on load,
         with the settings this browser kept on top: the page restores them into the form at the same time)."""
@@ -464,7 +478,6 @@ def build(studio: Studio) -> StartTab:
     """The first screen's components (wired by `wire` once the Configure and Train tabs exist)."""
     tab = StartTab(studio)
     defaults = studio.default_values()
-    tab.gpu = studio.detected_gpu()
     tab.cards = studio.gpu_cards()
     gr.Markdown(
         "**Four choices, then Start.** The defaults work as they are: a small model learns to answer like a pirate "
@@ -502,11 +515,8 @@ def build(studio: Studio) -> StartTab:
                 label="3. Goal",
                 elem_id="start-goal",
             )
-            hardware = [(f"This machine's GPU: {tab.gpu[0]} · {tab.gpu[1]:g} GiB", DETECTED)] if tab.gpu else []
-            hardware += [("A GPU card (plan for one)", CARD), ("This computer's CPU (a short demo)", CPU)]
-            tab.hardware = gr.Radio(
-                hardware, value=DETECTED if tab.gpu else CPU, label="4. Hardware", elem_id="start-hardware"
-            )
+            # This machine's GPU is looked for when the page loads (`detect`): building the UI never imports torch.
+            tab.hardware = gr.Radio(hardware_choices(None), value=CPU, label="4. Hardware", elem_id="start-hardware")
             card = first_card(tab.cards)
             tab.card = gr.Dropdown(
                 [(f"{name} · {gib:g} GiB", name) for name, gib in tab.cards.items()],
@@ -515,9 +525,7 @@ def build(studio: Studio) -> StartTab:
                 visible=False,
                 elem_id="start-card",
             )
-            tab.gpus = gr.Number(
-                value=1, precision=0, label="Number of GPUs", visible=bool(tab.gpu), elem_id="start-gpus"
-            )
+            tab.gpus = gr.Number(value=1, precision=0, label="Number of GPUs", visible=False, elem_id="start-gpus")
     tab.data_info = gr.HTML("", elem_id="start-data-info")
     with gr.Row(equal_height=False):
         with gr.Column(scale=3, min_width=300):
@@ -568,6 +576,7 @@ def wire(tab: StartTab, config: ConfigTab, train: Any, tabs: Any, start_tab: Any
     shown = [tab.model, tab.data, tab.goal, tab.summary]
     start_tab.select(tab.show, tab.inputs, shown, **quick)
     demo.load(tab.show, {*tab.inputs, config.saved}, shown, **quick)
+    demo.load(tab.detect, None, [tab.hardware, tab.gpus], api_visibility="private", show_progress="hidden")
     tab.start_btn.click(
         tab.start,
         tab.inputs,
