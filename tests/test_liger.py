@@ -1,4 +1,5 @@
-"""The GPU fast path (issue 13): the Liger switch, and a Trainer that does not stall a GPU every step.
+"""The fast path (issue 13): the Liger switch, a Trainer that does not stall a GPU every step, no generation of
+step-0 answers already known, and the training process's CUDA allocator setting.
 
 On this CPU machine: the switch's decision and its refusals (one line naming liger_kernel, before a run directory
 exists), the Trainer arguments it produces, that Liger's module patches are undone after a run, and the loss curve's
@@ -175,6 +176,56 @@ def test_the_loss_curve_keeps_a_point_a_second_on_a_gpu_and_every_step_on_a_cpu(
     assert logged_steps("cuda", 0.0, max_steps=3) == [1, 2, 3]  # short runs: first, (second), last
     slow = logged_steps("cuda", every * 1.1, max_steps=4)  # steps slower than the cadence: every one
     assert slow == [1, 2, 3, 4]
+
+
+# ----------------------------------------------------------------------------- a run's fixed costs
+
+
+def test_step0_answers_are_reused_while_the_base_and_its_settings_stay_the_same(tiny_model_dir, monkeypatch):
+    """At step 0 the model is the base (the adapter starts as the identity): its answers are generated once and the
+    next run shows the same ones without generating; a changed base file generates them again."""
+    import os
+
+    from finetune.engines import hf_trainer
+    from finetune.rundir import RunDir
+
+    calls: list[int] = []
+    generate = hf_trainer.generate_answers
+
+    def counting(model, tokenizer, prompts, **kwargs):
+        calls.append(len(prompts))
+        return generate(model, tokenizer, prompts, **kwargs)
+
+    monkeypatch.setattr(hf_trainer, "generate_answers", counting)
+
+    def step0_answers() -> list[dict]:
+        state = RunManager().start(tiny_config(tiny_model_dir, max_steps=1, save_steps=10), background=False)
+        assert state.status == "completed", state.error
+        (event,) = [e for e in RunDir(Path(state.run_dir)).read_events(("samples",)) if e["step"] == 0]
+        return event["samples"]
+
+    first = step0_answers()
+    assert len(calls) == 1 and first
+    assert step0_answers() == first and len(calls) == 1  # the second run did not generate
+    weights = next(tiny_model_dir.glob("*.safetensors"))
+    stat = weights.stat()
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert step0_answers() == first and len(calls) == 2  # a base file changed: generated again (same weights here)
+
+
+def test_step0_answers_are_not_reused_where_step_0_is_not_the_base(tiny_model_dir):
+    from finetune.engines.hf_trainer import step0_answers_path
+
+    config = tiny_config(tiny_model_dir)
+    prompts = ["Hello?"]
+    assert step0_answers_path(plan_for(config, device="cpu"), prompts) is not None
+    assert step0_answers_path(plan_for(config.replace(method="full"), device="cpu"), prompts) is not None
+    for changes in ({"init_lora_weights": "pissa"}, {"init_lora_weights": "gaussian"}, {"use_dora": True}):
+        assert step0_answers_path(plan_for(config.replace(**changes), device="cpu"), prompts) is None, changes
+    assert step0_answers_path(plan_for(config, device="cpu", world_size=2), prompts) is None  # ranks must agree
+    key = step0_answers_path(plan_for(config, device="cpu"), prompts)
+    assert step0_answers_path(plan_for(config, device="cpu"), ["Other?"]) != key
+    assert step0_answers_path(plan_for(config.replace(method="full"), device="cpu"), prompts) != key
 
 
 # ----------------------------------------------------------------------------- the training process's allocator

@@ -16,7 +16,7 @@ from transformers.trainer_callback import PrinterCallback
 from finetune.config import TrainConfig
 from finetune.engines.common import Prepared, prepare_run, save_final, write_used_ds_config
 from finetune.inference import generate_answers
-from finetune.plan import TRAINER_OPTIMIZERS, uses_deepspeed
+from finetune.plan import TRAINER_OPTIMIZERS, RunPlan, uses_deepspeed
 from finetune.progress import Progress
 
 # What the form does not ask for, chosen here so that every scheduler in config.SCHEDULERS runs with its settings.
@@ -224,9 +224,97 @@ class ProgressCallback(TrainerCallback):
     def _samples(self, model: Any, step: int) -> None:
         if model is None or not self.prepared.prompts:
             return
-        answers = generate_answers(model, self.prepared.tokenizer, self.prepared.prompts)
-        samples = [{"prompt": p, "answer": a} for p, a in zip(self.prepared.prompts, answers, strict=True)]
+        prompts = self.prepared.prompts
+        cache = step0_answers_path(self.prepared.plan, prompts) if step == 0 else None
+        answers = _read_answers(cache, len(prompts)) if cache is not None else None
+        if answers is None:
+            answers = generate_answers(model, self.prepared.tokenizer, prompts, max_new_tokens=SAMPLE_MAX_NEW_TOKENS)
+            if cache is not None:
+                _write_answers(cache, answers)
+        samples = [{"prompt": p, "answer": a} for p, a in zip(prompts, answers, strict=True)]
         self.progress.event("samples", step=step, samples=samples)
+
+
+def step0_answers_path(plan: RunPlan, prompts: list[str]) -> Path | None:
+    """Where the step-0 answers of runs like this one are kept: at step 0 the model is the base itself (full
+    fine-tuning, or an adapter that starts as the identity: LoRA/QLoRA with B = 0, not DoRA, PiSSA or OLoRA), so its
+    greedy answers are the same run after run (0.3-0.9 s of every CPU run: bench/results/overhead-analysis.md). The
+    key holds the base's files (name, size, modification time), every setting that shapes the model at step 0, the
+    prompts and the library versions; None when the answers cannot be reused."""
+    import hashlib
+    import importlib.metadata as md
+    import json
+
+    if plan.lora is not None and (plan.lora.init != "true" or plan.lora.use_dora):
+        return None
+    if plan.world_size > 1:
+        return None  # every rank must take part in generating (ZeRO-3 gathers weights): no rank may skip alone
+    files = _base_files(plan.config.model)
+    if not files:
+        return None
+    config = plan.config
+    key = [
+        files, config.task, config.method, config.quant_type, config.double_quant, plan.precision, plan.weight_dtype,
+        plan.device, plan.liger, config.trust_remote_code, prompts, SAMPLE_MAX_NEW_TOKENS,
+        [md.version(name) for name in ("torch", "transformers", "peft")],
+    ]  # fmt: skip
+    digest = hashlib.sha256(json.dumps(key, default=str).encode()).hexdigest()[:32]
+    from finetune.paths import studio_home
+
+    return studio_home() / "step0-answers" / f"{digest}.json"
+
+
+SAMPLE_MAX_NEW_TOKENS = 40  # each sample answer's length (part of the cached answers' key)
+
+
+def _base_files(model: str) -> list[tuple[str, int, int]] | None:
+    """(name, size, mtime) of every file in the base model's folder (local, the embedded model's converted copy, or
+    a Hub snapshot already in the cache); None when there is no such folder here."""
+    from finetune.config import EMBEDDED_MODEL
+
+    if model == EMBEDDED_MODEL:
+        from finetune.models import embedded_cache_dir
+
+        folder = embedded_cache_dir()
+    elif (Path(model).expanduser() / "config.json").is_file():
+        folder = Path(model).expanduser()
+    else:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(model, "config.json")
+        except Exception:  # noqa: BLE001 - not a Hub id: no fingerprint, no reuse
+            return None
+        if not isinstance(cached, str):
+            return None
+        folder = Path(cached).parent  # snapshots/<commit>/: the commit names the files' versions too
+    try:
+        entries = sorted(p for p in folder.iterdir() if p.is_file())
+        return [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in entries] or None
+    except OSError:
+        return None
+
+
+def _read_answers(path: Path, count: int) -> list[str] | None:
+    import json
+
+    try:
+        answers = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(answers, list) and len(answers) == count and all(isinstance(a, str) for a in answers)
+    return answers if ok else None
+
+
+def _write_answers(path: Path, answers: list[str]) -> None:
+    """Kept for the next run; a cache that cannot be written only costs that run its generation again."""
+    from finetune.atomic import write_json
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, answers, durable=False)
+    except OSError:
+        pass
 
 
 def train(config: TrainConfig, progress: Progress, resume_from: Path | None = None) -> str:
