@@ -1,10 +1,10 @@
 """Screenshots of every tab at 1400 px and 420 px wide for the README (docs/<tab>-<width>.png).
 
-The app runs in this process in a fresh, temporary home (no run of yours is shown or touched), on the embedded default
-model unless --model names another. Playwright drives Debian's chromium. On the Start tab a proposal is asked for
-first, so the picture shows one; with --steps N a short run of the defaults is trained first, so Train, Chat and
-Publish have a run to show (Chat answers one question with it). Pictures are cut at a height limit and saved as
-palette PNGs to stay small (about 300 KB at most).
+The app runs in this process with its runs in a temporary folder (no run of yours is shown or touched), on the
+embedded default model unless --model names another. Playwright drives Debian's chromium. On the Start tab a proposal
+is asked for first, so the picture shows one; with --steps N a short run of the defaults is trained first, so Train,
+Chat and Publish have a run to show (Chat answers one question with it). Pictures are cut at a height limit and saved
+as palette PNGs to stay small (about 300 KB at most).
 
     .venv/bin/python scripts/screenshots.py [--model PATH_OR_ID] [--steps N] [--out docs]
 """
@@ -121,8 +121,6 @@ def shoot(page, out: Path, width: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Start the app in a temporary home, take the pictures, stop it."""
     args = parse_args(argv)
-    home = tempfile.mkdtemp(prefix="finetune-screenshots-")
-    os.environ["FINETUNE_STUDIO_HOME"] = home  # an empty home: the pictures show no run of yours
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     if args.model:
@@ -133,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     from finetune.studio import Studio
     from ui.app import build_app, launch
 
-    studio = Studio()
+    # Runs (and uploads) in an empty temporary folder: the pictures show no run of yours; the converted embedded
+    # model is still read from the usual cache.
+    studio = Studio(Path(tempfile.mkdtemp(prefix="finetune-screenshots-")) / "runs")
     run_id = train_short_run(studio, args.steps) if args.steps > 0 else None
     demo = build_app(studio)
     port = free_port()
