@@ -255,3 +255,24 @@ def test_the_first_screen_offers_this_machines_gpu():
     name, gib = Studio.detected_gpu()
     props = torch.cuda.get_device_properties(0)
     assert name == props.name and abs(gib - props.total_memory / 2**30) < 0.1
+
+
+def test_the_first_screen_offers_popular_models_and_takes_an_upload(studio_home, data_file, tmp_path):
+    """The model list holds the embedded model first and every popular model; an uploaded file is kept by the app's
+    upload rules and becomes the data; a file of the wrong kind is refused in one line."""
+    from finetune.config import EMBEDDED_MODEL
+    from finetune.studio import Studio
+    from ui.app import build_app
+
+    ui = build_app(Studio(studio_home / "runs")).studio_ui
+    tab = ui.start
+    offered = [value for _, value in tab.model.choices]
+    assert offered[0] == EMBEDDED_MODEL and set(ui.studio.popular_models()) <= set(offered)
+    kept = tab.use_upload(str(data_file))
+    target = Path(kept[tab.data]["value"])
+    assert target.parent == ui.studio.uploads_dir and target.read_bytes() == data_file.read_bytes()
+    assert "pirate-train.jsonl" in kept[tab.message]
+    wrong = tmp_path / "notes.txt"
+    wrong.write_text("hello", encoding="utf-8")
+    refused = tab.use_upload(str(wrong))
+    assert tab.data not in refused and refused[tab.message].startswith("⚠ dataset: notes.txt is not a")
