@@ -135,7 +135,7 @@ def cmd_train(args: Any) -> int:
 def _train(args: Any) -> int:
     from finetune.runs import RunManager, distributed_rank
 
-    manager = RunManager()
+    manager = RunManager(find_groups=False)  # follow this run only, never a launched group this process is part of
     if args.launched:
         state = manager.join_launched(args.launched)
     elif args.resume:

@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -212,17 +213,58 @@ def launcher_path(launcher: str) -> str | None:
     return str(local) if local.is_file() else shutil.which(launcher)
 
 
-def group_command(launcher: str, nproc: int, ids: list[int], train_args: list[str]) -> list[str]:
-    """The launcher command line that starts `nproc` ranks of `python -m finetune <train_args>` on this machine."""
+def group_command(
+    launcher: str, nproc: int, ids: list[int], train_args: list[str], nodes: Nodes | None = None
+) -> list[str]:
+    """The launcher command line that starts `nproc` ranks of `python -m finetune <train_args>` on this machine
+    (with `nodes`: as node 0 of several machines)."""
     from finetune.engines.deepspeed_engine import free_port
 
     program = launcher_path(launcher) or launcher
+    if nodes is not None and nodes.count > 1:
+        return [program, *nodes.torchrun_args(0), "--nproc_per_node", str(nproc), "-m", "finetune", *train_args]
     if launcher == "deepspeed":
         where = ["--include", "localhost:" + ",".join(map(str, ids))] if ids else ["--num_gpus", str(nproc)]
         return [program, *where, "--master_port", str(free_port()), "--no_local_rank", "--module", "finetune"] + [
             *train_args
         ]
     return [program, "--standalone", "--nproc_per_node", str(nproc), "-m", "finetune", *train_args]
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """Several machines: how many, and where node 0 (this machine) listens."""
+
+    count: int = 1
+    master_addr: str = ""
+    master_port: int = DEFAULT_MASTER_PORT
+
+    def torchrun_args(self, node_rank: int | str) -> list[str]:
+        """torchrun's flags for one node."""
+        return [
+            "--nnodes",
+            str(self.count),
+            "--node_rank",
+            str(node_rank),
+            "--master_addr",
+            self.master_addr,
+            "--master_port",
+            str(self.master_port),
+        ]
+
+
+def check_nodes(nodes: Nodes, launcher: str) -> None:
+    """Refuse a multi-machine launch that cannot work, naming the flag."""
+    if not isinstance(nodes.count, int) or nodes.count < 1:
+        raise UserError(f"--nodes: {nodes.count!r} must be a whole number ≥ 1", field="nodes")
+    if nodes.count == 1:
+        return
+    if not nodes.master_addr:
+        raise UserError("--master-addr: give this machine's address as the other machines reach it", "master_addr")
+    if not 1 <= nodes.master_port <= 65535:
+        raise UserError(f"--master-port: {nodes.master_port!r} must be a port number (1-65535)", "master_port")
+    if launcher != "torchrun":
+        raise UserError("--launcher: several machines are launched with torchrun here; see launch-command", "launcher")
 
 
 def launch_group(
@@ -233,18 +275,31 @@ def launch_group(
     root: Path | None = None,
     owner: str = "the command line",
     confine: bool = False,
+    nodes: Nodes | None = None,
 ) -> RunDir:
     """Start `config` as a detached group of `nproc` processes; returns the new run directory (status pending).
+    With `nodes` (several machines) this machine runs node 0; `others_command` gives the rest their command.
 
     Everything is checked first (flags, config, model, data, output folder, the device being free); then the run
     directory gets config.yaml, status.json (with world_size) and launch.json, and the supervisor starts."""
     from finetune.runs import RunManager
 
+    nodes = nodes or Nodes()
+    check_nodes(nodes, launcher)
     nproc, ids = check_launch(nproc, gpus, launcher)
     path = RunManager(root).check_start(config, confine=confine)
     run = RunDir(path)
     train_args = ["train", "--launched", str(run.path), "--no-progress"]
-    return _start_group(run, config, nproc, ids, launcher, owner, root, train_args, fresh=True)
+    command = group_command(launcher, nproc, ids, train_args, nodes)
+    return _start_group(run, config, nproc, ids, launcher, owner, root, command, fresh=True, nodes=nodes.count)
+
+
+def others_command(config_path: str, run: RunDir, nproc: int, nodes: Nodes, sets: list[str] | None = None) -> str:
+    """What every other machine runs to join node 0's run: the same config, the same run directory."""
+    args = ["train", "--config", config_path, *[x for item in sets or [] for x in ("--set", item)]]
+    args += ["--set", f"output_dir={run.path}"]
+    torchrun = ["torchrun", *nodes.torchrun_args("$NODE_RANK"), "--nproc_per_node", str(nproc)]
+    return _join([*torchrun, "-m", "finetune", *args])
 
 
 def resume_group(
@@ -271,6 +326,8 @@ def resume_group(
         raise UserError(f"--resume: {run.name} already completed; start a new run to train further", "resume")
     if run.last_checkpoint() is None:
         raise UserError(f"--resume: {run.name} has no complete checkpoint yet; start a new run instead", "resume")
+    if int(record.get("nodes") or 1) > 1:
+        raise UserError(f"--resume: {run.name} ran on several machines; resume it with the same commands by hand")
     trained_with = int(record.get("nproc") or status.get("world_size") or 1)
     if nproc is not None and nproc != trained_with:
         raise UserError(
@@ -283,7 +340,8 @@ def resume_group(
     train_args = ["train", "--resume", str(run.path), "--no-progress"]
     for item in sets or []:
         train_args += ["--set", item]
-    return _start_group(run, run.load_config(), nproc, ids, launcher, owner, root, train_args, fresh=False)
+    command = group_command(launcher, nproc, ids, train_args)
+    return _start_group(run, run.load_config(), nproc, ids, launcher, owner, root, command, fresh=False)
 
 
 # Supervisors this process started: polled so that a finished one is reaped (never left a zombie that looks alive).
@@ -303,8 +361,9 @@ def _start_group(
     launcher: str,
     owner: str,
     root: Path | None,
-    train_args: list[str],
+    command: list[str],
     fresh: bool,
+    nodes: int = 1,
 ) -> RunDir:
     from finetune import paths
     from finetune.device_lock import DeviceLock
@@ -324,7 +383,8 @@ def _start_group(
             "nproc": nproc,
             "gpus": ids,
             "cuda_visible_devices": ",".join(map(str, ids)),
-            "command": group_command(launcher, nproc, ids, train_args),
+            "command": command,
+            "nodes": nodes,
             "started_at": now,
             "rank_pids": [],
         }
@@ -342,10 +402,10 @@ def _start_group(
                 owner=owner,
                 started_at=now,
                 updated_at=now,
-                world_size=nproc,
+                world_size=nproc * nodes,
             )
             run.write_status(state.to_dict())
-            run.append_event({"type": "status", "status": "pending", "step": 0, "world_size": nproc})
+            run.append_event({"type": "status", "status": "pending", "step": 0, "world_size": nproc * nodes})
         proc = _spawn_supervisor(run, lock)
         update_group(run.path, supervisor_pid=proc.pid)
     except OSError as exc:
@@ -466,16 +526,23 @@ def _write_exported_ds_config(config: TrainConfig, path: Path, world_size: int) 
 def cmd_launch(args: Any) -> int:
     """`python -m finetune launch`: start (or resume) a detached group, print its directory, optionally follow it."""
     from finetune.cli_args import load_config
+    from finetune.process_group import read_group
 
-    if args.nodes != 1:
-        return _launch_multinode(args)
+    nodes = Nodes(args.nodes, args.master_addr or "", args.master_port)
+    if args.nodes != 1 and args.resume:
+        raise UserError("--nodes: --resume works on one machine; resume a run on several with its commands by hand")
     if args.resume:
         if args.config:
             raise UserError("--config: not used with --resume (the run's own config.yaml is used); use --set to change")
         run = resume_group(args.resume, nproc=args.nproc, gpus=args.gpus, launcher=args.launcher, sets=args.set)
     else:
         config = load_config(args.config, args.set)
-        run = launch_group(config, nproc=args.nproc, gpus=args.gpus, launcher=args.launcher or "torchrun")
+        launcher = args.launcher or "torchrun"
+        run = launch_group(config, nproc=args.nproc, gpus=args.gpus, launcher=launcher, nodes=nodes)
+        if nodes.count > 1:
+            nproc = read_group(run.path)["nproc"]
+            print(f"# run this on each other machine (NODE_RANK 1..{nodes.count - 1}), with the same config file:")
+            print(others_command(args.config or "run.yaml", run, nproc, nodes, args.set))
     print(run.path, flush=True)
     if not args.follow:
         return 0
@@ -511,32 +578,3 @@ def cmd_stop(args: Any) -> int:
     request_stop(run.path)
     print(f"stop requested: {run.name} saves a checkpoint after the current step, then every process ends")
     return 0
-
-
-def _launch_multinode(args: Any) -> int:
-    """Several machines: print the command each other machine runs; this one is node 0 of the same command."""
-    from finetune.cli_args import load_config
-
-    if args.resume or args.follow:
-        raise UserError("--nodes: --resume and --follow work on one machine; run the printed commands by hand")
-    if not args.master_addr:
-        raise UserError("--master-addr: give this machine's address as the other machines reach it", "master_addr")
-    config = load_config(args.config, args.set)
-    nproc, _ = check_launch(args.nproc, args.gpus, args.launcher or "torchrun")
-    commands = launch_commands(
-        config,
-        config_path=args.config or "run.yaml",
-        gpus=nproc,
-        nodes=args.nodes,
-        master_addr=args.master_addr,
-        master_port=args.master_port,
-        sets=args.set,
-    )
-    local = commands["multinode_torchrun"].replace("$NODE_RANK", "0")
-    print(f"# on each other machine (NODE_RANK 1..{args.nodes - 1}):")
-    print(commands["multinode_torchrun"])
-    print("# this machine (node 0) now runs:")
-    print(local, flush=True)
-    argv = shlex.split(local)
-    argv[0] = launcher_path("torchrun") or "torchrun"
-    return subprocess.call(argv)

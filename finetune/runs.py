@@ -64,8 +64,11 @@ class Launch:
 class RunManager:
     """Owns the one active run of this process and the runs root."""
 
-    def __init__(self, root: Path | None = None) -> None:
+    def __init__(self, root: Path | None = None, find_groups: bool = True) -> None:
+        """`find_groups`: also report a launched group found on this machine (the app); `train` follows only its own
+        run (a rank of a group must never wait on the group it belongs to)."""
         self.root = Path(root) if root else paths.runs_root()
+        self.find_groups = find_groups
         self._lock = threading.Lock()
         self._active: ActiveRun | None = None
         self._last: TrainingState | None = None
@@ -95,8 +98,8 @@ class RunManager:
     def group(self) -> RunDir | None:
         """The launched group running on this machine (found from the device lock's holder, so an app that
         restarted finds it again), else the last one this manager followed; None when there is neither."""
-        if os.environ.get(GROUP_ENV):
-            return None  # a rank of a group follows only its own run
+        if not self.find_groups or os.environ.get(GROUP_ENV):
+            return self._group  # a rank of a group, or `train`: only what it was asked to follow
         from finetune.launch import reap_supervisors
 
         reap_supervisors()

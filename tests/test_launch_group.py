@@ -237,3 +237,46 @@ def test_a_rank_killed_mid_run_fails_the_run_in_one_line_within_seconds(tiny_mod
     print(f"rank 1 killed: the group was down and the run marked failed {took:.1f}s later")
     assert_group_gone(run)
     assert app.state().status == "failed" and not app.manager.is_active()
+
+
+def test_two_machines_node_0_is_launched_and_the_printed_command_joins_it(tiny_model_dir, tmp_path, studio_home):
+    """`launch --nodes 2` runs node 0 here, detached, and prints what the other machine runs. The "other machine" is a
+    second torchrun on this host with NODE_RANK=1 (one process per node, gloo over 127.0.0.1): the run trains on
+    both and rank 0 (node 0) writes it, with world_size 2."""
+    import shlex
+
+    from finetune.engines.deepspeed_engine import free_port
+
+    config = tiny_config(tiny_model_dir, max_steps=3, save_steps=3, per_device_train_batch_size=2)
+    config.save(tmp_path / "run.yaml")
+    node0 = cli(
+        "launch",
+        "--config",
+        str(tmp_path / "run.yaml"),
+        "--nodes",
+        "2",
+        "--nproc",
+        "1",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        home=studio_home,
+        timeout=60,
+    )
+    assert node0.returncode == 0, node0.stderr[-3000:]
+    heading, command, run_dir = node0.stdout.strip().splitlines()[-3:]
+    run = Path(run_dir)
+    assert heading.startswith("# run this on each other machine (NODE_RANK 1..1)")
+    assert command.startswith("torchrun --nnodes 2 --node_rank $NODE_RANK --master_addr 127.0.0.1")
+    assert f"--set output_dir={run}" in command
+    argv = shlex.split(command.replace("$NODE_RANK", "1"))
+    argv[0] = str(Path(sys.executable).parent / "torchrun")
+    node1 = subprocess.run(
+        [*argv, "--no-progress"], env=child_env(studio_home), cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert node1.returncode == 0, node1.stderr[-3000:]
+    wait_for(lambda: not group_alive(run), "node 0 to end", timeout=120)
+    final = status(run)
+    assert final["status"] == "completed" and final["step"] == 3 and final["world_size"] == 2, final
+    assert RunDir(run).has_final_model()
