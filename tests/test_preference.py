@@ -142,6 +142,16 @@ def test_full_fine_tuning_dpo_compares_against_a_frozen_copy(tiny_model_dir, tmp
     assert (run.path / "model.safetensors").is_file() and not (run.path / "adapter_config.json").exists()
 
 
+@pytest.mark.parametrize("overrides", [{"method": "qlora"}, {"zero_stage": 3}], ids=["qlora", "lora-zero3"])
+def test_dpo_trains_with_qlora_and_through_zero3(tiny_model_dir, tmp_path, overrides):
+    """QLoRA (a 4-bit base, its adapter switched off for the reference) and ZeRO-3 through the Trainer."""
+    run = train(preference_config(tiny_model_dir, pairs_file(tmp_path), max_steps=3, **overrides))
+    logs = logged(run)
+    assert logs[0]["rewards_margin"] == pytest.approx(0, abs=1e-6) and logs[-1]["rewards_margin"] > 0.5, logs
+    assert (run.path / "adapter_model.safetensors").is_file()
+    assert (run.path / "ds_config.json").is_file() == ("zero_stage" in overrides)
+
+
 # ----------------------------------------------------------------------------- stop and resume
 def test_a_stopped_dpo_run_resumes_exactly(tiny_model_dir, tmp_path, monkeypatch):
     """Stop at step 3, resume: the resumed process trains steps 4-6 only, with the losses and rewards of an
