@@ -288,7 +288,6 @@ class StartTab:
             self.proposal_ticket: self.tickets.issue(session, "proposal"),
             self.data_info: PENDING_DATA,
             self.proposal: PENDING_PROPOSAL,
-            self.message: "",
         }
 
     def choose_hardware(self, data: dict, request: gr.Request | None = None) -> dict:
@@ -316,8 +315,6 @@ class StartTab:
             return {self.proposal: gr.skip()}  # the choices changed while this request waited its turn
         form = self.form(data)
         device, gpus, gib, where = self.hardware_of(data)
-        if not hasattr(self.studio, "propose"):
-            return {self.proposal: "Proposals are not available in this version of the app."}
         try:
             proposal = self.studio.propose(form, device=device, gpus=gpus, gpu_gib=gib)
         except UserError as exc:
@@ -448,7 +445,7 @@ class StartTab:
         return dataset
 
     def _model_choices(self, current: str | None) -> list[tuple[str, str]]:
-        names = list(self.studio.popular_models()) if hasattr(self.studio, "popular_models") else []
+        names = list(self.studio.popular_models())
         if EMBEDDED_MODEL not in names and not self.studio.policy.public:
             names.insert(0, EMBEDDED_MODEL)
         if current and current not in names:
@@ -553,7 +550,6 @@ def wire(tab: StartTab, config: ConfigTab, train: Any, tabs: Any, start_tab: Any
     kept = [config.saved] if config.saved is not None else []
     proposal_out = [*config.fields.values(), tab.proposal, tab.summary, tab.proposed, *kept]
     pending = [*form_out, *kept, tab.data, tab.data_ticket, tab.proposal_ticket, tab.data_info, tab.proposal]
-    pending.append(tab.message)
 
     def then_propose(event: Any) -> None:
         # The data is read again after the proposal: its share of rows that fit uses the proposed length.
