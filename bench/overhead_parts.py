@@ -15,6 +15,9 @@ variants that add one of our per-step costs at a time:
   ours-thread  ours, trained in a background thread while the main thread waits as the CLI does (wait(0.2))
   ours-fused   ours with the fused AdamW (`adamw_torch_fused`, Trainer's default; ours maps adamw_torch to the
                foreach one)
+  engine       the engine as it is now (finetune.engines.hf_trainer): StudioTrainer and the training arguments' per-step
+               choices (on a GPU: no NaN/Inf filter, tokens counted on the device and read on the status cadence,
+               the loss logged at most once a second), our ProgressCallback and Progress, AdamW foreach
   proposed     the changes proposed in bench/results/overhead-analysis.md, simulated here: ours-fused, plus the loss
                logged on a time cadence (at most once per LOG_EVERY_S, first and last step always; Trainer averages
                the window), no NaN/Inf filter (a per-micro-batch host sync), tokens counted on the CPU in the collator
@@ -51,7 +54,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import RESULTS, Report, build_llama, load_tokenizer, loadavg, set_offline, table  # noqa: E402
 
 VARIANTS = [
-    "base", "log1", "log1+tokens", "ours", "ours-nofsync", "ours-nopoll", "ours-thread", "ours-fused", "proposed",
+    "base", "log1", "log1+tokens", "ours", "ours-nofsync", "ours-nopoll", "ours-thread", "ours-fused", "engine",
+    "proposed",
 ]  # fmt: skip
 LOG_EVERY_S = 1.0  # the proposed time cadence of the loss log
 GPU_SHAPE = {"layers": 22, "hidden": 2048, "intermediate": 5632, "heads": 32, "kv_heads": 4, "vocab": 49152}
@@ -108,8 +112,9 @@ def make_trainer(variant: str, model_dir: Path, rows: list[dict], args: argparse
         output_dir=str(out), per_device_train_batch_size=args.batch, max_steps=args.steps, learning_rate=5e-4,
         lr_scheduler_type="cosine", warmup_steps=2, logging_steps=10 if variant == "base" else 1,
         logging_first_step=variant != "base", save_strategy="no", report_to=[], use_cpu=not cuda, bf16=cuda,
-        disable_tqdm=True, optim="adamw_torch" if variant.startswith("ours") and variant != "ours-fused" else
-        "adamw_torch_fused", logging_nan_inf_filter=variant != "proposed",
+        disable_tqdm=True,
+        optim="adamw_torch" if variant == "engine" or variant.startswith("ours") and variant != "ours-fused" else
+        "adamw_torch_fused", logging_nan_inf_filter=variant != "proposed" and not (variant == "engine" and cuda),
         include_num_input_tokens_seen="no" if variant in ("base", "log1", "proposed") else "non_padding",
         dataloader_num_workers=0, remove_unused_columns=False, seed=42,
     )  # fmt: skip
@@ -123,11 +128,17 @@ def make_trainer(variant: str, model_dir: Path, rows: list[dict], args: argparse
     callbacks: list[Any] = [Timing()]
     collate: Any = default_data_collator
     if variant.startswith("ours") or variant == "proposed":
-        callbacks.append(our_callback(out))
+        callbacks.append(our_callback(out, args.device))
     if variant == "proposed":
         callbacks.append(Cadence())
         collate = CountingCollator(default_data_collator)
-    trainer = Trainer(model=model, args=targs, train_dataset=rows, data_collator=collate, callbacks=callbacks)
+    if variant == "engine":
+        from finetune.engines.hf_trainer import StudioTrainer
+
+        trainer = StudioTrainer(model=model, args=targs, train_dataset=rows, data_collator=collate, callbacks=callbacks)
+        trainer.add_callback(our_callback(out, args.device, trainer.tokens_seen if cuda else None))
+    else:
+        trainer = Trainer(model=model, args=targs, train_dataset=rows, data_collator=collate, callbacks=callbacks)
     trainer.remove_callback(PrinterCallback)  # neither side prints log dicts (ours replaces them with its own)
     return trainer, times, out
 
@@ -164,18 +175,21 @@ class CountingCollator:
         return batch
 
 
-def our_callback(run_dir: Path) -> Any:
+def our_callback(run_dir: Path, device: str, tokens_seen: Any = None) -> Any:
     """Our engine's ProgressCallback on a Progress for `run_dir` (no sample prompts: they are timed apart)."""
+    from types import SimpleNamespace
+
     from finetune.engines.common import Prepared
     from finetune.engines.hf_trainer import ProgressCallback
     from finetune.progress import Progress
     from finetune.rundir import RunDir
 
     progress = Progress(RunDir(run_dir), run_id=run_dir.name)
-    # Only `prompts` is read per step (empty: no samples); the rest stays None, whatever fields Prepared grows.
+    # Read per step: `prompts` (empty: no samples) and the plan's device (a GPU logs on a time cadence); the rest
+    # stays None, whatever fields Prepared grows.
     values: dict[str, Any] = {f.name: None for f in dataclasses.fields(Prepared)}
-    prepared = Prepared(**{**values, "prompts": [], "precision": "fp32"})
-    return ProgressCallback(progress, prepared)
+    prepared = Prepared(**{**values, "prompts": [], "precision": "fp32", "plan": SimpleNamespace(device=device)})
+    return ProgressCallback(progress, prepared, tokens_seen=tokens_seen)
 
 
 class Patched:

@@ -110,7 +110,8 @@ def steps(cpu: bool, results: Path) -> list[Step]:
         if cpu
         else ["--shape", "small", "--seq", "512", "--warmup", "1", "--steps", "3", "--torch-adam", "--timeout", "45"]
     )
-    parts = ["--rounds", "1", "--steps", "6", "--skip", "2", "--variants", "base,ours"] if cpu else ["--device", "cuda"]
+    cpu_parts = ["--rounds", "1", "--steps", "6", "--skip", "2", "--variants", "base,ours,engine"]
+    parts = cpu_parts if cpu else ["--device", "cuda"]
     return [
         Step("env", [py, "-c", ENV_SNIPPET], budget=40, minimum=5),
         Step("pytest-gpu", [py, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", *tests], budget=100),
