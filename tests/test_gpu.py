@@ -90,3 +90,29 @@ def test_qlora_trains_on_a_4bit_base_on_the_gpu(tiny_model_dir, monkeypatch):
     assert steps[0]["four_bit"] == 2 * 7  # q k v o gate up down of both blocks, in the model that trains
     assert torch.uint8 in steps[0]["frozen_dtypes"]  # the packed 4-bit weights
     assert_loss_falls(state.run_dir)
+
+
+def test_a_gpu_run_logs_the_loss_on_a_cadence_and_counts_tokens_as_trainer_does(tiny_model_dir, monkeypatch):
+    """No host-device sync every step: the loss is logged at most about once a second (first and last steps
+    always), and the token count kept on the device until read equals the per-batch count Trainer would make."""
+    from finetune.engines.hf_trainer import GPU_LOG_EVERY_S, StudioTrainer
+
+    per_batch: list[int] = []
+    track = StudioTrainer._track_num_input_tokens
+
+    def counting(self, inputs):
+        per_batch.append(int(inputs["attention_mask"].sum()))
+        track(self, inputs)
+
+    monkeypatch.setattr(StudioTrainer, "_track_num_input_tokens", counting)
+    config = tiny_config(tiny_model_dir, precision="bf16", max_steps=60, save_steps=30)
+    state = RunManager().start(config, background=False)
+    assert state.status == "completed", state.error
+    assert len(per_batch) == 60 and state.tokens_seen == sum(per_batch)
+    logs = RunDir(Path(state.run_dir)).read_events(("log",))
+    steps, times = [e["step"] for e in logs], [e["time"] for e in logs]
+    assert steps[0] == 1 and steps[-1] == 60
+    gaps = [b - a for a, b in zip(times[1:-1], times[2:-1], strict=False)]  # between cadence points
+    assert all(g >= 0.9 * GPU_LOG_EVERY_S for g in gaps), gaps
+    elapsed = times[-1] - times[0]
+    assert len(steps) <= elapsed / GPU_LOG_EVERY_S + 4, (len(steps), elapsed)

@@ -140,7 +140,8 @@ class StudioTrainer(Trainer):
             return
         import torch
 
-        count = self.accelerator.gather(mask.sum().to(torch.int64).reshape(1)).sum()  # every rank's, like Trainer
+        count = mask.sum().to(device=self.args.device, dtype=torch.int64).reshape(1)
+        count = self.accelerator.gather(count).sum()  # every rank's, as Trainer counts
         self._pending_tokens = count if self._pending_tokens is None else self._pending_tokens + count
 
     def tokens_seen(self) -> int:
