@@ -188,6 +188,22 @@ def test_chat_answers_with_the_run(page, server, tiny_model_dir):
     shot(page, "04-chat")
 
 
+@browser_test
+def test_the_first_screen_works_at_420_px(page):
+    """On a phone-sized screen every tab stays reachable and the choices and Start are there."""
+    page.set_viewport_size({"width": 420, "height": 900})
+    try:
+        page.get_by_role("tab", name="Start", exact=True).click()
+        for name in ("Start", "Memory", "Configure", "Train", "Chat", "Publish"):
+            expect(page.get_by_role("tab", name=name, exact=True)).to_be_visible()
+        for elem_id in ("start-model", "start-data", "start-goal", "start-hardware", "start-go"):
+            page.locator(f"#{elem_id}").scroll_into_view_if_needed()
+            expect(page.locator(f"#{elem_id}")).to_be_in_viewport()
+        shot(page, "05-start-420")
+    finally:
+        page.set_viewport_size({"width": 1280, "height": 900})
+
+
 # ----------------------------------------------------------------------------------------------- stale answers
 def test_an_answer_for_changed_choices_is_dropped(studio_home, tiny_model_dir, data_file):
     """A request made stale before it starts is skipped; one whose choices change while it is worked out is
@@ -276,3 +292,22 @@ def test_the_first_screen_offers_popular_models_and_takes_an_upload(studio_home,
     wrong.write_text("hello", encoding="utf-8")
     refused = tab.use_upload(str(wrong))
     assert tab.data not in refused and refused[tab.message].startswith("⚠ dataset: notes.txt is not a")
+
+
+def test_the_preferences_goal_takes_the_bundled_pairs(studio_home):
+    """Choosing preferences on the bundled pirate set switches to its preference pairs and the DPO objective, and
+    back to the answers for style; the Configure form gets the same."""
+    from finetune.studio import Studio
+    from ui.app import build_app
+
+    ui = build_app(Studio(studio_home / "runs")).studio_ui
+    tab, fields = ui.start, ui.start.config.fields
+    page = {fields[n]: v for n, v in ui.studio.default_values().items()}
+    page.update({tab.model: page[fields["model"]], tab.data: "bundled:pirate", tab.goal: "dpo", tab.hardware: "cpu"})
+    answer = tab.choose(page)
+    assert answer[fields["dataset"]] == "bundled:pirate-pairs" and answer[tab.data]["value"] == "bundled:pirate-pairs"
+    assert (answer[fields["task"]], answer[fields["objective"]]) == ("causal_lm", "dpo")
+    page.update({tab.data: "bundled:pirate-pairs", tab.goal: "classify", fields["objective"]: "dpo"})
+    answer = tab.choose(page)
+    assert answer[fields["dataset"]] == "bundled:pirate"
+    assert (answer[fields["task"]], answer[fields["objective"]]) == ("sequence_classification", "sft")
