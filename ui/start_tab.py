@@ -56,6 +56,10 @@ SUMMARY_FIELDS = (  # what the summary shows; a change to one of these since the
 )
 PENDING_PROPOSAL = "⏳ Working out a configuration that fits…"
 PENDING_DATA = "⏳ Reading the data…"
+DATA_HINT = (
+    "<div class='fs-note'><p>Pick the data (or press <b>Propose a configuration</b>) to see its first rows as the "
+    "model sees them and how long its rows are in tokens.</p></div>"
+)
 NO_PROPOSAL = "Pick the four things above (or keep the defaults) and press **Propose a configuration**."
 SESSIONS_KEPT = 2000  # newest tickets remembered (one per open page and kind); older pages just lose stale-dropping
 
@@ -523,7 +527,7 @@ def build(studio: Studio) -> StartTab:
                 elem_id="start-card",
             )
             tab.gpus = gr.Number(value=1, precision=0, label="Number of GPUs", visible=False, elem_id="start-gpus")
-    tab.data_info = gr.HTML("", elem_id="start-data-info")
+    tab.data_info = gr.HTML(DATA_HINT, elem_id="start-data-info")
     with gr.Row(equal_height=False):
         with gr.Column(scale=3, min_width=300):
             tab.propose_btn = gr.Button("Propose a configuration", elem_id="start-propose")
