@@ -35,7 +35,7 @@ GOAL_SETTINGS = {  # goal → (task, objective) written into the form
     "dpo": ("causal_lm", "dpo"),
     "classify": ("sequence_classification", "sft"),
 }
-PAIRS_DATASET = "bundled:pirate-pairs"  # the bundled preference pairs (once they are shipped)
+PAIRS_DATASET = "bundled:pirate-pairs"  # the bundled preference pairs (same prompts, pirate answer preferred)
 DETECTED, CARD, CPU = "gpu", "card", "cpu"
 PREFERRED_CARDS = ("A10G", "L4", "24 GB")  # a common first guess when no GPU is detected
 SUMMARY_FIELDS = (  # what the summary shows; a change to one of these since the proposal is pointed out
