@@ -108,7 +108,7 @@ def changed_settings(values: dict[str, Any], defaults: dict[str, Any]) -> list[s
     for name in FIELD_NAMES:
         if name in values and values[name] != defaults.get(name):
             value = values[name]
-            shown = str(value).lower() if isinstance(value, bool) else value
+            shown = str(value).lower() if isinstance(value, bool) else ("(empty)" if value in ("", None) else value)
             out.append(f"{field_label(name)} = {plain(shown)}")
     return out
 
@@ -380,7 +380,7 @@ def build(studio: Studio) -> TrainTab:
     )
     tab.plan = gr.Markdown("", elem_id="train-plan", elem_classes=["fs-plan"])
     tab.plan_stamp = gr.State("")
-    with gr.Row(equal_height=True):
+    with gr.Row(equal_height=False):
         tab.processes = gr.Dropdown(  # offered on page load (counting GPUs imports torch: not while building)
             choices=[1],
             value=1,
