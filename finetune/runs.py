@@ -1,4 +1,5 @@
-"""Starting, stopping and resuming runs: one run at a time per device, in a background thread or in the foreground.
+"""Starting, stopping and resuming runs: one run at a time per device, in a background thread or in the foreground;
+a group launched by `launch` (finetune/process_group.py) is followed, stopped and found again through its files.
 
 A run directory is created only after the config and its inputs pass the cheap checks. `output_dir` must be new or
 empty: a folder holding anything else is refused before anything starts. A run that fails before its first step

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from finetune.atomic import read_json
 from finetune.cli import main
 from finetune.device_lock import DeviceLock
@@ -280,3 +282,23 @@ def test_two_machines_node_0_is_launched_and_the_printed_command_joins_it(tiny_m
     final = status(run)
     assert final["status"] == "completed" and final["step"] == 3 and final["world_size"] == 2, final
     assert RunDir(run).has_final_model()
+
+
+@pytest.mark.gpu
+def test_gpus_pins_the_ranks_to_the_chosen_gpu_and_refuses_one_that_does_not_exist(
+    tiny_model_dir, tmp_path, studio_home, capsys
+):
+    import torch
+
+    config = tiny_config(tiny_model_dir, max_steps=2, save_steps=2)
+    config.save(tmp_path / "run.yaml")
+    count = torch.cuda.device_count()
+    assert main(["launch", "--config", str(tmp_path / "run.yaml"), "--gpus", str(count)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --gpus: GPU {count} does not exist")
+    last = str(count - 1)
+    done = cli("launch", "--config", str(tmp_path / "run.yaml"), "--gpus", last, "--follow", home=studio_home)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = Path(done.stdout.strip().splitlines()[0])
+    assert read_group(run)["cuda_visible_devices"] == last
+    final = status(run)
+    assert final["status"] == "completed" and final["device"] == torch.cuda.get_device_name(count - 1), final
