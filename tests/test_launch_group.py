@@ -90,7 +90,7 @@ STAND_IN_RANK = """
 import json, os, sys, time
 from pathlib import Path
 run = Path(os.environ["FINETUNE_GROUP_RUN"])
-status = {"status": "running", "step": 3, "pid": os.getpid(), "world_size": 2}
+status = {"status": "running", "step": 3, "pid": os.getpid(), "world_size": 2, "message": "training"}
 (run / "status.json").write_text(json.dumps(status))
 while not (run / "stop-requested").exists():
     if (run / "die").exists():
@@ -129,6 +129,31 @@ def test_sigterm_to_the_group_and_stop_both_raise_the_stop_flag(tiny_model_dir, 
     assert done.returncode == 0 and done.stdout.startswith("stop requested: stand-in saves a checkpoint"), done
     assert supervisor.wait(timeout=60) == 0
     assert status(run)["status"] == "stopped"
+
+
+FOLLOW = "import sys; from pathlib import Path; from finetune.launch import follow_group; from finetune.rundir import \
+RunDir; sys.exit(follow_group(RunDir(Path(sys.argv[1]))))"
+
+
+def test_ctrl_c_while_following_stops_the_run_and_the_follower_ends_with_its_summary(tiny_model_dir, studio_home):
+    """What `launch --follow` does after printing the run directory, attached to a supervised run."""
+    run, supervisor = supervised_stand_in(tiny_model_dir, studio_home)
+    follower = subprocess.Popen(
+        [sys.executable, "-c", FOLLOW, str(run)],
+        env=child_env(studio_home),
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    first = follower.stdout.readline()  # printed from inside the follow loop: Ctrl-C is handled from here on
+    assert first.strip() == "[running] training", first
+    follower.send_signal(signal.SIGINT)
+    out, err = follower.communicate(timeout=120)
+    assert follower.returncode == 0, err[-2000:]
+    assert "stopping after this step (saving a checkpoint)" in err
+    assert out.strip().splitlines()[-1].startswith("stopped: step 3"), out
+    assert supervisor.wait(timeout=60) == 0 and status(run)["status"] == "stopped"
 
 
 def test_a_rank_that_fails_is_named_in_the_runs_one_line_error(tiny_model_dir, studio_home):
