@@ -188,7 +188,8 @@ def our_callback(run_dir: Path, device: str, tokens_seen: Any = None) -> Any:
     # Read per step: `prompts` (empty: no samples) and the plan's device (a GPU logs on a time cadence); the rest
     # stays None, whatever fields Prepared grows.
     values: dict[str, Any] = {f.name: None for f in dataclasses.fields(Prepared)}
-    prepared = Prepared(**{**values, "prompts": [], "precision": "fp32", "plan": SimpleNamespace(device=device)})
+    plan = SimpleNamespace(device=device, world_size=1)
+    prepared = Prepared(**{**values, "prompts": [], "precision": "fp32", "plan": plan})
     return ProgressCallback(progress, prepared, tokens_seen=tokens_seen)
 
 

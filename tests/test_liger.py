@@ -151,13 +151,14 @@ def test_the_loss_curve_keeps_a_point_a_second_on_a_gpu_and_every_step_on_a_cpu(
 
     every = 0.2  # the cadence under test, shortened so the test takes about 2 s
 
-    def logged_steps(device: str, step_seconds: float, max_steps: int = 12) -> list[int]:
-        run = RunDir(tmp_path / f"run-{device}-{step_seconds}-{max_steps}")
+    def logged_steps(device: str, step_seconds: float, max_steps: int = 12, world_size: int = 1) -> list[int]:
+        run = RunDir(tmp_path / f"run-{device}-{step_seconds}-{max_steps}-{world_size}")
         run.path.mkdir()
-        prepared = SimpleNamespace(plan=SimpleNamespace(device=device), prompts=[], tokenizer=None)
-        callback = ProgressCallback(Progress(run, "r"), prepared)
-        assert callback.log_every_s == (GPU_LOG_EVERY_S if device == "cuda" else 0.0)
-        if device == "cuda":
+        plan = SimpleNamespace(device=device, world_size=world_size)
+        callback = ProgressCallback(Progress(run, "r"), SimpleNamespace(plan=plan, prompts=[], tokenizer=None))
+        cadence = device == "cuda" and world_size == 1
+        assert callback.log_every_s == (GPU_LOG_EVERY_S if cadence else 0.0)
+        if cadence:
             callback.log_every_s = every
         state, logged = TrainerState(max_steps=max_steps), []
         for step in range(1, max_steps + 1):
@@ -171,6 +172,8 @@ def test_the_loss_curve_keeps_a_point_a_second_on_a_gpu_and_every_step_on_a_cpu(
 
     assert GPU_LOG_EVERY_S == 1.0
     assert logged_steps("cpu", 0.0) == list(range(1, 13))
+    # Several GPU processes: each point gathers the loss from every rank, so no rank may skip one by its own clock.
+    assert logged_steps("cuda", 0.0, world_size=2) == list(range(1, 13))
     fast = logged_steps("cuda", every / 8)  # 8 steps per cadence
     assert fast[0] == 1 and fast[-1] == 12 and 3 <= len(fast) <= 5, fast
     assert logged_steps("cuda", 0.0, max_steps=3) == [1, 2, 3]  # short runs: first, (second), last

@@ -178,7 +178,10 @@ class ProgressCallback(TrainerCallback):
         self.progress = progress
         self.prepared = prepared
         self.tokens_seen = tokens_seen  # StudioTrainer.tokens_seen: the count without a sync every step on a GPU
-        self.log_every_s = GPU_LOG_EVERY_S if prepared.plan.device == "cuda" else 0.0
+        # One process only: a logged point gathers the loss from every rank, so ranks deciding by their own clocks
+        # could disagree and wait on each other forever; several processes keep logging_steps.
+        plan = prepared.plan
+        self.log_every_s = GPU_LOG_EVERY_S if plan.device == "cuda" and plan.world_size == 1 else 0.0
         self._last_log = 0.0
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):  # noqa: D102
