@@ -272,6 +272,8 @@ def _liger_blocker(config: TrainConfig, device: str) -> str | None:
         return "Liger's kernels serve causal_lm only (its fused loss replaces the language-model head's)"
     if config.objective != "sft":
         return f"the {config.objective} trainer does not use Liger's kernels (only sft does)"
+    if config.backend == "deepspeed":
+        return "the DeepSpeed engine loop does not apply Liger's kernels (backend trainer does, with ZeRO too)"
     family = liger_model_type(config.model)
     if family not in LIGER_MODEL_TYPES:
         known = "unknown" if family is None else repr(family)

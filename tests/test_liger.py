@@ -61,6 +61,9 @@ def test_on_a_gpu_auto_needs_the_package_and_on_plans_it_for_supported_causal_lm
     classifier = llama.replace(task="sequence_classification", liger_kernel="on")
     assert plan_for(classifier, device="cuda").liger is False  # its fused loss is a language-model head's
     assert plan_for(llama.replace(objective="dpo", liger_kernel="on"), device="cuda").liger is False  # SFT only
+    zero2 = llama.replace(zero_stage=2, liger_kernel="on")
+    assert plan_for(zero2, device="cuda").liger is True  # the Trainer with ZeRO applies it
+    assert plan_for(zero2.replace(backend="deepspeed"), device="cuda").liger is False  # the explicit loop does not
 
 
 @pytest.mark.parametrize(
@@ -69,6 +72,7 @@ def test_on_a_gpu_auto_needs_the_package_and_on_plans_it_for_supported_causal_lm
         ("cpu", {}, "need a CUDA GPU"),
         ("cuda", {"task": "sequence_classification"}, "serve causal_lm only"),
         ("cuda", {"objective": "dpo"}, "the dpo trainer does not use Liger's kernels"),
+        ("cuda", {"backend": "deepspeed", "zero_stage": 2}, "the DeepSpeed engine loop does not apply Liger"),
         ("cuda", {"model": "gpt2-dir"}, "model family ('gpt2') is not one Liger patches"),
     ],
 )
