@@ -38,6 +38,31 @@ def test_every_step_command_parses(tmp_path, cpu):
         assert all(str(tmp_path) in a for a in step.argv if a.endswith(".md")), step.argv  # results go where asked
 
 
+def test_the_one_call_holds_every_check_issue_13_asks_for(tmp_path):
+    """pytest -m gpu (with the Liger test), memory totals with expandable segments before/after, throughput against
+    plain with Liger on and off on the 128k-vocabulary 1B shape, DeepSpeed; and it fits the 8-minute call."""
+    from bench import gpu_throughput
+    from bench.gpu import memory_totals
+
+    plan = {s.name: s for s in run.steps(False, tmp_path)}
+    assert any("test_liger.py" in a for a in plan["pytest-gpu"].argv)
+    throughput = plan["throughput"].argv
+    assert throughput[throughput.index("--sides") + 1] == "ours,ours-no-liger,plain"
+    shape = throughput[throughput.index("--shape") + 1]
+    assert gpu_throughput.SHAPES[shape][-1] == 128256  # Llama 3's vocabulary: where the fused loss matters
+    cases = memory_totals.GPU_CASES
+    expandable = [c for c in cases if c.env.get("PYTORCH_CUDA_ALLOC_CONF") == memory_totals.EXPANDABLE]
+    assert expandable and any(c.settings == expandable[0].settings and not c.env for c in cases)  # before / after
+    assert run.DEADLINE_S <= 480 - 20  # the wheel install and the copy-back fit in the call's 8 minutes too
+
+
+def test_the_gpu_only_package_travels_as_a_wheel():
+    pins = dict(line.split("==") for line in (ROOT / "requirements-gpu.txt").read_text().splitlines() if "==" in line)
+    assert pins == {"liger-kernel": "0.8.5"}
+    assert {"liger-kernel", "trl"} <= set(wheels.PINNED)  # installed there when the machine lacks that version
+    assert "requirements-gpu.txt" in (ROOT / "bench" / "gpu" / "wheels.sh").read_text()
+
+
 def test_a_bad_argument_is_caught_by_the_dry_run(tmp_path):
     step = run.steps(False, tmp_path)[2]
     step.argv.append("--no-such-flag")
