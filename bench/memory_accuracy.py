@@ -149,6 +149,16 @@ CPU_CASES = [
             "lora_dropout": 0.0,
         },
     ),
+    Case("llama dora s256 adamw", "llama", {"method": "lora", "max_seq_length": 256, "use_dora": True}),
+    Case("llama dpo lora s256 adamw", "llama", {"method": "lora", "max_seq_length": 256, "objective": "dpo"}),
+    Case(
+        "llama dpo lora s256 ckpt",
+        "llama",
+        {"method": "lora", "max_seq_length": 256, "objective": "dpo", "gradient_checkpointing": True},
+    ),
+    Case("llama dpo full s128 adamw", "llama", {"method": "full", "max_seq_length": 128, "objective": "dpo"}),
+    Case("llama kto lora s256 adamw", "llama", {"method": "lora", "max_seq_length": 256, "objective": "kto"}),
+    Case("llama orpo lora s256 adamw", "llama", {"method": "lora", "max_seq_length": 256, "objective": "orpo"}),
     Case("bigvocab full s128 adamw", "bigvocab", {"method": "full", "max_seq_length": 128}),
     Case("bigvocab lora s256 adamw", "bigvocab", {"method": "lora", "max_seq_length": 256}),
     Case(
@@ -265,6 +275,8 @@ def measure(config: Any, device: str, memtracker: bool = False) -> dict[str, int
     from finetune.engines.hf_trainer import training_arguments
     from finetune.memory.trace import LiveBytes, _quant_state_tensors
 
+    if config.objective != "sft":
+        return measure_preference(config, device)
     precision = models.compute_dtype_name(config)
     model = models.load_model(config)
     rows = config.per_device_train_batch_size * config.gradient_accumulation_steps * config.max_steps
@@ -297,6 +309,70 @@ def measure(config: Any, device: str, memtracker: bool = False) -> dict[str, int
             result = {"peak": counter.peak}
         trainer.model = trainer.model_wrapped = trainer.optimizer = trainer.lr_scheduler = None
     del model, trainer
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+def preference_rows(config: Any, rows: int) -> list[dict[str, Any]]:
+    """Preference rows whose every sequence (prompt + answer) runs past `max_seq_length`: TRL cuts each to exactly
+    that length (the worst case, as for SFT). DPO / ORPO pairs; KTO rows with alternating good / bad labels."""
+    long = " ".join(["Arr matey, the capital of France be Paris! The quick brown fox jumps over the lazy dog."] * 40)
+    if config.objective == "kto":
+        return [{"prompt": f"Question {i}?\n", "completion": long, "label": i % 2 == 0} for i in range(rows)]
+    return [{"prompt": f"Question {i}?\n", "chosen": long, "rejected": long[::-1]} for i in range(rows)]
+
+
+def measure_preference(config: Any, device: str) -> dict[str, int]:
+    """Train 3 optimizer steps of a preference objective as the engine does (`finetune.engines.preference`: TRL's
+    trainer with the run's arguments and reference); the peak of live tensor bytes."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    from finetune import models
+    from finetune.engines import preference
+    from finetune.memory.trace import LiveBytes
+    from finetune.plan import plan_for
+
+    if not (Path(config.model) / "tokenizer.json").is_file():
+        from tests.tiny import build_tokenizer
+
+        build_tokenizer(Path(config.model))  # byte-level BPE, vocabulary 384: ids fit every bench model
+    tokenizer = AutoTokenizer.from_pretrained(config.model)
+    plan = plan_for(config)
+    model = models.load_model(config, plan=plan)
+    reference = None
+    if plan.reference == "copy":
+        reference = models.load_base(plan)
+        reference.requires_grad_(False)
+        reference.eval()
+    rows = config.per_device_train_batch_size * config.gradient_accumulation_steps * config.max_steps
+    with tempfile.TemporaryDirectory() as out:
+        args = preference.preference_arguments(config, plan, Path(out), has_eval=False)
+        args.logging_strategy, args.save_strategy, args.report_to = "no", "no", []
+        kwargs = {"ref_model": reference} if plan.objective in ("dpo", "kto") else {}
+        trainer = preference.trainer_class(plan.objective)(
+            model=model,
+            args=args,
+            train_dataset=Dataset.from_list(preference_rows(config, rows)),
+            processing_class=tokenizer,
+            **kwargs,
+        )
+        preference.drop_reference_adapter(trainer, plan)
+        counter = LiveBytes()
+        for t in [*trainer.model.parameters(), *trainer.model.buffers()]:
+            counter.track(t)
+        if reference is not None:
+            for t in [*reference.parameters(), *reference.buffers()]:
+                counter.track(t)
+        counter.reset("train")
+        with counter:
+            trainer.train()
+        result = {"peak": counter.peak}
+        trainer.model = trainer.model_wrapped = trainer.optimizer = trainer.lr_scheduler = None
+    del model, trainer, reference
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()

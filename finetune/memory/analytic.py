@@ -18,6 +18,9 @@ MIN_8BIT_SIZE = 4096  # bitsandbytes keeps fp32 states for tensors smaller than 
 LOGITS_BACKWARD_BYTES = 12  # per token per vocab entry at the start of backward: log-softmax out, its grad, logits grad
 TRL_TOKEN_TILE = 4096  # TRL 1.16's chunked log-prob head (DPO, KTO): a [tokens, vocab chunk] tile of this many tokens
 TRL_VOCAB_CHUNK = 32768  # ... by this many vocabulary entries, allocated whole whatever the vocabulary size
+# Tiles alive at once in its backward: Triton folds a tile in place (1); the torch fallback (CPU) makes the gradient
+# and softmax temporaries of a whole tile, 2.8 tiles in the CPU replay of TRL 1.16 (bench/memory_accuracy.py dpo).
+TRL_TILES_ALIVE = {"cuda": 1.0, "cpu": 2.8}
 LIGER_CHUNK_MEM_CONST = 1  # liger-kernel 0.8.5's default budget for its fused linear cross-entropy chunks
 
 
@@ -128,7 +131,7 @@ def settings_for(config: Any, device: str, gpus: int = 1, plan: Any = None) -> S
         device=device,
         half=half,
         lora_r=config.lora_r,
-        lora_dropout=config.lora_dropout,
+        lora_dropout=config.lora_dropout if objective == "sft" else 0.0,  # TRL's trainers turn dropout off
         quant_type=config.quant_type,
         double_quant=config.double_quant,
         task=config.task,
@@ -510,7 +513,7 @@ def logits_loss_bytes(sh: Shape, c: Census, s: Settings) -> int:
     head_copy = 2 * c.head_params if (s.amp and s.weight_bytes == 4) else 0
     if s.loss_kernel == "trl_chunked":
         compute = 2 if s.amp else 4
-        tile = min(s.tokens, TRL_TOKEN_TILE) * TRL_VOCAB_CHUNK * compute
+        tile = int(min(s.tokens, TRL_TOKEN_TILE) * TRL_VOCAB_CHUNK * compute * TRL_TILES_ALIVE[s.device])
         head_grad = 4 * c.head_params if c.head_trainable else 0  # accumulated in fp32 by the backward
         return tile + 4 * s.tokens * sh.hidden + head_grad + head_copy  # + the fp32 gradient of the hidden states
     if s.loss_kernel != "eager":

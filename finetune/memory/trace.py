@@ -1,5 +1,9 @@
 """Replay a training step on fake tensors and count live tensor storages: the peak memory without the memory.
 
+The model is the engine's own: `finetune.models.build_model(plan, model_config=...)` runs under `FakeTensorMode`
+(the same base class, dtype, 4-bit packing, k-bit preparation and LoRA wrapping as a run), so engine and estimate
+agree by construction (tests/test_memory_plan.py checks the trainable parameters). The step follows the plan's
+objective as TRL 1.16 runs it (two sequences per DPO / ORPO example, the no-grad reference and KTO KL passes).
 The same `LiveBytes` counter on real tensors is how `bench/memory_accuracy.py` measures a real step.
 Only imported when an estimate is computed (it imports torch and transformers).
 """
