@@ -254,6 +254,8 @@ def test_a_rank_killed_mid_run_fails_the_run_in_one_line_within_seconds(tiny_mod
     assert run.parent == studio_home / "runs"
     wait_for(lambda: status(run).get("step", 0) >= 1, "step 1")
     assert app.state().status == "running" and app.state().world_size == 2
+    samples = RunDir(run).read_events(("samples",))  # ZeRO-2 on 2 processes: rank 0 answers, as one process does
+    assert samples and samples[0]["step"] == 0 and samples[0]["samples"][0]["answer"] is not None
     rank_pids = read_group(run)["rank_pids"]
     os.kill(rank_pids[1], signal.SIGKILL)
     took = wait_for(lambda: not group_alive(run), "the group to end", timeout=120)

@@ -394,8 +394,13 @@ def _evaluate(
 
 
 def _samples(engine: Any, prepared: Prepared, progress: Progress, world: World, step: int) -> None:
-    """Answers to the held-out prompts (one process only: generation under ZeRO-3 would need every rank in step)."""
-    if not prepared.prompts or world.size > 1:
+    """Answers to the held-out prompts, from rank 0 while the others wait at the next step. Not under ZeRO-3 with
+    several processes: its sharded weights would need every rank in every generation step."""
+    if not prepared.prompts or not world.is_main:
+        return
+    if world.size > 1 and engine.zero_optimization_partition_weights():
+        if step == 0:
+            progress.message("sample answers: not shown for ZeRO-3 on several processes (chat with a checkpoint)")
         return
     from finetune.inference import generate_answers
 
