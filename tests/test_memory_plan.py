@@ -112,6 +112,17 @@ def test_dpo_scores_two_sequences_and_lora_needs_no_reference_copy(tiny):
     assert dpo.tensor_bytes > sft.tensor_bytes
 
 
+def test_the_dpo_estimate_follows_the_measured_peak(tiny):
+    """Two real DPO steps through the preference engine's TRL trainer, live storages counted: within 10%."""
+    from bench.memory_accuracy import measure_preference
+
+    values = {"per_device_train_batch_size": 2, "max_seq_length": 64, "max_steps": 2, "warmup_steps": 0}
+    config = TrainConfig(model=str(tiny), objective="dpo", eval_split="", save_steps=1000, **values)
+    measured = measure_preference(config, "cpu")["peak"]
+    estimated = components(config).tensor_bytes
+    assert abs(estimated - measured) <= 0.10 * measured, (estimated, measured)
+
+
 def test_full_dpo_holds_a_frozen_copy_of_the_weights(tiny):
     full = components(TrainConfig(model=str(tiny), method="full", objective="dpo"))
     assert full.components["reference_model"] == full.components["weights"] > 0
