@@ -367,10 +367,10 @@ def test_an_emptied_number_field_says_which_and_what_to_do(ui):
     }
 
 
-def test_check_verifies_the_data_as_start_does_and_drops_a_stale_answer(ui, tmp_path):
+def test_check_verifies_the_data_as_start_does_and_drops_a_stale_answer(ui, tmp_path, tiny_model_dir):
     """Check reads the data file as Start would; its answer is shown only while the form still holds the values it
     was computed for (a slow answer for an older value is dropped, and says so)."""
-    missing = form(dataset=str(tmp_path / "gone.jsonl"))
+    missing = form(model=str(tiny_model_dir), dataset=str(tmp_path / "gone.jsonl"))
     errors = errors_by_field(ui.config.check(**missing))
     assert list(errors) == ["dataset"] and "file not found" in errors["dataset"]
 
