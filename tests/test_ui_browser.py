@@ -319,6 +319,10 @@ def test_configure_loads_tiny_data_and_previews_it(page, files):
     expect(preview.locator(".fs-example .fs-trained").first).to_contain_text("Arr, matey!")
     preview.scroll_into_view_if_needed()
     shot(page, "04-configure-preview")
+    with page.expect_download() as download:  # one click saves the settings as run.yaml
+        page.locator("#cfg-save").click()
+    assert download.value.suggested_filename == "run.yaml"
+    assert f"max_steps: {STEPS}\n" in Path(download.value.path()).read_text(encoding="utf-8")
 
 
 def test_train_starts_and_progress_advances(page, server, tiny_model_dir):

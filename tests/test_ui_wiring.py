@@ -508,6 +508,15 @@ def test_memory_field_errors_appear_beside_the_memory_field(ui):
     assert "max_steps" in out[0] and "Configure" in out[0]
 
 
+def test_a_memory_edit_says_it_changes_the_next_run(demo, ui):
+    note = ui.memory.edited("per_device_train_batch_size", 8)
+    assert note.startswith("✎ Batch size per device is now **8** for the next run too")
+    applied = ui.memory.applied._id
+    for name in MEMORY_FIELDS:  # every Memory field's edit writes that note
+        mem = ui.memory.fields[name]._id
+        assert any(d["inputs"] == [mem] and d["outputs"] == [applied] for d in demo.config["dependencies"]), name
+
+
 def test_memory_fields_mirror_configure_in_the_browser(demo, ui):
     """Each Memory field and its Configure twin copy user edits to each other."""
     deps = demo.config["dependencies"]
