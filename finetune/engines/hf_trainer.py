@@ -355,12 +355,12 @@ def _train(config: TrainConfig, progress: Progress, resume_from: Path | None = N
     trainer.add_callback(ProgressCallback(progress, prepared, tokens_seen=tokens_seen))
     trainer.remove_callback(PrinterCallback)  # our progress (terminal bar, UI) replaces its raw dict prints
     try:
-        with liger_patches_undone(prepared.model, prepared.plan.liger):
+        with liger_patches_undone(prepared.model, prepared.plan.liger):  # until the run's last evaluation is done
             trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-        if progress.stop_requested.is_set():
-            return "stopped"
-        if prepared.data.eval is not None and trainer.state.global_step % config.eval_steps:
-            trainer.evaluate()  # the last evaluation (and sample answers) at the final step
+            if progress.stop_requested.is_set():
+                return "stopped"
+            if prepared.data.eval is not None and trainer.state.global_step % config.eval_steps:
+                trainer.evaluate()  # the last evaluation (and sample answers) at the final step
         save_final(trainer.model, prepared.tokenizer, progress, trainer=trainer, plan=prepared.plan)
         return "completed"
     finally:
