@@ -16,6 +16,10 @@ BLOCK_NESTED = 256  # double quantisation: one fp32 absmax per 256 first-level c
 BLOCK_8BIT_OPTIM = 256  # bitsandbytes 8-bit optimizer state block size
 MIN_8BIT_SIZE = 4096  # bitsandbytes keeps fp32 states for tensors smaller than this
 LOGITS_BACKWARD_BYTES = 12  # per token per vocab entry at the start of backward: log-softmax out, its grad, logits grad
+# ORPO (TRL's experimental trainer) at the start of backward, per token per vocab entry of the chosen + rejected batch:
+# logits 4, the chosen half's contiguous copy and its log-softmax 2 + 2, their gradient 2, the logits' gradient 4, the
+# softmax that the log-probs' logsumexp backward makes 4 (the CPU replay: 17.9 B).
+ORPO_LOGITS_BYTES = 18
 TRL_TOKEN_TILE = 4096  # TRL 1.16's chunked log-prob head (DPO, KTO): a [tokens, vocab chunk] tile of this many tokens
 TRL_VOCAB_CHUNK = 32768  # ... by this many vocabulary entries, allocated whole whatever the vocabulary size
 # Tiles alive at once in its backward: Triton folds a tile in place (1); the torch fallback (CPU) makes the gradient
@@ -518,7 +522,8 @@ def logits_loss_bytes(sh: Shape, c: Census, s: Settings) -> int:
         return tile + 4 * s.tokens * sh.hidden + head_grad + head_copy  # + the fp32 gradient of the hidden states
     if s.loss_kernel != "eager":
         raise ValueError(f"loss kernel {s.loss_kernel!r}: no memory formula yet")
-    return LOGITS_BACKWARD_BYTES * s.tokens * sh.vocab + head_copy  # 12 B per token per vocab entry + a 16-bit head
+    per_entry = ORPO_LOGITS_BYTES if s.objective == "orpo" else LOGITS_BACKWARD_BYTES
+    return per_entry * s.tokens * sh.vocab + head_copy  # 12 B per token per vocab entry + a 16-bit head
 
 
 def liger_chunk_rows(tokens: int, hidden: int, vocab: int) -> int:
