@@ -145,17 +145,17 @@ def test_liger_patches_of_the_model_module_are_undone_after_the_run(tiny_model_d
 
 
 def test_the_loss_curve_keeps_a_point_a_second_on_a_gpu_and_every_step_on_a_cpu(tiny_model_dir, tmp_path):
-    """On a GPU each logged loss is a host-device sync: points at most once a second (each the mean of its window),
-    the first and last steps always. A CPU keeps every step (the tests compare per-step losses)."""
+    """On a GPU each logged loss is a host-device sync: after the first steps, points at most once a second (each the
+    mean of its window), the last step always. A CPU keeps every step (the tests compare per-step losses)."""
     from transformers import TrainerControl, TrainerState
 
-    from finetune.engines.hf_trainer import GPU_LOG_EVERY_S, ProgressCallback
+    from finetune.engines.hf_trainer import GPU_LOG_EVERY_S, GPU_LOG_FIRST_STEPS, ProgressCallback
     from finetune.progress import Progress
     from finetune.rundir import RunDir
 
-    every = 0.2  # the cadence under test, shortened so the test takes about 2 s
+    every = 0.1  # the cadence under test, shortened so the test takes about 2 s
 
-    def logged_steps(device: str, step_seconds: float, max_steps: int = 12, world_size: int = 1) -> list[int]:
+    def logged_steps(device: str, step_seconds: float, max_steps: int = 30, world_size: int = 1) -> list[int]:
         run = RunDir(tmp_path / f"run-{device}-{step_seconds}-{max_steps}-{world_size}")
         run.path.mkdir()
         plan = SimpleNamespace(device=device, world_size=world_size)
@@ -174,15 +174,16 @@ def test_the_loss_curve_keeps_a_point_a_second_on_a_gpu_and_every_step_on_a_cpu(
             time.sleep(step_seconds)
         return logged
 
-    assert GPU_LOG_EVERY_S == 1.0
-    assert logged_steps("cpu", 0.0) == list(range(1, 13))
+    assert GPU_LOG_EVERY_S == 1.0 and GPU_LOG_FIRST_STEPS == 10
+    assert logged_steps("cpu", 0.0) == list(range(1, 31))
     # Several GPU processes: each point gathers the loss from every rank, so no rank may skip one by its own clock.
-    assert logged_steps("cuda", 0.0, world_size=2) == list(range(1, 13))
+    assert logged_steps("cuda", 0.0, world_size=2) == list(range(1, 31))
     fast = logged_steps("cuda", every / 8)  # 8 steps per cadence
-    assert fast[0] == 1 and fast[-1] == 12 and 3 <= len(fast) <= 5, fast
-    assert logged_steps("cuda", 0.0, max_steps=3) == [1, 2, 3]  # short runs: first, (second), last
-    slow = logged_steps("cuda", every * 1.1, max_steps=4)  # steps slower than the cadence: every one
-    assert slow == [1, 2, 3, 4]
+    first, middle = fast[:10], fast[10:-1]
+    assert first == list(range(1, 11)) and fast[-1] == 30 and 2 <= len(middle) <= 4, fast
+    assert logged_steps("cuda", 0.0, max_steps=10) == list(range(1, 11))  # a short run keeps its whole curve
+    slow = logged_steps("cuda", every * 1.1, max_steps=14)  # steps slower than the cadence: every one
+    assert slow == list(range(1, 15))
 
 
 # ----------------------------------------------------------------------------- a run's fixed costs

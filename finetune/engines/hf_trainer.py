@@ -27,6 +27,9 @@ POLYNOMIAL_LR_END = 1e-7  # polynomial: Trainer's own default end rate (kept bel
 # the host): log at most once a second there. Each point is then the mean loss of its window (Trainer sums the loss on
 # the device between logs). CPU runs log every logging_steps as asked: no device to stall.
 GPU_LOG_EVERY_S = 1.0
+# The first steps are logged as asked all the same: the start of the curve, where the loss moves most (and a short
+# run keeps a curve); a handful of syncs per run.
+GPU_LOG_FIRST_STEPS = 10
 
 
 def training_arguments(
@@ -200,7 +203,7 @@ class ProgressCallback(TrainerCallback):
             control.should_save = True
             control.should_training_stop = True
             self.progress.set_status("stopping", message=f"stopping at step {state.global_step}: saving a checkpoint")
-        elif control.should_log and self.log_every_s and 1 < state.global_step < state.max_steps:
+        elif control.should_log and self.log_every_s and GPU_LOG_FIRST_STEPS < state.global_step < state.max_steps:
             self._log_on_cadence(control)
 
     def _log_on_cadence(self, control: Any) -> None:
