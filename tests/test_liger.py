@@ -105,6 +105,15 @@ def test_starting_a_run_with_liger_on_on_a_cpu_is_refused_before_a_run_directory
     assert not (studio_home / "runs" / "liger-on").exists()
 
 
+def test_the_cli_refuses_liger_on_on_a_cpu_in_one_line(tiny_model_dir, studio_home, capsys):
+    from finetune.cli import main
+
+    code = main(["train", "--set", f"model={tiny_model_dir}", "--set", "liger_kernel=on", "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("error: liger_kernel: on, but ") and "\n" not in err, err
+    assert not (studio_home / "runs").exists() or not any((studio_home / "runs").iterdir())
+
+
 def test_liger_auto_and_off_start_normally_on_a_cpu(tiny_model_dir):
     for switch in ("auto", "off"):
         RunManager().check_start(tiny_config(tiny_model_dir, liger_kernel=switch))  # no refusal
