@@ -86,6 +86,14 @@ def test_dora_costs_more_and_the_estimate_follows_the_measured_peak(tiny):
     assert estimated > memory.estimate(lora, device="cpu").tensor_bytes  # the weight norm is recomputed each step
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_formulas_price_dora_as_the_replay_does(tiny, device):
+    """Advice prices changes with the formulas: DoRA's rescaled outputs are in them (within 5% of the replay)."""
+    est = memory.estimate(TrainConfig(model=str(tiny), use_dora=True, max_seq_length=256), device=device)
+    assert est.method == "traced"
+    assert abs(est.analytic_tensor_bytes - est.tensor_bytes) <= 0.05 * est.tensor_bytes, est
+
+
 def test_a_classification_estimate_leaves_the_next_one_intact(tiny):
     """PEFT copies a classification head (modules_to_save); copying a fake tensor used to corrupt the heap."""
     first = memory.estimate(TrainConfig(model=str(tiny), task="sequence_classification"), device="cpu")
