@@ -495,15 +495,18 @@ def wire(tab: TrainTab, config: ConfigTab, demo: gr.Blocks, train_tab: Any = Non
     demo.load(tab.attach, None, page, api_visibility="undocumented", **quiet)
     demo.load(tab.processes_choice, None, tab.processes, api_visibility="private", show_progress="hidden")
     # What Start would run: said when the tab opens (pending first), shown only for the form it was computed for.
+    # Its own queue: a slow estimate (a Hub model's config) never holds up a chat reply or a Check.
     pending = {"queue": False, "show_progress": "hidden", "api_visibility": "private"}
-    for trigger in [demo.load] + ([train_tab.select] if train_tab is not None else []):
-        trigger(lambda: "⏳ Reading the settings and estimating the memory…", None, tab.plan, **pending).then(
+    if train_tab is not None:
+        train_tab.select(lambda: "⏳ Reading the settings and estimating the memory…", None, tab.plan, **pending).then(
             tab.describe,
             None,
             [tab.plan, tab.plan_stamp],
             inputs_kwargs=config.form,
             api_visibility="private",
             show_progress="hidden",
+            concurrency_id="describe-run",
+            concurrency_limit=1,
         ).then(tab.show_plan, [tab.plan, tab.plan_stamp], tab.plan, inputs_kwargs=config.form, **pending)
     tab.start_btn.click(
         tab.start,
