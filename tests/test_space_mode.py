@@ -433,7 +433,7 @@ def test_a_chat_message_beyond_the_limit_is_refused_in_one_line_before_any_model
     ui = build_app(studio).studio_ui
     monkeypatch.setattr(studio, "_chat_model", lambda *a: pytest.fail("no model may load for refused input"))
     long = "y" * (studio_mod.CHAT_MESSAGE_LIMIT + 1)
-    steps = list(ui.chat.respond(long, [], [], "base", False, 64, 0.0, 1.0, "", *form()))
+    steps = list(ui.chat.respond(long, [], [], "base", False, 64, 0.0, 1.0, "", **named()))
     assert len(steps) == 1
     _, history, _ = steps[0]
     assert len(history) == 1 and history[0]["role"] == "assistant"  # the long text did not join the conversation
@@ -441,12 +441,12 @@ def test_a_chat_message_beyond_the_limit_is_refused_in_one_line_before_any_model
     assert text.startswith("⚠️ message:") and "too long" in text and "\n" not in text and len(text) < 200
 
     big_history = [{"role": "user", "content": "z" * 7000}, {"role": "assistant", "content": "ok"}] * 10
-    _, history, _ = list(ui.chat.respond("hi", big_history, [], "base", False, 64, 0, 1, "", *form()))[-1]
+    _, history, _ = list(ui.chat.respond("hi", big_history, [], "base", False, 64, 0, 1, "", **named()))[-1]
     assert history[-1]["content"].startswith("⚠️ chat: the conversation is") and len(history) == 21
     for tokens in (10**9, 0, "lots"):
-        _, history, _ = list(ui.chat.respond("hi", [], [], "base", False, tokens, 0, 1, "", *form()))[-1]
+        _, history, _ = list(ui.chat.respond("hi", [], [], "base", False, tokens, 0, 1, "", **named()))[-1]
         assert history[-1]["content"].startswith("⚠️ max new tokens:"), tokens
-    _, history, _ = list(ui.chat.respond("hi", [], [], "base", False, 8, 0, 1, "s" * 9000, *form()))[-1]
+    _, history, _ = list(ui.chat.respond("hi", [], [], "base", False, 8, 0, 1, "s" * 9000, **named()))[-1]
     assert history[-1]["content"].startswith("⚠️ system prompt:")
     with pytest.raises(UserError, match="message: .* too long"):  # the backend refuses an API caller the same way
         list(studio.chat("base", [{"role": "user", "content": long}], None))

@@ -148,8 +148,7 @@ def drain(gen) -> list:
 
 def chat(ui, message: str, source: str, *, compare: bool = False, tokens: int = 12, values: list | None = None):
     """Every [textbox, chatbot, base chatbot] the Chat tab streams for one message (greedy, no system prompt)."""
-    positional = list((values or form()).values())  # the Chat tab still takes the form in field order
-    return list(ui.chat.respond(message, [], [], source, compare, tokens, 0.0, 1.0, "", *positional))
+    return list(ui.chat.respond(message, [], [], source, compare, tokens, 0.0, 1.0, "", **(values or form())))
 
 
 # ----------------------------------------------------------------------------------------------- the page
@@ -760,7 +759,7 @@ def test_chat_settings_reach_the_model(ui, trained_run, tiny_model_dir):
     assert short == greedy_reply(tiny_model_dir, trained_run, PROMPT, 3)
     assert short != greedy_reply(tiny_model_dir, trained_run, PROMPT, 12)
     values = form(model=str(tiny_model_dir))
-    _, history, _ = drain(ui.chat.respond(PROMPT, [], [], "base", False, 12, 0.0, 1.0, " Be brief. ", *values.values()))
+    _, history, _ = drain(ui.chat.respond(PROMPT, [], [], "base", False, 12, 0.0, 1.0, " Be brief. ", **values))
     with_system = greedy_reply(tiny_model_dir, None, PROMPT, 12, system="Be brief.")
     assert history[-1]["content"] == with_system != greedy_reply(tiny_model_dir, None, PROMPT, 12)
 

@@ -16,7 +16,7 @@ import gradio as gr
 
 from finetune.errors import UserError
 from finetune.studio import BASE, BASE_OF, GenerationSettings, Studio
-from ui.config_tab import ConfigTab, form_values, warn
+from ui.config_tab import ConfigTab, warn
 from ui.formatting import one_line, plain
 
 # Markers other code relies on (bench/ui_latency.py tells the loading bubble and errors from reply text by them).
@@ -67,7 +67,7 @@ class ChatTab:
         temperature: float,
         top_p: float,
         system_prompt: str,
-        *values: Any,
+        **form: Any,
     ) -> Iterator[list]:
         """Stream replies: yields [textbox, chatbot, base chatbot] as the text grows."""
         history, base_history = list(history or []), list(base_history or [])
@@ -76,7 +76,6 @@ class ChatTab:
             yield [gr.skip(), gr.skip(), gr.skip()]
             return
         source = source or BASE
-        form = form_values(values)
         targets = [(history, source, form)]
         if compare and source != BASE:
             # The comparison is with the model this run started from, whatever the form says now.
@@ -283,12 +282,14 @@ def wire(tab: ChatTab, config: ConfigTab, demo: gr.Blocks, chat_tab: Any) -> Non
         tab.temperature,
         tab.top_p,
         tab.system_prompt,
-        *config.inputs,
     ]
     outputs = [tab.textbox, tab.chatbot, tab.base_chatbot]
     streaming = {"show_progress": "minimal", "concurrency_id": "chat", "concurrency_limit": 1}
-    tab.send_btn.click(tab.respond, inputs, outputs, api_name="chat", **streaming)
-    tab.textbox.submit(tab.respond, inputs, outputs, api_visibility="undocumented", **streaming)
+    # The Configure form reaches `respond` by field name (the base model is the form's model).
+    tab.send_btn.click(tab.respond, inputs, outputs, inputs_kwargs=config.form, api_name="chat", **streaming)
+    tab.textbox.submit(
+        tab.respond, inputs, outputs, inputs_kwargs=config.form, api_visibility="undocumented", **streaming
+    )
     tab.clear_btn.click(
         lambda: [[], []], None, [tab.chatbot, tab.base_chatbot], queue=False, api_visibility="undocumented"
     )

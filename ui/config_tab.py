@@ -110,11 +110,6 @@ def make_field(name: str, value: Any, prefix: str = "cfg", note: str | None = No
     return gr.Textbox(value=value, **common)
 
 
-def form_values(values: tuple | list) -> dict[str, Any]:
-    """The form as a dict from values in FIELD_NAMES order (for tabs still wired to `ConfigTab.inputs`)."""
-    return dict(zip(FIELD_NAMES, values, strict=True))
-
-
 def form_stamp(values: dict[str, Any]) -> str:
     """The form's values as one comparable string: an answer is shown only for the values it was computed for."""
     return json.dumps({n: values.get(n) for n in FIELD_NAMES}, sort_keys=True, default=str)
@@ -193,7 +188,7 @@ class ConfigTab:
 
     @property
     def inputs(self) -> list:
-        """The form as a list in FIELD_NAMES order (for tabs that take `*values`; see `form_values`)."""
+        """The form as a list in FIELD_NAMES order (to restore it from the browser's saved copy in one update)."""
         return [self.fields[n] for n in FIELD_NAMES]
 
     @property
