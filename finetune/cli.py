@@ -135,7 +135,8 @@ def cmd_train(args: Any) -> int:
 def _train(args: Any) -> int:
     from finetune.runs import RunManager, distributed_rank
 
-    manager = RunManager(find_groups=False)  # follow this run only, never a launched group this process is part of
+    # Follow this run only, never a launched group this process is part of; the process ends with the run.
+    manager = RunManager(find_groups=False, process_ends_with_run=True)
     if args.launched:
         state = manager.join_launched(args.launched)
     elif args.resume:
