@@ -17,6 +17,7 @@ import os
 import socket
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,7 +101,11 @@ def chat_once(page, run_id: str) -> None:
             " return b && b.innerText.trim().length > 0; }",
             timeout=180_000,
         )
-        page.wait_for_timeout(8000)  # let the streamed reply finish
+        page.wait_for_function(  # the streamed reply has stopped growing
+            "() => new Promise(done => { const text = () => [...document.querySelectorAll('#chat-main .bot')]"
+            ".map(b => b.innerText).join(); const before = text(); setTimeout(() => done(text() === before), 3000); })",
+            timeout=180_000,
+        )
     except Exception as exc:
         print(f"no chat reply shown: {exc}", file=sys.stderr)
 
@@ -153,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
             browser.close()
     finally:
         demo.close()
+        for thread in threading.enumerate():  # a reply still generating must end before the interpreter does
+            if thread.name == "generate":
+                thread.join(timeout=120)
     return 0
 
 
