@@ -46,7 +46,8 @@ LORA_INITS = ("true", "gaussian", "pissa", "olora")  # PEFT's `init_lora_weights
 REPORTERS = ("none", "tensorboard", "trackio", "wandb")
 OBJECTIVES = ("sft", "dpo", "orpo", "kto")
 PREFERENCE_OBJECTIVES = ("dpo", "orpo", "kto")
-DPO_LOSSES = ("sigmoid", "ipo", "hinge", "robust")  # TRL DPOConfig.loss_type names
+# TRL DPOConfig.loss_type names; "rpo" is TRL's ["sigmoid", "sft"]: DPO plus the NLL of the chosen answer.
+DPO_LOSSES = ("sigmoid", "ipo", "hinge", "robust", "rpo")
 LIGER_CHOICES = ("auto", "on", "off")
 OFFLOAD = ("none", "cpu", "nvme")
 
@@ -145,7 +146,8 @@ class TrainConfig:
     loss_type: str = _f(
         "sigmoid",
         "DPO loss. sigmoid: the original DPO. ipo: a squared loss that does not over-fit clean pairs. hinge: SLiC's "
-        "margin loss. robust: tolerates some pairs labelled the wrong way round.",
+        "margin loss. robust: tolerates some pairs labelled the wrong way round. rpo: DPO plus the SFT loss on the "
+        "chosen answer, which keeps the model fluent while it learns the preference.",
         "Objective",
         choices=DPO_LOSSES,
     )

@@ -143,11 +143,11 @@ def test_full_fine_tuning_dpo_compares_against_a_frozen_copy(tiny_model_dir, tmp
 
 
 @pytest.mark.parametrize(
-    "overrides", [{"method": "qlora"}, {"zero_stage": 3}, {"loss_type": "ipo"}], ids=["qlora", "lora-zero3", "ipo"]
+    "overrides", [{"method": "qlora"}, {"zero_stage": 3}, {"loss_type": "rpo"}], ids=["qlora", "lora-zero3", "rpo"]
 )
-def test_dpo_trains_with_qlora_through_zero3_and_with_the_ipo_loss(tiny_model_dir, tmp_path, overrides):
-    """QLoRA (a 4-bit base, its adapter switched off for the reference), ZeRO-3 through the Trainer, and a DPO loss
-    other than the default (ipo)."""
+def test_dpo_trains_with_qlora_through_zero3_and_with_the_rpo_loss(tiny_model_dir, tmp_path, overrides):
+    """QLoRA (a 4-bit base, its adapter switched off for the reference), ZeRO-3 through the Trainer, and the rpo
+    loss (DPO + the chosen answer's NLL, which TRL logs as a second term)."""
     run = train(preference_config(tiny_model_dir, pairs_file(tmp_path), max_steps=3, **overrides))
     logs = logged(run)
     assert logs[0]["rewards_margin"] == pytest.approx(0, abs=1e-6) and logs[-1]["rewards_margin"] > 0.5, logs

@@ -25,6 +25,9 @@ from finetune.engines.hf_trainer import ProgressCallback, StudioTrainer, trainin
 from finetune.plan import RunPlan, uses_deepspeed
 from finetune.progress import Progress
 
+# Our DPO loss names that are a sum of TRL's terms (equal weights).
+DPO_LOSS_TERMS = {"rpo": ["sigmoid", "sft"]}
+
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # ORPO lives in trl.experimental; its import warning is noise
 
 
@@ -78,7 +81,7 @@ def preference_arguments(config: TrainConfig, plan: RunPlan, output_dir: Path, h
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init}
     values.update(beta=config.beta, max_length=config.max_seq_length)
     if plan.objective == "dpo":
-        values["loss_type"] = [config.loss_type]
+        values["loss_type"] = DPO_LOSS_TERMS.get(config.loss_type, [config.loss_type])
     if plan.objective == "kto":
         # KTO's KL term pairs each prompt with its batch neighbour's answer, precomputed in data order: TRL needs
         # the batches in that order.
