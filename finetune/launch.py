@@ -218,7 +218,7 @@ def group_command(
 ) -> list[str]:
     """The launcher command line that starts `nproc` ranks of `python -m finetune <train_args>` on this machine
     (with `nodes`: as node 0 of several machines)."""
-    from finetune.engines.deepspeed_engine import free_port
+    from finetune.engines.world import free_port
 
     program = launcher_path(launcher) or launcher
     if nodes is not None and nodes.count > 1:

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from finetune.atomic import read_json
-from finetune.engines.deepspeed_engine import free_port
+from finetune.engines.world import free_port
 from finetune.launch import launch_commands
 from finetune.progress import Progress
 from finetune.rundir import RunDir

@@ -274,7 +274,7 @@ def test_two_machines_node_0_is_launched_and_the_printed_command_joins_it(tiny_m
     both and rank 0 (node 0) writes it, with world_size 2."""
     import shlex
 
-    from finetune.engines.deepspeed_engine import free_port
+    from finetune.engines.world import free_port
 
     config = tiny_config(tiny_model_dir, max_steps=3, save_steps=3, per_device_train_batch_size=2)
     config.save(tmp_path / "run.yaml")

@@ -13,21 +13,17 @@ the same stop flag (save a checkpoint, then end) and writes the same run directo
   adapter / model files   gathered from the ZeRO-3 shards on rank 0, so they are a normal PEFT adapter or HF model
 
 Several processes (torchrun / deepspeed launchers) agree every optimizer step on the mean loss, the tokens seen and
-whether to stop, so they stop together. Without a launcher, `distributed_world()` sets up a world of size 1 (gloo on
-CPU, nccl on GPU) and tears it down afterwards, so another run in the same process works.
+whether to stop, so they stop together. Without a launcher, `engines.world.distributed_world()` sets up a world of
+size 1 (gloo on CPU, nccl on GPU) and tears it down afterwards, so another run in the same process works.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
 import shutil
-import socket
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,133 +31,13 @@ from finetune.atomic import read_json, write_json
 from finetune.config import TrainConfig
 from finetune.deepspeed_config import deepspeed_config, write_ds_config
 from finetune.engines.common import Prepared, prepare_run
+from finetune.engines.world import World, distributed_world
 from finetune.progress import Progress
 
 # Keep the two newest checkpoints: if the process dies while writing one, the one before is still complete.
 KEEP_CHECKPOINTS = 2
 # DeepSpeed's converters from ZeRO shards to a plain state dict (python checkpoint-N/zero_to_fp32.py RUN OUT -t TAG).
 RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
-_WORLD_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-# --------------------------------------------------------------------------- the process group
-@dataclass(frozen=True)
-class World:
-    rank: int
-    local_rank: int
-    size: int
-    launched: bool  # True under torchrun / deepspeed (the launcher owns the environment)
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now (for MASTER_PORT of a one-process world)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def under_launcher() -> bool:
-    """True when a launcher (torchrun, deepspeed, mpirun wrappers) has set the distributed environment."""
-    return all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
-
-
-@contextlib.contextmanager
-def distributed_world() -> Iterator[World]:
-    """The process group DeepSpeed needs, for the duration of one run.
-
-    Under a launcher: its environment as is. Otherwise a world of size 1 on a free local port (DeepSpeed would try
-    MPI discovery and fail without it). The group this function created is destroyed at the end and the environment
-    restored, so the next run in this process starts clean; a group someone else created is left alone.
-    """
-    import torch
-    import torch.distributed as dist
-
-    launched = under_launcher()
-    saved = {name: os.environ.get(name) for name in _WORLD_ENV}
-    if not launched:
-        os.environ.update(
-            {
-                "RANK": "0",
-                "LOCAL_RANK": "0",
-                "WORLD_SIZE": "1",
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(free_port()),
-            }
-        )
-    os.environ.setdefault("LOCAL_RANK", "0")
-    created = False
-    try:
-        if not dist.is_initialized():
-            import deepspeed
-
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-            deepspeed.init_distributed(
-                dist_backend=backend, auto_mpi_discovery=False, verbose=False, timeout=collective_timeout()
-            )
-            created = True
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        if torch.cuda.is_available():
-            torch.cuda.set_device(local_rank)
-        yield World(rank=dist.get_rank(), local_rank=local_rank, size=dist.get_world_size(), launched=launched)
-    finally:
-        restore_linear()
-        if created and dist.is_initialized():
-            with contextlib.suppress(Exception):
-                dist.barrier()
-            import deepspeed.comm
-
-            deepspeed.comm.destroy_process_group()
-        if not launched:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
-
-
-def collective_timeout() -> Any:
-    """How long a collective may wait before it fails instead of hanging (finetune/process_group.py decides)."""
-    from finetune.process_group import collective_timeout as timeout
-
-    return timeout()
-
-
-def restore_linear() -> None:
-    """Undo ZeRO-3's process-wide swap of `torch.nn.functional.linear` (DeepSpeed leaves it "unless manually reset"),
-    so later runs and memory estimates in this process use the real function."""
-    import sys
-
-    import torch
-
-    module = sys.modules.get("deepspeed.runtime.zero.partition_parameters")
-    original = getattr(getattr(module, "InsertPostInitMethodToModuleSubClasses", None), "linear_bk", None)
-    if original is not None:
-        torch.nn.functional.linear = original
-
-
-@contextlib.contextmanager
-def trainer_world() -> Iterator[World]:
-    """`distributed_world()` for the Trainer path with a DeepSpeed config: on exit also forget the DeepSpeed state
-    that transformers and accelerate keep process-wide, so a later run (with or without DeepSpeed) is not affected."""
-    saved = {name: value for name, value in os.environ.items() if name.startswith("ACCELERATE_")}
-    try:
-        with distributed_world() as world:
-            yield world
-    finally:
-        from accelerate.state import AcceleratorState
-        from transformers.integrations.deepspeed import unset_hf_deepspeed_config
-
-        unset_hf_deepspeed_config()
-        AcceleratorState._reset_state(reset_partial_state=True)
-        # accelerate leaves ACCELERATE_USE_DEEPSPEED=true behind, which would turn the next plain run into DeepSpeed.
-        for name in [n for n in os.environ if n.startswith("ACCELERATE_")]:
-            if name not in saved:
-                del os.environ[name]
-        os.environ.update(saved)
 
 
 # --------------------------------------------------------------------------- the run

@@ -112,7 +112,7 @@ def train(config: TrainConfig, progress: Progress, resume_from: Path | None = No
     """Train to the end (or until stopped); returns the final status: completed or stopped."""
     if uses_deepspeed(config):
         # ZeRO through the Trainer needs a process group: a world of size 1 without a launcher, torn down after.
-        from finetune.engines.deepspeed_engine import trainer_world
+        from finetune.engines.world import trainer_world
 
         with trainer_world():
             return _train(config, progress, resume_from)
