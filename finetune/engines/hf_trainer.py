@@ -15,6 +15,7 @@ from transformers.trainer_callback import PrinterCallback
 
 from finetune.config import TrainConfig
 from finetune.engines.common import Prepared, prepare_run, save_final, write_used_ds_config
+from finetune.engines.world import trainer_world_if
 from finetune.inference import generate_answers
 from finetune.plan import TRAINER_OPTIMIZERS, RunPlan, uses_deepspeed
 from finetune.progress import Progress
@@ -326,13 +327,9 @@ def _write_answers(path: Path, answers: list[str]) -> None:
 
 def train(config: TrainConfig, progress: Progress, resume_from: Path | None = None) -> str:
     """Train to the end (or until stopped); returns the final status: completed or stopped."""
-    if uses_deepspeed(config):
-        # DeepSpeed needs a process group: a world of size 1 without a launcher, torn down after the run.
-        from finetune.engines.world import trainer_world
-
-        with trainer_world():
-            return _train(config, progress, resume_from)
-    return _train(config, progress, resume_from)
+    # DeepSpeed through the Trainer needs a process group: one of size 1 without a launcher, torn down after the run.
+    with trainer_world_if(uses_deepspeed(config)):
+        return _train(config, progress, resume_from)
 
 
 def _train(config: TrainConfig, progress: Progress, resume_from: Path | None = None) -> str:

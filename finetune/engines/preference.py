@@ -22,6 +22,7 @@ from finetune import models
 from finetune.config import TrainConfig
 from finetune.engines.common import Prepared, prepare_run, save_final
 from finetune.engines.hf_trainer import ProgressCallback, StudioTrainer, training_arguments
+from finetune.engines.world import trainer_world_if
 from finetune.plan import RunPlan, uses_deepspeed
 from finetune.progress import Progress
 
@@ -110,13 +111,9 @@ def drop_reference_adapter(trainer: Any, plan: RunPlan) -> None:
 
 def train(config: TrainConfig, progress: Progress, resume_from: Path | None = None) -> str:
     """Train to the end (or until stopped); returns the final status: completed or stopped."""
-    if uses_deepspeed(config):
-        # ZeRO through the Trainer needs a process group: a world of size 1 without a launcher, torn down after.
-        from finetune.engines.world import trainer_world
-
-        with trainer_world():
-            return _train(config, progress, resume_from)
-    return _train(config, progress, resume_from)
+    # DeepSpeed through the Trainer needs a process group: one of size 1 without a launcher, torn down after the run.
+    with trainer_world_if(uses_deepspeed(config)):
+        return _train(config, progress, resume_from)
 
 
 def _train(config: TrainConfig, progress: Progress, resume_from: Path | None = None) -> str:

@@ -132,3 +132,8 @@ def trainer_world() -> Iterator[World]:
             if name not in saved:
                 del os.environ[name]
         os.environ.update(saved)
+
+
+def trainer_world_if(needed: bool) -> contextlib.AbstractContextManager:
+    """`trainer_world()` when the run uses DeepSpeed through the Trainer (it needs a process group), else nothing."""
+    return trainer_world() if needed else contextlib.nullcontext()
