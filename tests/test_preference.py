@@ -98,7 +98,7 @@ def test_dpo_with_lora_prefers_held_out_chosen_answers_and_publishes_its_objecti
     assert after > before + 5, (before, after)  # nats: the tuned model clearly prefers the chosen style
 
     card = build_model_card(run.path, "someone/pirate-dpo")
-    assert "preference-tuned with DPO" in card and "beta 0.2" in card and "loss `sigmoid`" in card
+    assert "preference-tuned with DPO" in card and "beta 0.2" in card and "loss `rpo`" in card
     assert "chosen = `chosen`" in card and "--set objective=dpo --set beta=0.2" in card
     # Publish works as for SFT: the adapter, the run's own card (not a library's draft) in one commit.
     push_run(run.path, "alice/pirate-dpo", token=GOOD)
@@ -143,11 +143,13 @@ def test_full_fine_tuning_dpo_compares_against_a_frozen_copy(tiny_model_dir, tmp
 
 
 @pytest.mark.parametrize(
-    "overrides", [{"method": "qlora"}, {"zero_stage": 3}, {"loss_type": "rpo"}], ids=["qlora", "lora-zero3", "rpo"]
+    "overrides",
+    [{"method": "qlora"}, {"zero_stage": 3}, {"loss_type": "sigmoid"}],
+    ids=["qlora", "lora-zero3", "sigmoid"],
 )
-def test_dpo_trains_with_qlora_through_zero3_and_with_the_rpo_loss(tiny_model_dir, tmp_path, overrides):
-    """QLoRA (a 4-bit base, its adapter switched off for the reference), ZeRO-3 through the Trainer, and the rpo
-    loss (DPO + the chosen answer's NLL, which TRL logs as a second term)."""
+def test_dpo_trains_with_qlora_through_zero3_and_with_the_original_loss(tiny_model_dir, tmp_path, overrides):
+    """QLoRA (a 4-bit base, its adapter switched off for the reference), ZeRO-3 through the Trainer, and the
+    original DPO loss (sigmoid, without the default rpo's SFT term)."""
     run = train(preference_config(tiny_model_dir, pairs_file(tmp_path), max_steps=3, **overrides))
     logs = logged(run)
     assert logs[0]["rewards_margin"] == pytest.approx(0, abs=1e-6) and logs[-1]["rewards_margin"] > 0.5, logs
