@@ -170,6 +170,7 @@ def supervise(run_path: Path, lock_fd: int | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: request_stop(run.path))  # SIGTERM to the group = Stop
     signal.signal(signal.SIGINT, lambda *_: request_stop(run.path))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the terminal that launched it may close
+    _wait_for_own_pid(run)
     with open(run.path / LOG_FILE, "ab") as log:
         # A session of its own: a signal to our group reaches us (and becomes a stop), not the ranks directly.
         child = subprocess.Popen(
@@ -188,6 +189,20 @@ def supervise(run_path: Path, lock_fd: int | None = None) -> int:
         with contextlib.suppress(OSError):
             os.ftruncate(lock_fd, 0)
     return 0
+
+
+def _wait_for_own_pid(run: RunDir, timeout: float = 10.0) -> None:
+    """`launch` records this supervisor's pid in the pending status right after spawning it. Start no rank before
+    that write is done, so it can never overwrite a status a rank has written since (running, or even completed)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = run.read_status()
+        if status.get("status") != "pending" or status.get("pid") == os.getpid():
+            return
+        time.sleep(0.02)
+    status = run.read_status()
+    if status.get("status") == "pending":  # the launcher died before writing: record it here
+        run.write_status({**status, "pid": os.getpid()})
 
 
 def settle(run: RunDir, code: int) -> None:

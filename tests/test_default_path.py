@@ -61,7 +61,6 @@ def test_the_default_run_converts_the_embedded_model_once_and_trains_on_the_bund
 
     # The same default path through the app: the Train tab's Start with the Configure form's defaults (only the
     # length cut), the converted model found in the cache, and Chat answering with the run's adapter.
-    from finetune.config import FIELD_NAMES
     from finetune.studio import Studio
     from tests.test_ui_support import wait_run_ended
     from ui.app import build_app
@@ -69,7 +68,8 @@ def test_the_default_run_converts_the_embedded_model_once_and_trains_on_the_bund
     studio = Studio(studio_home / "runs")
     ui = build_app(studio).studio_ui
     values = {**Studio.default_values(), **dict(item.split("=", 1) for item in SHORT)}
-    message, run_id, *_ = ui.train.start(None, *[values[name] for name in FIELD_NAMES])
+    out = {c: v for c, v in ui.train.start(None, **values).items()}  # {component: update}
+    message, run_id = out[ui.train.message], out[ui.train.viewing]
     assert message.startswith(f"▶ Started run `{run_id}`"), message
     state = wait_run_ended(studio, timeout=480)
     assert state.status == "completed" and state.step == 2, (state.status, state.error)

@@ -112,6 +112,7 @@ def supervised_stand_in(tiny_model_dir: Path, home: Path) -> tuple[Path, subproc
     supervisor = subprocess.Popen(
         [sys.executable, "-m", "finetune.process_group", str(run.path)], env=child_env(home), start_new_session=True
     )
+    run.write_status({"status": "pending", "pid": supervisor.pid})  # as `launch` does right after the spawn
     wait_for(lambda: run.read_status().get("status") == "running", "the stand-in to run", timeout=60)
     return run.path, supervisor
 
