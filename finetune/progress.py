@@ -60,13 +60,10 @@ class TrainingState:
 
 def memory_in_use() -> int:
     """Bytes in use by training: CUDA allocated memory on a GPU, else this process's resident memory."""
-    try:
-        import torch
+    import torch
 
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            return int(torch.cuda.memory_allocated())
-    except ImportError:
-        pass
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return int(torch.cuda.memory_allocated())
     return int(_this_process().memory_info().rss)
 
 

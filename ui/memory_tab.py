@@ -131,9 +131,6 @@ class MemoryTab:
             result = self.studio.estimate(
                 form, device="cuda" if on_gpu else "cpu", gpus=gpu_count if on_gpu else 1, gpu_gib=gib
             )
-        except ImportError:
-            warn("The memory estimator is not available in this build.")
-            return ["The memory estimator is not available in this build.", *blank[1:], *self._errors({})]
         except UserError as exc:
             return self._fail(blank, {getattr(exc, "field", None) or "model": str(exc)})
         except Exception as exc:  # e.g. a model config that cannot be read: one line, never a traceback
