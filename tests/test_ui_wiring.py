@@ -855,3 +855,15 @@ def test_run_names_outside_the_runs_folder_are_refused_in_one_line(ui, studio, t
         page = on_page(ui, ui.train.select(name))  # the Train tab shows nothing of it either
         assert 'data-status="stopped"' not in page["progress"] and page["samples"].empty
     assert (outside / "status.json").read_bytes() == status_before
+
+
+def test_an_estimate_for_settings_changed_meanwhile_is_dropped(ui, tiny_model_dir):
+    """The Memory tab shows an estimate only for the settings it was computed for; a change while it was worked out
+    asks for a new one instead of showing a figure for the old settings."""
+    values = {**memory_form(model=str(tiny_model_dir)), **form(model=str(tiny_model_dir))}
+    answer = ui.memory.estimate_for("CPU", "custom", None, 1, **values)
+    assert ui.memory.show_estimate(answer, "CPU", "custom", None, 1, **values) == answer[0]
+    changed = {**values, "memory__max_seq_length": 32}
+    stale = ui.memory.show_estimate(answer, "CPU", "custom", None, 1, **changed)
+    assert "settings changed while this was estimated" in stale[0]["value"]
+    assert len(stale) == len(answer[0])

@@ -8,6 +8,7 @@ keyed by name (gradio's `inputs_kwargs`); this tab's own fields arrive as `memor
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,6 +90,7 @@ class MemoryTab:
     apply_btn: Any = None
     applied: Any = None
     advice_state: Any = None
+    answer: Any = None  # gr.State: (the estimate's updates, the inputs they were computed for)
     cards_cache: dict[str, float] | None = None
 
     cells: dict[str, Any] = field(default_factory=dict)
@@ -111,6 +113,29 @@ class MemoryTab:
         return form
 
     # ----- handlers
+    def estimate_for(
+        self, device: str, card: str, custom_gib: float | None, gpus: float | None, **values: Any
+    ) -> tuple[list, str]:
+        """The estimate's updates with the inputs they were computed for (shown only if those still hold)."""
+        return self.estimate(device, card, custom_gib, gpus, **values), _stamp(device, card, custom_gib, gpus, values)
+
+    def show_estimate(
+        self, answer: tuple | None, device: str, card: str, custom_gib: float | None, gpus: float | None, **values: Any
+    ) -> list:
+        """The estimate, or, if the settings changed while it was worked out, a line asking for a new one."""
+        if not answer:
+            return [gr.skip()] * self.outputs_count
+        updates, stamp = answer
+        if stamp != _stamp(device, card, custom_gib, gpus, values):
+            stale = "The settings changed while this was estimated: press **Estimate** again for the new ones."
+            return [gr.update(value=stale), *[gr.skip()] * (self.outputs_count - 1)]
+        return updates
+
+    @property
+    def outputs_count(self) -> int:
+        """How many components an estimate updates (see `estimate`)."""
+        return 8 + len(self.errors)
+
     def estimate(self, device: str, card: str, custom_gib: float | None, gpus: float | None, **values: Any) -> list:
         """The estimate for the Configure form with this tab's fields on top.
 
@@ -295,6 +320,7 @@ def build(studio: Studio) -> MemoryTab:
         tab.apply_btn = gr.Button("Apply", elem_id="mem-apply", scale=1, min_width=120, visible=False)
     tab.applied = gr.Markdown("", elem_id="mem-applied")
     tab.advice_state = gr.State([])
+    tab.answer = gr.State(None)
     return tab
 
 
@@ -355,8 +381,18 @@ def wire(tab: MemoryTab, config: ConfigTab, demo: gr.Blocks) -> None:
         *errors,
     ]
     inputs = [tab.device, tab.card, tab.custom_gib, tab.gpus]
+    # Pending at once; the answer is shown only if the settings are still the ones it was computed for.
     tab.estimate_btn.click(
-        tab.estimate, inputs, outputs, inputs_kwargs=tab.form, api_name="estimate", show_progress_on=[tab.verdict]
+        lambda: "⏳ Estimating…", None, tab.verdict, queue=False, show_progress="hidden", api_visibility="private"
+    ).then(
+        tab.estimate_for, inputs, tab.answer, inputs_kwargs=tab.form, api_name="estimate", show_progress="hidden"
+    ).then(
+        tab.show_estimate,
+        [tab.answer, *inputs],
+        outputs,
+        inputs_kwargs=tab.form,
+        show_progress="hidden",
+        api_visibility="private",
     )
     # A page reload brings back the settings kept in this browser, on both tabs.
     demo.load(tab.restore, config.saved, [*config.inputs, *mine], api_visibility="undocumented", show_progress="hidden")
@@ -374,3 +410,8 @@ def wire(tab: MemoryTab, config: ConfigTab, demo: gr.Blocks) -> None:
         api_visibility="undocumented",
         show_progress_on=[tab.verdict],
     )
+
+
+def _stamp(device: Any, card: Any, custom_gib: Any, gpus: Any, values: dict[str, Any]) -> str:
+    """The inputs of an estimate as one comparable string."""
+    return json.dumps([device, card, custom_gib, gpus, values], sort_keys=True, default=str)
