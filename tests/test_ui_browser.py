@@ -531,8 +531,10 @@ def test_a_two_process_run_starts_from_the_train_tab(page, server, files):
     choose(page, "train-processes", "2")
     page.locator("#train-start").click()
     expect(page.locator("#train-message")).to_contain_text("Started run", timeout=60_000)
-    progress = page.locator("#train-progress .fs-progress")
+    run_id = re.search(r"Started run\W*([\w.-]+)", page.locator("#train-message").inner_text()).group(1)
+    # The box may still show the previous test's finished run for a moment: wait for this run's own end.
+    progress = page.locator("#train-progress .fs-progress", has=page.locator(".fs-run", has_text=run_id))
     expect(progress).to_have_attribute("data-status", "completed", timeout=180_000)
-    run = server["studio"].runs()[0]
-    assert run.status == "completed" and run.step == 2
+    run = server["studio"].run(run_id)
+    assert run is not None and run.status == "completed" and run.step == 2, run
     shot(page, "13-train-two-processes")
