@@ -223,7 +223,9 @@ def settle(run: RunDir, code: int) -> None:
 
 
 _ERROR_LINE = re.compile(r"^error: rank (\d+): (.+)$", re.MULTILINE)
-_FAILURE = re.compile(r"rank\s*:\s*(\d+).*?\n\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)", re.DOTALL)
+# torchrun's failure report: "  rank      : 1 (local_rank: 1)", then "  exitcode  : -9 (pid: 13960)" on the next
+# line. Anchored at a line start: a log line's "local_rank: 0 (pid: …)" must not pair with a later rank's exit code.
+_FAILURE = re.compile(r"^\s*rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)", re.MULTILINE)
 _DS_EXIT = re.compile(r"process (\d+) exits with return code = (-?\d+)")
 
 
@@ -231,9 +233,10 @@ def diagnose(log: str, code: int) -> dict[str, Any]:
     """{"rank", "message"}: which rank failed first and why, in one line, from the launcher's output."""
     errors = {int(rank): text.strip() for rank, text in reversed(_ERROR_LINE.findall(log))}
     failures = [(int(r), int(c), int(p)) for r, c, p in _FAILURE.findall(log)]
-    # A rank killed by a signal the launcher did not send (SIGTERM is how it ends the others) is the root cause;
+    # A rank killed by a signal neither the launcher (SIGTERM ends the others) nor the rank itself sent is the cause;
     # otherwise a rank that reported an error, otherwise the launcher's own first failure.
-    killed = [f for f in failures if f[1] < 0 and f[1] != -signal.SIGTERM]
+    # SIGABRT is what a rank does to itself when a collective fails because another rank died: a consequence too.
+    killed = [f for f in failures if f[1] < 0 and -f[1] not in (signal.SIGTERM, signal.SIGABRT)]
     if killed:
         rank, exit_code, pid = killed[0]
         return {"rank": rank, "message": f"rank {rank} (pid {pid}) was killed by {_signal_name(-exit_code)}"}

@@ -330,3 +330,21 @@ def test_gpus_pins_the_ranks_to_the_chosen_gpu_and_refuses_one_that_does_not_exi
     assert read_group(run)["cuda_visible_devices"] == last
     final = status(run)
     assert final["status"] == "completed" and final["device"] == torch.cuda.get_device_name(count - 1), final
+
+
+def test_the_killed_rank_is_named_even_when_the_other_aborts_first():
+    """torchrun's report after rank 1 was SIGKILLed and rank 0 aborted in its collective (seen under load): the run's
+    line names the killed rank, not the one whose collective failed because of it."""
+    from finetune.process_group import diagnose
+
+    log = (
+        "error: rank 0: training failed at step 29: RuntimeError: [gloo] Read error: Connection reset by peer\n"
+        "E1130 23:52:01.868000 13954 api.py:1002] failed (exitcode: -6) local_rank: 0 (pid: 13959) of binary: python\n"
+        "Failures:\n"
+        "  rank      : 1 (local_rank: 1)\n"
+        "  exitcode  : -9 (pid: 13960)  (SIGKILL)\n"
+        "Root Cause (first observed failure):\n"
+        "  rank      : 0 (local_rank: 0)\n"
+        "  exitcode  : -6 (pid: 13959)  (SIGABRT)\n"
+    )
+    assert diagnose(log, 1) == {"rank": 1, "message": "rank 1 (pid 13960) was killed by SIGKILL"}
