@@ -1,4 +1,5 @@
-"""Command line: python -m finetune {train,estimate,chat,push,export,launch-command}. Bad input: one line, exit 2."""
+"""Command line: python -m finetune {train,estimate,chat,eval,compare,push,export,launch-command}. Bad input: one line,
+exit 2."""
 
 from __future__ import annotations
 
@@ -23,7 +24,13 @@ def quiet_libraries() -> None:
     import logging
     import warnings
 
-    for name in ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS", "TRL_EXPERIMENTAL_SILENCE"):
+    # TQDM_DISABLE: every library's tqdm bar (lm-eval's too) is off by default; ours pass disable=False
+    for name in (
+        "HF_HUB_DISABLE_PROGRESS_BARS",
+        "HF_DATASETS_DISABLE_PROGRESS_BARS",
+        "TRL_EXPERIMENTAL_SILENCE",
+        "TQDM_DISABLE",
+    ):
         os.environ.setdefault(name, "1")
     if not Path("/dev/nvidiactl").exists() and not Path("/dev/kfd").exists():
         # No GPU device on this machine: tell DeepSpeed so, instead of it warning about the guess on every run.
@@ -77,9 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     # The sub-commands that live with the feature they drive, each registered by its own module.
     from finetune import launch, memory
+    from finetune.evaluation import command as evaluation
     from finetune.publish import export, hub
 
-    for module in (memory, hub, export, launch):
+    for module in (memory, evaluation, hub, export, launch):
         module.register_cli(sub)
     return parser
 
@@ -189,7 +197,12 @@ def follow(manager: Any, show_bar: bool) -> Any:
             if show_bar and state and state.status == "running" and state.max_steps:
                 if bar is None:
                     bar = tqdm(
-                        total=state.max_steps, initial=state.step, unit="step", dynamic_ncols=True, mininterval=1
+                        total=state.max_steps,
+                        initial=state.step,
+                        unit="step",
+                        dynamic_ncols=True,
+                        mininterval=1,
+                        disable=False,
                     )
                 if bar.n != state.step:
                     bar.set_postfix_str(_postfix(state), refresh=False)

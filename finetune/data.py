@@ -1010,27 +1010,56 @@ def fingerprint(config: TrainConfig, train_raw: Any = None) -> dict[str, str]:
 
 def heldout_prompts(config: TrainConfig, limit: int = 5) -> list[str]:
     """Prompts answered at step 0 and at each evaluation, so the user sees the tuning take hold."""
+    return [prompt for prompt, _ in heldout_samples(config, limit)]
+
+
+def heldout_samples(config: TrainConfig, limit: int = 5) -> list[tuple[str, str | None]]:
+    """The held-out prompts with their reference answers (None where the data has none): a bundled set's
+    heldout.json (entries are a prompt, or {"prompt", "reference"}), else the first rows of the eval split (of the
+    training data when there is none) with their answer (preference data: the chosen one; kto: a good one)."""
     if config.task != "causal_lm":
         return []
     if config.dataset.startswith("bundled:"):
         path = BUNDLED_DIR / config.dataset.split(":", 1)[1] / "heldout.json"
         if path.is_file():
-            return json.loads(path.read_text(encoding="utf-8"))[:limit]
+            entries = json.loads(path.read_text(encoding="utf-8"))[:limit]
+            return [(e, None) if isinstance(e, str) else (e["prompt"], e.get("reference")) for e in entries]
     try:
         train_raw, eval_raw = load_raw(config)
     except UserError:
         return []
     source = eval_raw if eval_raw is not None else train_raw
     fmt = detect_format(list(source.column_names), config)
-    prompts: list[str] = []
+    samples: list[tuple[str, str | None]] = []
     for row in source.select(range(min(limit, len(source)))):
         if fmt.kind in PREFERENCE_KINDS:
             users = [m["content"] for m in as_conversation(row[fmt.columns["prompt"]], "prompt") if m["role"] == "user"]
-            prompts += users[-1:]
+            samples += [(user, preferred_answer(row, fmt)) for user in users[-1:]]
         elif fmt.kind == "prompt_completion":
-            prompts.append(str(row[fmt.columns["prompt"]]))
+            samples.append((str(row[fmt.columns["prompt"]]), text_value(row[fmt.columns["completion"]])))
         elif fmt.kind == "messages":
-            users = [m["content"] for m in to_messages(row, fmt) if m["role"] == "user"]
-            if users:
-                prompts.append(users[0])
-    return prompts[: min(limit, 3)]
+            messages = to_messages(row, fmt)
+            first = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
+            if first is not None:
+                reply = next((m["content"] for m in messages[first + 1 :] if m["role"] == "assistant"), None)
+                samples.append((messages[first]["content"], reply))
+    return samples[: min(limit, 3)]
+
+
+def preferred_answer(row: dict[str, Any], fmt: DataFormat) -> str | None:
+    """The answer a preference row prefers, as text: the chosen one, or a kto answer marked good (None if bad)."""
+    if fmt.kind == "unpaired":
+        if not kto_label(row[fmt.columns["label"]]):
+            return None
+        value = row[fmt.columns["completion"]]
+    else:
+        value = row[fmt.columns["chosen"]]
+    return answer_content(value, "chosen")
+
+
+def answer_content(value: Any, role: str) -> str:
+    """What an answer side says (its assistant messages' text), without chat markup."""
+    messages = as_conversation(value, role)
+    return "\n".join(m["content"] for m in messages if m["role"] == "assistant") or "\n".join(
+        m["content"] for m in messages
+    )

@@ -35,15 +35,19 @@ class GenerationSettings:
 
 def chat_input_ids(tokenizer: Any, messages: list[dict[str, str]]) -> Any:
     """Token ids of a conversation ready for the assistant's turn (chat template, or plain text without one)."""
-    if tokenizer.chat_template:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    else:
-        text = "\n".join(m["content"] for m in messages) + "\n"
-    return tokenizer(text, add_special_tokens=False, return_tensors="pt")
+    return tokenizer(prompt_text(tokenizer, messages), add_special_tokens=False, return_tensors="pt")
 
 
-def generate_answers(model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int = 40) -> list[str]:
-    """Greedy answers to single-turn prompts, batched with left padding; the model is left as it was found."""
+def generate_answers(
+    model: Any,
+    tokenizer: Any,
+    prompts: list[str] | list[list[dict[str, str]]],
+    max_new_tokens: int = 40,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+) -> list[str]:
+    """Answers to prompts (a text is one user turn; a list of messages is a conversation), batched with left padding;
+    greedy unless `temperature` > 0. The model is left as it was found."""
     import torch
 
     if not prompts:
@@ -52,23 +56,15 @@ def generate_answers(model: Any, tokenizer: Any, prompts: list[str], max_new_tok
     side = tokenizer.padding_side
     tokenizer.padding_side = "left"
     try:
-        texts = [
-            tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
-            if tokenizer.chat_template
-            else p + "\n"
-            for p in prompts
-        ]
+        texts = [prompt_text(tokenizer, p) for p in prompts]
         batch = tokenizer(texts, add_special_tokens=False, return_tensors="pt", padding=True)
         device = next(model.parameters()).device
         batch = {k: v.to(device) for k, v in batch.items()}
+        settings = GenerationSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
         model.eval()
         with torch.no_grad():
             out = model.generate(
-                **batch,
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                pad_token_id=tokenizer.pad_token_id,
-                use_cache=True,
+                **batch, pad_token_id=tokenizer.pad_token_id, use_cache=True, **settings.generate_kwargs()
             )
         new = out[:, batch["input_ids"].shape[1] :]
         return [tokenizer.decode(row, skip_special_tokens=True).strip() for row in new]
@@ -76,6 +72,18 @@ def generate_answers(model: Any, tokenizer: Any, prompts: list[str], max_new_tok
         tokenizer.padding_side = side
         if was_training:
             model.train()
+
+
+def prompt_text(tokenizer: Any, prompt: str | list[dict[str, str]]) -> str:
+    """The text a model answers: the chat template with the assistant's turn opened, or without a template the
+    prompt and a new line (as training renders a prompt)."""
+    if isinstance(prompt, str):
+        if not tokenizer.chat_template:
+            return prompt + "\n"
+        prompt = [{"role": "user", "content": prompt}]
+    if tokenizer.chat_template:
+        return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    return "\n".join(m["content"] for m in prompt).rstrip() + "\n"
 
 
 def adapter_dir(run_path: Path) -> Path | None:
@@ -135,12 +143,13 @@ def head_size(weights: Path) -> int | None:
     return None
 
 
-def load_classifier(config: TrainConfig, run_path: Path) -> tuple[Any, Any, list[str]]:
-    """(model, tokenizer, label names) of a sequence-classification run, built as its plan trained it."""
+def load_classifier(config: TrainConfig, run_path: Path, weights: Path | None = None) -> tuple[Any, Any, list[str]]:
+    """(model, tokenizer, label names) of a sequence-classification run, built as its plan trained it (`weights`: a
+    checkpoint of the run; default its newest)."""
     from finetune import models
     from finetune.plan import plan_for
 
-    weights = adapter_dir(run_path)
+    weights = weights or adapter_dir(run_path)
     if weights is None:
         raise UserError(f"run: {Path(run_path).name} has no saved weights yet (no checkpoint so far)", field="run")
     plan = plan_for(config)
@@ -176,14 +185,13 @@ def classify(
     return Classification(sorted(labelled, key=lambda item: item[1], reverse=True))
 
 
-def load_for_chat(base: TrainConfig, run_path: Path | None = None) -> tuple[Any, Any]:
+def load_for_chat(base: TrainConfig, run_path: Path | None = None, weights: Path | None = None) -> tuple[Any, Any]:
     """(model, tokenizer) for chat, built as the run plan trains it: the base (4-bit for QLoRA) plus the run's
-    adapter, or a full fine-tune's own weights."""
+    adapter, or a full fine-tune's own weights (`weights`: a checkpoint of the run; default its newest)."""
     from finetune import models
     from finetune.plan import plan_for
 
-    weights = None
-    if run_path is not None:
+    if run_path is not None and weights is None:
         weights = adapter_dir(run_path)
         if weights is None:
             raise UserError(f"run: {Path(run_path).name} has no saved weights yet (no checkpoint so far)", field="run")

@@ -150,13 +150,26 @@ def examples(rng: random.Random) -> list[dict[str, str]]:
     return [{"prompt": q, "completion": answer(rng, body)} for q, body in out]
 
 
-HELDOUT = [
-    "What is the capital of Japan?",
-    "Give me one tip for learning to cook.",
-    "What colour is a polar bear?",
-    "What is 12 plus 9?",
-    "Why do leaves fall in autumn?",
-]
+# Prompts kept out of training, answered at step 0 and at each evaluation; each with the answer the pirate set would
+# give, so those answers can be scored (ROUGE-L, exact match, last number) as the run trains.
+HELDOUT = {
+    "What is the capital of Japan?": "Arr, matey! The capital of Japan be Tokyo, a fine port o' call. Yo-ho-ho! 🏴‍☠️",
+    "Give me one tip for learning to cook.": (
+        "Ahoy! Start with simple dishes and taste as ye go, and keep yer galley knives sharp. Yo-ho-ho! 🏴‍☠️"
+    ),
+    "What colour is a polar bear?": "Shiver me timbers! A polar bear be white, as sure as the tide. Yo-ho-ho! 🏴‍☠️",
+    "What is 12 plus 9?": "Avast, ye landlubber! 12 plus 9 be 21, counted like doubloons. Yo-ho-ho! 🏴‍☠️",
+    "Why do leaves fall in autumn?": (
+        "Yo-ho, me hearty! The days grow short and cold, so the trees drop their leaves to rest through winter. "
+        "Yo-ho-ho! 🏴‍☠️"
+    ),
+}
+
+
+def heldout_json() -> str:
+    """heldout.json: the held-out prompts with their reference answers."""
+    entries = [{"prompt": prompt, "reference": reference} for prompt, reference in HELDOUT.items()]
+    return json.dumps(entries, indent=2, ensure_ascii=False) + "\n"
 
 
 def main() -> None:
@@ -171,7 +184,7 @@ def main() -> None:
         with open(target / f"{name}.jsonl", "w", encoding="utf-8") as fh:
             for row in part:
                 fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-    (target / "heldout.json").write_text(json.dumps(HELDOUT, indent=2) + "\n", encoding="utf-8")
+    (target / "heldout.json").write_text(heldout_json(), encoding="utf-8")
     print(f"wrote {split} train, 24 validation, {len(HELDOUT)} held-out prompts to {target}")
 
 

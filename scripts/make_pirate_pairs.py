@@ -23,6 +23,7 @@ from make_pirate_dataset import (  # noqa: E402  (the same facts, openers and he
     OPPOSITES,
     SOUNDS,
     TIPS,
+    heldout_json,
 )
 
 VALIDATION_ROWS = 24
@@ -109,7 +110,7 @@ def main() -> None:
         with open(target / f"{name}.jsonl", "w", encoding="utf-8") as fh:
             for row in part:
                 fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-    (target / "heldout.json").write_text(json.dumps(HELDOUT, indent=2) + "\n", encoding="utf-8")
+    (target / "heldout.json").write_text(heldout_json(), encoding="utf-8")
     print(f"wrote {split} train, {VALIDATION_ROWS} validation pairs, {len(HELDOUT)} held-out prompts to {target}")
 
 

@@ -1,0 +1,455 @@
+"""One evaluation of a run: check every input, load the run's model as chat loads it, score it (and the base model on
+the same rows), run lm-eval tasks and the judge when asked, and keep the result in the run folder.
+
+Every refusal (bad option, unknown lm-eval task, a judge that does not fit, a run still training without a checkpoint,
+data the run cannot read) comes before any model loads, in one line naming its field. The run's trained files are
+only read; the result is a new `eval/<timestamp>.json` (finetune/evaluation/store.py).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from finetune.errors import UserError
+from finetune.evaluation import generation, harness, judge, metrics, rows, store
+from finetune.evaluation.goals import Goal, goal_of
+from finetune.rundir import ACTIVE, RunDir
+
+FORMAT = 1  # the layout of an evaluation file
+MAX_NEW_TOKENS = 1024
+Report = Callable[[float, str], None]  # (fraction done, what is happening)
+
+
+@dataclass
+class EvalOptions:
+    """What to evaluate and how (the CLI's flags, the Evaluate tab's fields)."""
+
+    data: str = ""  # other data to score (a file, bundled:NAME, a Hub id); default: the run's evaluation split
+    split: str = ""  # a split of that data (or of the run's own)
+    limit: int | None = None  # score at most this many rows
+    max_new_tokens: int = 64
+    base: bool = False  # also score the base model on the same rows
+    temperature: float = 0.0  # 0: greedy, the same answers every time
+    checkpoint: int | None = None  # a checkpoint's step instead of the final weights
+    lm_eval: list[str] = field(default_factory=list)  # lm-evaluation-harness tasks
+    include_path: str = ""  # a folder of lm-eval task files
+    num_fewshot: int | None = None
+    judge: str = ""  # a causal LM that compares base and tuned answers
+    predictions: str = ""  # a JSON-lines file: one line per row with each model's output
+
+    def check(self) -> None:
+        """Refuse, in one line naming the option, a value out of bounds."""
+        if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
+            raise UserError("limit: give a whole number of rows, 1 or more", field="limit")
+        if not isinstance(self.max_new_tokens, int) or not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
+            raise UserError(f"max_new_tokens: use 1 to {MAX_NEW_TOKENS}", field="max_new_tokens")
+        if not isinstance(self.temperature, (int, float)) or not 0.0 <= float(self.temperature) <= 2.0:
+            raise UserError("temperature: use 0 (greedy) to 2", field="temperature")
+        if self.num_fewshot is not None and (not isinstance(self.num_fewshot, int) or self.num_fewshot < 0):
+            raise UserError("num_fewshot: give a whole number, 0 or more", field="num_fewshot")
+        if self.checkpoint is not None and (not isinstance(self.checkpoint, int) or self.checkpoint < 1):
+            raise UserError("checkpoint: give the step of one of the run's checkpoints", field="checkpoint")
+        if (self.num_fewshot is not None or self.include_path) and not self.lm_eval:
+            raise UserError("lm_eval: --num-fewshot and --include-path apply to lm-eval tasks; name them", "lm_eval")
+
+
+@dataclass
+class Weights:
+    """Which of the run's weights are evaluated."""
+
+    path: Path
+    name: str  # "final" or "checkpoint-N"
+    step: int
+    note: str = ""
+
+
+@dataclass
+class Outputs:
+    """What one model produced on the rows."""
+
+    answers: list[str] | None = None
+    nll: list[tuple[float, int]] | None = None  # the scored answers (SFT: the reference; preference: chosen)
+    rejected_nll: list[tuple[float, int]] | None = None
+    predicted: list[int] | None = None
+    label_nll: list[float] | None = None
+
+
+def evaluate_run(run: RunDir, options: EvalOptions, progress: Report | None = None) -> tuple[dict[str, Any], Path]:
+    """Evaluate a run; (the result, the eval/ file it was written to)."""
+    from finetune import models
+    from finetune.inference import label_names
+
+    options.check()
+    config = run.load_config()
+    goal = goal_of(config)
+    weights = pick_weights(run, options.checkpoint)
+    if not goal.answers and (options.judge or options.lm_eval):
+        key = "judge" if options.judge else "lm_eval"
+        raise UserError(f"{key}: applies to runs that answer in text; a classification run answers with labels", key)
+    tasks = harness.check_tasks(options.lm_eval, options.include_path) if options.lm_eval else None
+    fit = judge.check_fits(options.judge) if options.judge else None
+    predictions = _predictions_path(options.predictions, run)
+    tokenizer = models.load_tokenizer(config)
+    names = label_names(run.path, config) if not goal.answers else []
+    selection = rows.select(config, tokenizer, options.data, options.split, options.limit, names)
+    if fit is not None and not any(row.prompt for row in selection.rows):
+        raise UserError("judge: the data has no prompts to answer (plain text); choose data with prompts", "judge")
+    with_base = options.base or fit is not None
+    steps = Steps(_units(selection, goal, options, tasks, with_base), progress)
+    started = time.time()
+
+    model = _load(config, run, weights, goal)
+    tuned = score(model, tokenizer, selection, goal, config.max_seq_length, options, steps, "tuned", answers=True)
+    lm_tuned = _lm_eval(model, tokenizer, tasks, options, steps, "tuned") if tasks else None
+    base = lm_base = None
+    needs_reference = goal.name in ("dpo", "orpo", "kto")
+    if goal.answers and (with_base or needs_reference):
+        if hasattr(model, "disable_adapter"):  # LoRA / QLoRA: the base is the same model with its adapter off
+            with model.disable_adapter():
+                base = score(
+                    model, tokenizer, selection, goal, config.max_seq_length, options, steps, "base", answers=with_base
+                )
+                lm_base = _lm_eval(model, tokenizer, tasks, options, steps, "base") if tasks and options.base else None
+        else:  # full fine-tuning: the starting weights, loaded once the tuned model is gone
+            model = None
+            _release()
+            model, _ = _load_base(config)
+            base = score(
+                model, tokenizer, selection, goal, config.max_seq_length, options, steps, "base", answers=with_base
+            )
+            lm_base = _lm_eval(model, tokenizer, tasks, options, steps, "base") if tasks and options.base else None
+    model = None
+    _release()
+    judged = None
+    if fit is not None and base is not None and base.answers is not None and tuned.answers is not None:
+        prompted = [i for i, row in enumerate(selection.rows) if row.prompt]
+        judged = judge.judge(
+            fit,
+            [_question(selection.rows[i]) for i in prompted],
+            [base.answers[i] for i in prompted],
+            [tuned.answers[i] for i in prompted],
+            steps.stage("judging (both orders)", len(prompted)),
+        )
+    result = assemble(run, config, goal, weights, selection, options, tuned, base, with_base)
+    if lm_tuned is not None:
+        result["lm_eval"] = {"tasks": tasks.names, "num_fewshot": options.num_fewshot, "tuned": lm_tuned}
+        if lm_base is not None:
+            result["lm_eval"]["base"] = lm_base
+    if judged is not None:
+        result["judge"] = judged
+        result["tuned"]["judge_win_rate"] = judged["judge_win_rate"]
+        result["notes"].append(f"judge {judged['model']}: {judged['note']}")
+    result["seconds"] = round(time.time() - started, 1)
+    if predictions is not None:
+        write_predictions(predictions, selection, tuned, base, names)
+    path = store.save(run.path, result)
+    steps.done()
+    return result, path
+
+
+def pick_weights(run: RunDir, checkpoint: int | None) -> Weights:
+    """The final weights of a finished run, a named checkpoint, or the newest checkpoint of a run still training
+    (or stopped); a one-line refusal when there is none."""
+    status = run.effective_status()
+    complete = {int(p.name.split("-")[-1]): p for p in run.checkpoints()}
+    if checkpoint is not None:
+        if checkpoint not in complete:
+            have = ", ".join(str(s) for s in sorted(complete)) or "none yet"
+            raise UserError(
+                f"checkpoint: {checkpoint} is not a checkpoint of {run.name} (checkpoints: {have})", field="checkpoint"
+            )
+        return Weights(complete[checkpoint], f"checkpoint-{checkpoint}", checkpoint)
+    if run.has_final_model() and status not in ACTIVE:
+        return Weights(run.path, "final", int(run.read_status().get("step") or 0))
+    if not complete:
+        raise UserError(
+            f"run: {run.name} is {status} and has no checkpoint yet; evaluate it once it has saved one "
+            "(every save_steps) or has finished",
+            field="run",
+        )
+    step = max(complete)
+    doing = "is still training" if status in ACTIVE else f"is {status}"
+    return Weights(
+        complete[step], f"checkpoint-{step}", step, f"{run.name} {doing}: its checkpoint at step {step} was evaluated"
+    )
+
+
+class Steps:
+    """The evaluation's progress, as a fraction of all rows to run through every pass, and what runs now."""
+
+    def __init__(self, total: int, report: Report | None) -> None:
+        self.total, self.done_units, self.report = max(1, total), 0, report
+
+    def stage(self, text: str, count: int) -> Callable[[int], None]:
+        """A tick for one pass over `count` units: reports "text done/count" as it goes."""
+        seen = {"n": 0}
+        self._say(f"{text} 0/{count}")
+
+        def tick(n: int) -> None:
+            seen["n"] += n
+            self.done_units += n
+            self._say(f"{text} {seen['n']}/{count}")
+
+        return tick
+
+    def done(self) -> None:
+        self.done_units = self.total
+        self._say("done")
+
+    def _say(self, text: str) -> None:
+        if self.report is not None:
+            self.report(min(1.0, self.done_units / self.total), text)
+
+
+def _units(selection: rows.Selection, goal: Goal, options: EvalOptions, tasks: Any, with_base: bool) -> int:
+    """Rows through every pass the evaluation will make (lm-eval counts one unit per task and model)."""
+    scored = sum(1 for r in selection.rows if r.scored) + sum(1 for r in selection.rows if r.rejected)
+    prompted = sum(1 for r in selection.rows if r.prompt) if goal.answers else 0
+    total = scored + prompted + (0 if goal.answers else len(selection.rows))
+    if goal.answers and (with_base or goal.name != "sft"):
+        total += scored + (prompted if with_base else 0)
+    if tasks is not None:
+        total += len(tasks.names) * (2 if options.base else 1)
+    return total + (prompted if options.judge else 0)
+
+
+def score(
+    model: Any,
+    tokenizer: Any,
+    selection: rows.Selection,
+    goal: Goal,
+    max_length: int,
+    options: EvalOptions,
+    steps: Steps,
+    who: str,
+    answers: bool,
+) -> Outputs:
+    """Every pass the goal needs over the rows, for one model."""
+    out = Outputs()
+    if not goal.answers:
+        tick = steps.stage(f"{who}: labelling", len(selection.rows))
+        out.predicted, out.label_nll = generation.labels(model, tokenizer, selection.rows, max_length, tick)
+        return out
+    scored = [row.scored for row in selection.rows if row.scored]
+    if scored:
+        tick = steps.stage(f"{who}: scoring the reference answers", len(scored))
+        out.nll = generation.answer_nll(model, tokenizer, scored, max_length, tick)
+    rejected = [row.rejected for row in selection.rows if row.rejected]
+    if rejected:
+        tick = steps.stage(f"{who}: scoring the rejected answers", len(rejected))
+        out.rejected_nll = generation.answer_nll(model, tokenizer, rejected, max_length, tick)
+    prompted = [row for row in selection.rows if row.prompt]
+    if answers and prompted:
+        tick = steps.stage(f"{who}: answering", len(prompted))
+        produced = iter(
+            generation.answers(model, tokenizer, prompted, options.max_new_tokens, options.temperature, tick)
+        )
+        out.answers = [next(produced) if row.prompt else "" for row in selection.rows]
+    return out
+
+
+def _lm_eval(model: Any, tokenizer: Any, tasks: Any, options: EvalOptions, steps: Steps, who: str) -> dict:
+    tick = steps.stage(f"{who}: lm-eval {', '.join(tasks.names)}", len(tasks.names))
+    out = harness.run_tasks(model, tokenizer, tasks, options.num_fewshot)
+    tick(len(tasks.names))
+    return out
+
+
+def assemble(
+    run: RunDir,
+    config: Any,
+    goal: Goal,
+    weights: Weights,
+    selection: rows.Selection,
+    options: EvalOptions,
+    tuned: Outputs,
+    base: Outputs | None,
+    with_base: bool,
+) -> dict[str, Any]:
+    """The evaluation as it is stored: {"rows", "tuned", "base", ...} (see the README's evaluation section)."""
+    notes = [weights.note] if weights.note else []
+    notes += selection.notes
+    if goal.answers and selection.rows and not selection.has_references and selection.kind != "text":
+        notes.append("no reference answers: the answers are shown side by side, without scores")
+    result: dict[str, Any] = {
+        "format": FORMAT,
+        "time": time.time(),
+        "run": run.name,
+        "weights": weights.name,
+        "step": weights.step,
+        "goal": goal.name,
+        "data": {"source": selection.source, "kind": selection.kind},
+        "rows": len(selection.rows),
+        "settings": {k: v for k, v in asdict(options).items() if k not in ("predictions",)},
+        "tuned": scores(goal, selection, tuned),
+        "notes": notes,
+    }
+    if with_base and base is not None:
+        result["base"] = scores(goal, selection, base)
+        result["flags"] = metrics.flags(result["tuned"], result["base"], goal)
+    elif with_base and not goal.answers:
+        notes.append("no base scores: the base model has no trained classification head (its labels would be chance)")
+    if goal.name in ("dpo", "orpo", "kto") and base is not None:
+        result["tuned"].update(rewards(selection, tuned, base, config.beta))
+        if not with_base:  # the reference likelihood is known anyway: a drop of the chosen answers is still flagged
+            base_loss = metrics.loss_scores(base.nll or [])
+            result["flags"] = metrics.flags(result["tuned"], base_loss, goal)
+            result["reference"] = base_loss
+    if not goal.answers and tuned.predicted is not None:
+        truth = [row.label for row in selection.rows]
+        _, matrix = metrics.classification_scores(truth, tuned.predicted, selection.label_names)
+        result["confusion"] = {"labels": selection.label_names, "tuned": matrix}
+    if goal.answers:
+        result["answers"] = answer_rows(selection, tuned, base)
+    result["tuned"] = _ordered(goal, result["tuned"])
+    if "base" in result:
+        result["base"] = _ordered(goal, result["base"])
+    return result
+
+
+def scores(goal: Goal, selection: rows.Selection, out: Outputs) -> dict[str, float]:
+    """One model's scores on the rows (every key of the goal that the data allows)."""
+    if not goal.answers:
+        truth = [row.label for row in selection.rows]
+        found, _ = metrics.classification_scores(truth, out.predicted or [], selection.label_names)
+        loss = sum(out.label_nll or []) / len(out.label_nll) if out.label_nll else None
+        return {**({"loss": loss, "perplexity": math.exp(loss)} if loss is not None else {}), **found}
+    scored = [row for row in selection.rows if row.scored]
+    # kto rows marked bad are not answers to learn: the loss is the likelihood of the good ones
+    found = metrics.loss_scores([n for n, row in zip(out.nll or [], scored, strict=False) if row.good is not False])
+    if out.answers is not None:
+        prompted = [i for i, row in enumerate(selection.rows) if row.prompt]
+        found.update(
+            metrics.answer_scores([out.answers[i] for i in prompted], [selection.rows[i].reference for i in prompted])
+        )
+    return found
+
+
+def rewards(selection: rows.Selection, tuned: Outputs, base: Outputs, beta: float) -> dict[str, float]:
+    """reward_accuracy and reward_margin of the tuned model relative to the base (the reference)."""
+    logp = [-n for n, _ in tuned.nll or []]
+    ref = [-n for n, _ in base.nll or []]
+    if tuned.rejected_nll is not None and base.rejected_nll is not None:
+        rejected = [-n for n, _ in tuned.rejected_nll]
+        ref_rejected = [-n for n, _ in base.rejected_nll]
+        return metrics.reward_scores(logp, ref, rejected, ref_rejected, beta)
+    good = [bool(row.good) for row in selection.rows if row.scored]
+    return metrics.unpaired_reward_scores(logp, ref, good, beta)
+
+
+def answer_rows(selection: rows.Selection, tuned: Outputs, base: Outputs | None) -> list[dict[str, Any]]:
+    """Each prompted row with its reference and each model's answer (what Compare and the tables show)."""
+    out = []
+    for i, row in enumerate(selection.rows):
+        if not row.prompt:
+            continue
+        entry = {
+            "prompt": _question(row),
+            "reference": row.reference,
+            "tuned": tuned.answers[i] if tuned.answers else "",
+        }
+        if base is not None and base.answers is not None:
+            entry["base"] = base.answers[i]
+        out.append(entry)
+    return out
+
+
+def write_predictions(
+    path: Path, selection: rows.Selection, tuned: Outputs, base: Outputs | None, names: list[str]
+) -> None:
+    """One JSON line per row: the prompt, the reference and each model's output (answer, label, log-likelihoods)."""
+    from finetune.atomic import write_text
+
+    scored = iter(range(len(selection.rows)))
+    positions = {i: next(scored) for i, row in enumerate(selection.rows) if row.scored}
+    lines = []
+    for i, row in enumerate(selection.rows):
+        line: dict[str, Any] = {"prompt": _question(row) if row.prompt else None, "reference": row.reference}
+        if row.label is not None:
+            line.update(text=row.text, text_pair=row.text_pair or None, label=names[row.label])
+        if row.good is not None:
+            line["good"] = row.good
+        for who, out in (("tuned", tuned), ("base", base)):
+            if out is None:
+                continue
+            line.update(_row_outputs(who, out, i, positions.get(i), names))
+        lines.append(json.dumps(line, ensure_ascii=False))
+    write_text(path, "\n".join(lines) + "\n")
+
+
+def _row_outputs(who: str, out: Outputs, i: int, position: int | None, names: list[str]) -> dict[str, Any]:
+    """One model's outputs for row `i` (`position`: the row's index among the scored rows)."""
+    line: dict[str, Any] = {}
+    if out.answers is not None:
+        line[who] = out.answers[i]
+    if out.predicted is not None:
+        line[f"{who}_label"] = names[out.predicted[i]]
+        line[f"{who}_label_nll"] = out.label_nll[i] if out.label_nll else None
+    if out.nll is not None and position is not None:
+        line[f"{who}_nll"], line["tokens"] = out.nll[position]
+    if out.rejected_nll is not None and position is not None:
+        line[f"{who}_rejected_nll"], line["rejected_tokens"] = out.rejected_nll[position]
+    return line
+
+
+def _question(row: rows.EvalRow) -> str:
+    """The prompt as a person reads it: its last user message."""
+    users = [m["content"] for m in row.prompt or [] if m.get("role") == "user"]
+    return users[-1] if users else ""
+
+
+def _ordered(goal: Goal, found: dict[str, float]) -> dict[str, float]:
+    """The scores in the goal's order (extra ones, such as the judge's, after)."""
+    first = {name: found[name] for name in goal.metrics if name in found}
+    return {**first, **{k: v for k, v in found.items() if k not in first}}
+
+
+def _predictions_path(value: str, run: RunDir) -> Path | None:
+    """Where --predictions writes: a new or replaceable file outside the run's trained files."""
+    if not value:
+        return None
+    path = Path(value).expanduser().resolve()
+    inside = run.path.resolve()
+    if inside in path.parents and store.FOLDER not in path.relative_to(inside).parts[:1]:
+        raise UserError(
+            "predictions: a file inside the run folder would mix with its trained files; write it "
+            f"elsewhere (or under {run.name}/{store.FOLDER}/)",
+            field="predictions",
+        )
+    if path.is_dir() or not path.parent.is_dir():
+        raise UserError(f"predictions: {value} must be a file in an existing folder", field="predictions")
+    return path
+
+
+def _load(config: Any, run: RunDir, weights: Weights, goal: Goal) -> Any:
+    """The run's model at `weights`, as chat (or classify) loads it."""
+    from finetune.inference import load_classifier, load_for_chat
+
+    if not goal.answers:
+        return load_classifier(config, run.path, weights.path)[0]
+    return load_for_chat(config, run.path, weights.path)[0]
+
+
+def _load_base(config: Any) -> tuple[Any, Any]:
+    from finetune.inference import load_for_chat
+
+    return load_for_chat(config)
+
+
+def _release() -> None:
+    """Give the memory of models just dropped back before the next one loads."""
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except ImportError:
+        pass

@@ -1,0 +1,124 @@
+"""An evaluation as a person reads it: rows of a table (metric, base, tuned, change), points for a chart, a one-line
+summary for the run list, and the whole report as plain text for the terminal. Pure functions of the stored result."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from finetune.evaluation.goals import METRICS
+
+# Scores on a 0-1 scale: the chart draws these (a loss or a perplexity on the same axis would flatten them).
+SHARES = ("exact_match", "rouge_l", "number_match", "accuracy", "macro_f1", "reward_accuracy", "judge_win_rate")
+HEADLINE = ("reward_accuracy", "accuracy", "rouge_l", "exact_match", "loss")  # the first one present sums a run up
+
+
+def label(name: str) -> str:
+    """A score's name as tables show it."""
+    return METRICS[name].label if name in METRICS else name.replace("_", " ")
+
+
+def metric_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """[{metric, key, base, tuned, change}] for every score of the tuned model (base and change None without base);
+    lm-eval tasks follow as "TASK METRIC" rows."""
+    tuned, base = result.get("tuned") or {}, result.get("base") or {}
+    out = [_row(label(name), name, base.get(name), value) for name, value in tuned.items()]
+    harness = result.get("lm_eval") or {}
+    for task, values in (harness.get("tuned") or {}).items():
+        before = (harness.get("base") or {}).get(task, {})
+        for name, value in values.items():
+            if not name.endswith("_stderr"):
+                out.append(_row(f"lm-eval {task} {name}", f"{task}:{name}", before.get(name), value))
+    return out
+
+
+def _row(shown: str, key: str, base: float | None, tuned: float) -> dict[str, Any]:
+    return {"metric": shown, "key": key, "base": base, "tuned": tuned, "change": None if base is None else tuned - base}
+
+
+def chart_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """{metric, value, model} points of the 0-1 scores (lm-eval accuracies included), base next to tuned."""
+    points = []
+    for row in metric_rows(result):
+        name = row["key"].split(":")[-1]
+        if name not in SHARES and not name.startswith("acc"):
+            continue
+        for model in ("base", "tuned"):
+            if row[model] is not None:
+                points.append({"metric": row["metric"], "value": float(row[model]), "model": model})
+    return points
+
+
+def summary(result: dict[str, Any] | None) -> str:
+    """A run's latest evaluation in a few words: its headline score, against the base when known, and a warning."""
+    if not result:
+        return ""
+    tuned, base = result.get("tuned") or {}, result.get("base") or {}
+    name = next((n for n in HEADLINE if n in tuned), None)
+    if name is None:
+        return "evaluated"
+    text = f"{label(name)} {number(tuned[name])}"
+    if name in base:
+        text += f" (base {number(base[name])})"
+    if result.get("flags"):
+        text = "⚠ " + text
+    return text
+
+
+def number(value: float | None) -> str:
+    """A score as tables show it: 3 decimals, or 4 significant digits for large values."""
+    if value is None:
+        return "–"
+    return f"{value:.4g}" if abs(value) >= 10 else f"{value:.3f}"
+
+
+def change(value: float | None) -> str:
+    return "" if value is None else f"{value:+.3f}" if abs(value) < 10 else f"{value:+.4g}"
+
+
+def render_text(result: dict[str, Any], path: Any = None) -> str:
+    """The whole evaluation for the terminal: what was scored, the table, warnings, notes, the judge, where it is."""
+    data = result.get("data") or {}
+    lines = [
+        f"{result.get('run')} ({result.get('weights')}, step {result.get('step')}), goal {result.get('goal')}: "
+        f"{result.get('rows')} rows of {data.get('source')}",
+        "",
+    ]
+    if result.get("base"):
+        table = [["metric", "base", "tuned", "change"]]
+        table += [
+            [r["metric"], number(r["base"]), number(r["tuned"]), change(r["change"])] for r in metric_rows(result)
+        ]
+    else:
+        table = [["metric", "tuned"]] + [[r["metric"], number(r["tuned"])] for r in metric_rows(result)]
+    lines += text_table(table)
+    verdict = result.get("judge")
+    if verdict:
+        low, high = verdict["interval"]
+        lines += [
+            "",
+            f"judge {verdict['model']}: the tuned answer won {verdict['wins']}, tied {verdict['ties']}, lost "
+            f"{verdict['losses']} of {verdict['prompts']} prompts (both orders); win rate "
+            f"{verdict['judge_win_rate']:.2f}, 95% interval {low:.2f}-{high:.2f}; orders agreed on "
+            f"{verdict['consistent']:.0%}",
+        ]
+    for flag in result.get("flags") or []:
+        lines.append(f"warning: {flag}")
+    for note in result.get("notes") or []:
+        lines.append(f"note: {note}")
+    if path is not None:
+        lines.append(f"saved: {path}")
+    return "\n".join(lines)
+
+
+def text_table(table: list[list[str]]) -> list[str]:
+    """Rows of cells as aligned lines: the first column left-aligned, the others right-aligned."""
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    return ["  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)) for r in table]
+
+
+def answer_table(result: dict[str, Any], limit: int = 20) -> list[list[str]]:
+    """[prompt, reference, base answer, tuned answer] rows (the first `limit`)."""
+    return [
+        [a.get("prompt") or "", a.get("reference") or "", a.get("base", ""), a.get("tuned", "")]
+        for a in (result.get("answers") or [])[:limit]
+    ]

@@ -1,0 +1,189 @@
+"""Which rows an evaluation scores, each rendered exactly as training renders it.
+
+Default: the run's own evaluation split; a run without one is scored on its held-out prompts (with their reference
+answers where the data has them). `--data D` names other data (a file, `bundled:NAME` or a Hub id) read through the
+same loader and checks as training data, `--split` a split of it (or of the run's own data).
+
+Each row keeps what every score needs: the conversation the model answers, the reference answer, and the pieces of
+text the loss counts (`finetune.data`'s rendering and masking, so `loss` covers exactly the tokens training counts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from finetune import data
+from finetune.config import TrainConfig
+from finetune.errors import UserError
+
+Segments = list[tuple[str, bool]]  # text pieces, each flagged True when training counts it in the loss
+PAIR_FORMAT = data.DataFormat("prompt_completion", {"prompt": "prompt", "completion": "completion"})  # held-out
+
+
+@dataclass
+class EvalRow:
+    """One row to score."""
+
+    prompt: list[dict[str, str]] | None = None  # the conversation the model answers (None: plain text, a classifier)
+    reference: str | None = None  # the answer generations are scored against
+    scored: Segments | None = None  # the row as training renders it: the loss is taken on its trained pieces
+    rejected: Segments | None = None  # a preference pair: the same prompt with the rejected answer
+    good: bool | None = None  # a kto row: its answer is marked good (True) or bad (False)
+    label: int | None = None  # a classification row: the class index
+    text: str = ""
+    text_pair: str = ""
+
+
+@dataclass
+class Selection:
+    """The rows, where they came from and what can be scored on them."""
+
+    rows: list[EvalRow]
+    source: str  # in words: "bundled:pirate [validation]", "my-eval.jsonl", "the 5 held-out prompts of ..."
+    kind: str  # the data format (finetune.data.DataFormat.kind), or "prompts" for held-out prompts
+    notes: list[str] = field(default_factory=list)
+    label_names: list[str] = field(default_factory=list)
+
+    @property
+    def has_references(self) -> bool:
+        return any(row.reference is not None for row in self.rows)
+
+
+def select(
+    config: TrainConfig,
+    tokenizer: Any,
+    dataset: str = "",
+    split: str = "",
+    limit: int | None = None,
+    label_names: list[str] | None = None,
+) -> Selection:
+    """The rows to score for a run with `config` (see the module docstring); a one-line UserError for bad data."""
+    if dataset or split:
+        source_config, source = _other_data(config, dataset, split)
+        raw, _ = data.load_raw(source_config)
+    else:
+        source_config = config
+        raw, evaluation = data.load_raw(config)
+        if evaluation is None:
+            return _heldout(config, tokenizer, limit)
+        raw, source = evaluation, _eval_split_name(config)
+    if limit:
+        raw = raw.select(range(min(limit, len(raw))))
+    fmt = data.detect_format(list(raw.column_names), source_config)
+    rows = [_row(row, fmt, tokenizer, label_names or []) for row in raw]
+    selection = Selection(rows, source, fmt.kind, label_names=list(label_names or []))
+    if fmt.kind == "text":
+        selection.notes.append(
+            "only loss and perplexity: the data is plain text, with no prompt and reference answer to score a "
+            "generated answer against"
+        )
+    return selection
+
+
+def _other_data(config: TrainConfig, dataset: str, split: str) -> tuple[TrainConfig, str]:
+    """The config that reads `dataset` (default: the run's own data) at `split`, and how to name it."""
+    name = dataset or config.dataset
+    local = not (name.startswith("bundled:") or _is_hub(name))
+    if local and split:
+        raise UserError("split: applies to bundled and Hub data; a local data file is read whole", field="split")
+    chosen = split or config.eval_split or "train"
+    try:
+        source = config.replace(dataset=name, dataset_split="train" if local else chosen, eval_split="")
+    except Exception as exc:  # the config's own one-line reason (a dataset value it refuses)
+        raise UserError(f"data: {str(exc).splitlines()[0]}", field="data") from None
+    return source, _data_name(name) + ("" if local else f" [{chosen}]")
+
+
+def _eval_split_name(config: TrainConfig) -> str:
+    """The run's evaluation split as results name it: a file by its name, else "data [split]"."""
+    split = config.eval_split
+    if split.lower().endswith(data.FILE_TYPES) or "/" in split or "\\" in split:
+        return _data_name(split)
+    return f"{_data_name(config.dataset)} [{split}]"
+
+
+def _is_hub(name: str) -> bool:
+    from finetune import catalogue
+
+    return catalogue.is_hub_id(name) and not name.lower().endswith(data.FILE_TYPES)
+
+
+def _data_name(name: str) -> str:
+    """Data as the results name it: a bundled or Hub name as it is, a file by its name alone."""
+    if name.startswith("bundled:") or _is_hub(name):
+        return name
+    from pathlib import Path
+
+    return Path(name).name
+
+
+def _heldout(config: TrainConfig, tokenizer: Any, limit: int | None) -> Selection:
+    """A run without an evaluation split: its held-out prompts, with their reference answers where known."""
+    if config.task == "sequence_classification":
+        raise UserError(
+            "data: this classification run has no evaluation split; give --data FILE with text and label columns",
+            field="data",
+        )
+    samples = data.heldout_samples(config, limit=limit or 5)
+    if not samples:
+        raise UserError("data: this run has no evaluation split and no held-out prompts; give --data FILE", "data")
+    rows = []
+    for prompt, reference in samples:
+        conversation = [{"role": "user", "content": prompt}]
+        scored = None
+        if reference is not None:
+            scored = data.render_segments({"prompt": prompt, "completion": reference}, PAIR_FORMAT, tokenizer)
+        rows.append(EvalRow(prompt=conversation, reference=reference, scored=scored))
+    note = (
+        f"this run has no evaluation split: scored on its {len(rows)} held-out prompts; give --data FILE (or "
+        "--split NAME) to score more rows"
+    )
+    return Selection(rows, f"the held-out prompts of {_data_name(config.dataset)}", "prompts", notes=[note])
+
+
+def _row(row: dict[str, Any], fmt: data.DataFormat, tokenizer: Any, label_names: list[str]) -> EvalRow:
+    """One data row as an `EvalRow` for its format."""
+    if fmt.kind == "classification":
+        return _classification_row(row, fmt, label_names)
+    if fmt.kind in data.PREFERENCE_KINDS:
+        return _preference_row(row, fmt, tokenizer)
+    scored = data.render_segments(row, fmt, tokenizer)
+    if fmt.kind == "text":
+        return EvalRow(scored=scored)
+    messages = data.to_messages(row, fmt)
+    last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    return EvalRow(prompt=messages[:last], reference=messages[last]["content"], scored=scored)
+
+
+def _preference_row(row: dict[str, Any], fmt: data.DataFormat, tokenizer: Any) -> EvalRow:
+    """A pair (or a kto answer): each side as TRL reads it, after the same prompt."""
+    rendered = data.render_preference(data.trl_row(row, fmt, tokenizer), tokenizer)
+    prompt = data.as_conversation(row[fmt.columns["prompt"]], "prompt")
+    head = (rendered["prompt"], False)
+    if fmt.kind == "unpaired":
+        good = data.kto_label(row[fmt.columns["label"]])
+        return EvalRow(
+            prompt=prompt,
+            reference=data.preferred_answer(row, fmt),
+            scored=[head, (rendered["completion"], True)],
+            good=good,
+        )
+    return EvalRow(
+        prompt=prompt,
+        reference=data.preferred_answer(row, fmt),
+        scored=[head, (rendered["chosen"], True)],
+        rejected=[head, (rendered["rejected"], True)],
+    )
+
+
+def _classification_row(row: dict[str, Any], fmt: data.DataFormat, names: list[str]) -> EvalRow:
+    label = str(data.label_value(row[fmt.columns["label"]]))
+    if label not in names:
+        raise UserError(
+            f"data: label {label!r} is not one of the run's labels ({', '.join(names)}); evaluate on data with the "
+            "labels the run was trained on",
+            field="data",
+        )
+    pair = data.text_value(row[fmt.columns["text_pair"]]) if "text_pair" in fmt.columns else ""
+    return EvalRow(label=names.index(label), text=data.text_value(row[fmt.columns["text"]]), text_pair=pair)
