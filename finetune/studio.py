@@ -39,6 +39,7 @@ CHAT_CONVERSATION_LIMIT = 64000  # characters of the whole conversation sent to 
 CHAT_TURNS_LIMIT = 200  # messages in one conversation
 CHAT_MAX_NEW_TOKENS = 1024
 DOWNLOAD_KEEP_SECONDS = 3600  # a downloaded YAML file is removed after an hour
+RUNS_COMPARED = 8  # runs shown side by side at most
 
 
 NUMBER_TYPES = ("int", "float")
@@ -63,6 +64,7 @@ class RunSummary:
     resumable: bool = False
     final: bool = False  # the final adapter / model is saved (chat, export and publish use it)
     checkpoint_step: int | None = None  # the newest complete checkpoint
+    evaluation: str = ""  # the latest evaluation in a few words ("ROUGE-L 0.42 (base 0.10)"), "" when none
 
     @property
     def active(self) -> bool:
@@ -115,6 +117,8 @@ class Studio:
         self._chat_cache_size = chat_cache_size
         self._uploads: set[str] = set()  # files uploaded to this app since it started (allowed as data when public)
         self._uploads_lock = threading.Lock()
+        self._eval_lock = threading.Lock()  # one evaluation at a time (each loads models); others wait their turn
+        self._evaluated_at = 0.0  # when this app last wrote an evaluation (the runs list shows them)
 
     @property
     def uploads_dir(self) -> Path:
@@ -334,14 +338,14 @@ class Studio:
             run = self._run(run_id)
         except UserError:
             return ((0, 0.0), (0, 0.0))
-        return (_file_stamp(run.events_path), _file_stamp(run.status_path))
+        return (_file_stamp(run.events_path), _file_stamp(run.status_path), _file_stamp(run.path / "eval"))
 
     def runs_stamp(self) -> float:
-        """Changes when a run folder appears or goes (cheap, for polling)."""
+        """Changes when a run folder appears or goes, or this app evaluates a run (cheap, for polling)."""
         try:
-            return Path(self.manager.root).stat().st_mtime
+            return max(Path(self.manager.root).stat().st_mtime, self._evaluated_at)
         except OSError:
-            return 0.0
+            return self._evaluated_at
 
     def runs(self) -> list[RunSummary]:
         """Every run of the runs folder, newest first; the run training now with its live step and loss."""
@@ -507,6 +511,85 @@ class Studio:
             model, tokenizer, names = self._chat_models[key]
             return classify(model, tokenizer, names, text.strip(), text_pair.strip(), config.max_seq_length)
 
+    # ----------------------------------------------------------------- evaluation
+    def evaluation_sources(self) -> list[tuple[str, str]]:
+        """(label, value) of what can be evaluated: each finished run's final weights (`RUN`) and every run's
+        checkpoints (`RUN@STEP`), newest run first."""
+        sources = []
+        for run in self.runs():
+            if run.final and not run.active:
+                sources.append((f"{run.run_id} (final)", run.run_id))
+            for path in reversed(self._run(run.run_id).checkpoints()):
+                step = path.name.split("-")[-1]
+                sources.append((f"{run.run_id} · checkpoint {step} ({run.status})", f"{run.run_id}@{step}"))
+        return sources
+
+    def evaluate(self, source: str, options: dict[str, Any] | None = None, progress: Any = None) -> Any:
+        """Evaluate a run (`RUN`; `RUN@STEP` for a checkpoint) with `options` (`EvalOptions` fields: data, split,
+        limit, max_new_tokens, base, temperature, lm_eval, include_path, num_fewshot, judge) and keep the result in
+        the run's eval/ folder; an `EvalView`. `progress(fraction, text)` hears how far it is."""
+        from finetune.evaluation import EvalOptions, evaluate_run
+        from finetune.evaluation.report import view
+
+        run_id, _, step = str(source or "").partition("@")
+        values = dict(options or {})
+        unknown = sorted(set(values) - set(EvalOptions.__dataclass_fields__) | ({"predictions"} & set(values)))
+        if unknown:
+            raise UserError(f"{unknown[0]}: not an evaluation option here", field=unknown[0])
+        if step:
+            if not step.isdigit():
+                raise UserError(f"checkpoint: {step[:20]!r} is not a checkpoint step", field="checkpoint")
+            values["checkpoint"] = int(step)
+        self._check_evaluation_allowed(values)
+        run = self._run(run_id)
+        self._check_run_allowed(run)
+        with self._eval_lock:
+            result, path = evaluate_run(run, EvalOptions(**values), progress)
+            self._evaluated_at = time.time()
+        return view(result, path.name)
+
+    def evaluations(self, run_id: str) -> list[str]:
+        """The file names of a run's evaluations, newest first."""
+        from finetune.evaluation import store
+
+        return [path.name for path in reversed(store.history(self._run(run_id).path))]
+
+    def evaluation(self, run_id: str, name: str | None = None) -> Any:
+        """One of a run's evaluations (by file name; default the newest) as an `EvalView`, or None when it has none."""
+        from finetune.evaluation import store
+        from finetune.evaluation.report import view
+
+        run = self._run(run_id)
+        for path in reversed(store.history(run.path)):
+            if name in (None, "", path.name):
+                result = store.load(path)
+                if result is not None:
+                    return view(result, path.name)
+        return None
+
+    def compare(self, run_ids: list[str]) -> Any:
+        """Two or more runs side by side: a `Comparison` (loss curves, latest scores, answers to the same prompts)."""
+        from finetune.evaluation.compare import compare_runs
+
+        if not isinstance(run_ids, list) or not all(isinstance(r, str) for r in run_ids):
+            raise UserError("runs: pick two or more runs to compare", field="runs")
+        return compare_runs([self._run(run_id) for run_id in run_ids[:RUNS_COMPARED]])
+
+    def _check_evaluation_allowed(self, values: dict[str, Any]) -> None:
+        """Refuse, as for a run's settings, what this visitor may not use: server files as data, a judge from the
+        server's disk, a folder of lm-eval tasks on the server."""
+        names = {"dataset": "data", "dataset_split": "split", "model": "judge"}
+        asked = {field: values.get(option) for field, option in names.items() if values.get(option)}
+        for field, message in self.policy.problems(asked, self._uploads).items():
+            option = names[field]
+            raise UserError(f"{option}: {message.split(': ', 1)[-1]}", field=option)
+        if values.get("include_path") and not self.policy.server_paths:
+            raise UserError(
+                "include_path: folders on the server are not available in this public app; use the bundled "
+                "pirate_quiz or lm-eval's own tasks",
+                field="include_path",
+            )
+
     # ----------------------------------------------------------------- publish
     def push(
         self,
@@ -651,6 +734,8 @@ def _summary(run: dict[str, Any]) -> RunSummary:
     except Exception:  # a run cut short before its config was written: listed by its name alone
         model, method, objective = "", "", "sft"
     checkpoint = folder.last_checkpoint()
+    from finetune.evaluation import report, store
+
     return RunSummary(
         run_id=str(run["run_id"]),
         status=str(run.get("status") or "unknown"),
@@ -666,6 +751,7 @@ def _summary(run: dict[str, Any]) -> RunSummary:
         resumable=bool(run.get("resumable")),
         final=folder.has_final_model(),
         checkpoint_step=int(checkpoint.name.split("-")[-1]) if checkpoint is not None else None,
+        evaluation=report.summary(store.latest(folder.path)),
     )
 
 

@@ -81,7 +81,7 @@ def no_sample_answers(patch: pytest.MonkeyPatch) -> None:
     """No held-out prompts: the run skips its sample answers."""
     from finetune import data
 
-    patch.setattr(data, "heldout_prompts", lambda config, limit=5: [])
+    patch.setattr(data, "heldout_samples", lambda config, limit=5: [])
 
 
 def assert_world_torn_down() -> None:

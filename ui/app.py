@@ -1,4 +1,5 @@
-"""The whole page: a title, one line on how it works, and six tabs (Start, Memory, Configure, Train, Chat, Publish).
+"""The whole page: a title, one line on how it works, and seven tabs (Start, Memory, Configure, Train, Chat, Evaluate,
+Publish).
 
 `build_app(studio)` only builds the Blocks (tests use it without launching); `launch(...)` starts the server.
 Each tab module builds its components, then its `wire` connects its events; the Configure form is the one form the
@@ -14,16 +15,17 @@ from typing import Any
 import gradio as gr
 
 from finetune.studio import Studio
-from ui import chat_tab, config_tab, memory_tab, publish_tab, start_tab, train_tab
+from ui import chat_tab, config_tab, evaluate_tab, memory_tab, publish_tab, start_tab, train_tab
 
 TITLE = "Finetune Studio"
-TAB_NAMES = ("Start", "Memory", "Configure", "Train", "Chat", "Publish")
+TAB_NAMES = ("Start", "Memory", "Configure", "Train", "Chat", "Evaluate", "Publish")
 HEADER = (
     "# Finetune Studio\n"
     "Fine-tune a language model in your browser. **How it works:** on **Start**, pick a model, data, a goal and "
     "your hardware, and take the configuration proposed (the defaults work: a small model learns to talk like a "
-    "pirate) → **Train** and watch the loss fall → **Chat** with the tuned model beside the original → **Publish** "
-    "it to the Hugging Face Hub. **Memory** and **Configure** hold every setting, for experts."
+    "pirate) → **Train** and watch the loss fall → **Chat** with the tuned model beside the original → **Evaluate** "
+    "it against the original on held-out data → **Publish** it to the Hugging Face Hub. **Memory** and "
+    "**Configure** hold every setting, for experts."
 )
 UPLOAD_LIMIT = "200mb"  # largest upload the server accepts (the data file); handlers check type and size again
 SPACE_NOTE = (
@@ -83,6 +85,7 @@ class AppUI:
     tabs: dict[str, Any]
     login: Any = None  # the "Sign in with Hugging Face" button (on a Space only)
     start: start_tab.StartTab | None = None  # the first screen
+    evaluate: evaluate_tab.EvaluateTab | None = None
 
 
 def build_app(studio: Studio | None = None) -> gr.Blocks:
@@ -117,6 +120,8 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
                 train = train_tab.build(studio)
             with gr.Tab("Chat", id="chat", elem_id="tab-chat") as tabs["Chat"]:
                 chat = chat_tab.build(studio)
+            with gr.Tab("Evaluate", id="evaluate", elem_id="tab-evaluate") as tabs["Evaluate"]:
+                evaluate = evaluate_tab.build(studio)
             with gr.Tab("Publish", id="publish", elem_id="tab-publish") as tabs["Publish"]:
                 publish = publish_tab.build(studio)
         config.saved = saved
@@ -124,9 +129,10 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
         memory_tab.wire(memory, config, demo)
         train_tab.wire(train, config, demo, tabs["Train"])
         chat_tab.wire(chat, config, demo, tabs["Chat"])
+        evaluate_tab.wire(evaluate, demo, tabs["Evaluate"])
         publish_tab.wire(publish, demo, tabs["Publish"])
         start_tab.wire(start, config, train, tab_bar, tabs["Start"], demo)
-    demo.studio_ui = AppUI(studio, memory, config, train, chat, publish, tabs, login, start)
+    demo.studio_ui = AppUI(studio, memory, config, train, chat, publish, tabs, login, start, evaluate)
     return demo
 
 

@@ -195,6 +195,28 @@ def loss_rows(events: list[dict[str, Any]], max_points: int = 600) -> list[dict[
     return train + evals
 
 
+SCORE_NAMES = {"exact_match": "exact match", "rouge_l": "ROUGE-L", "number_match": "number match"}
+
+
+def score_rows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Points for the held-out answers' scores by step ({step, value, series}): what each "samples" event measured
+    of the answers against their reference answers (the goal's cheap metrics)."""
+    rows = []
+    for e in events:
+        if e.get("type") == "samples" and isinstance(e.get("scores"), dict):
+            step = int(e.get("step", 0))
+            rows += [{"step": step, "value": float(v), "series": SCORE_NAMES.get(n, n)} for n, v in e["scores"].items()]
+    return rows
+
+
+def evaluation_markdown(view: Any) -> str:
+    """A run's latest evaluation in one line for the Train tab (with its warnings), or "" when it has none."""
+    if view is None:
+        return ""
+    flags = "".join(f" ⚠ {plain(flag)}." for flag in view.flags)
+    return f"**Latest evaluation** (`eval/{plain(view.file)}`): {plain(view.summary)}.{flags} Details in *Evaluate*."
+
+
 def log_lines(events: list[dict[str, Any]], limit: int = 14, recent_steps: int = 4) -> str:
     """The tail of the run's log as plain text, newest last. Only the latest few per-step loss lines are kept (the
     plot has them all), so messages, evaluations and checkpoints stay in view."""
@@ -245,7 +267,7 @@ def sample_rows(events: list[dict[str, Any]], active: bool = True) -> tuple[list
     return headers, rows
 
 
-RUN_HEADERS = ["Run", "Status", "Step", "Loss", "Eval loss", "Resumable", "Folder"]
+RUN_HEADERS = ["Run", "Status", "Step", "Loss", "Eval loss", "Evaluation", "Resumable", "Folder"]
 METHOD_WORDS = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA"}
 
 
@@ -268,6 +290,7 @@ def run_rows(runs: list[RunSummary]) -> list[list[Any]]:
             f"{r.step} / {r.max_steps or '?'}",
             number(r.loss),
             number(r.eval_loss),
+            r.evaluation,
             "yes" if r.resumable else "",
             r.run_id,
         ]

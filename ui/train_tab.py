@@ -24,6 +24,7 @@ from finetune.studio import RunPreview, RunSummary, Studio
 from ui.config_tab import ConfigTab, form_stamp, warn
 from ui.formatting import (
     RUN_HEADERS,
+    evaluation_markdown,
     log_lines,
     loss_rows,
     one_line,
@@ -35,6 +36,7 @@ from ui.formatting import (
     run_rows,
     run_title,
     sample_rows,
+    score_rows,
     size,
 )
 
@@ -69,6 +71,11 @@ def preference_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     have = {r["series"] for r in rows}
     blanks = [{"step": 0, "value": float("nan"), "series": s} for s in PREFERENCE_SERIES if s not in have]
     return pd.DataFrame(rows + blanks, columns=["step", "value", "series"])
+
+
+def scores_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The held-out answers' scores by step (ROUGE-L, exact match, number match against the references)."""
+    return pd.DataFrame(rows, columns=["step", "value", "series"])
 
 
 def plan_markdown(preview: RunPreview, changed: list[str]) -> str:
@@ -155,6 +162,8 @@ class TrainTab:
     plot: Any = None
     prefs: Any = None
     prefs_plot: Any = None
+    scores_plot: Any = None
+    evaluation: Any = None
     samples: Any = None
     log: Any = None
     runs_table: Any = None
@@ -195,6 +204,13 @@ class TrainTab:
         except UserError:
             return []
 
+    def latest_evaluation(self, run_id: str) -> Any:
+        """The run's newest evaluation (`python -m finetune eval` or the Evaluate tab), or None."""
+        try:
+            return self.studio.evaluation(run_id)
+        except UserError:
+            return None
+
     def key(self, run_id: str) -> tuple:
         """What, if changed, needs a redraw. Cheap: the in-memory state and a stat() or two of the run's files
         (a run of another process, such as a multi-GPU launch, is followed through its files)."""
@@ -227,6 +243,8 @@ class TrainTab:
                 self.plot: EMPTY_LOSS,
                 self.prefs: "",
                 self.prefs_plot: gr.update(value=preference_frame([]), visible=False),
+                self.scores_plot: gr.update(value=scores_frame([]), visible=False),
+                self.evaluation: "",
                 self.samples: _samples_frame([], []),
                 self.log: "",
             }
@@ -234,12 +252,15 @@ class TrainTab:
         events = self.events(run_id)
         preference = preference_rows(events)
         headers, samples = sample_rows(events, active=(state or {}).get("status") in ("pending", "loading", "running"))
+        scores = score_rows(events)
         return {
             self.progress: progress_html(state or {"run_id": run_id, "status": "unknown"}),
             self.problem: problem_markdown(state),
             self.plot: loss_frame(loss_rows(events)),
             self.prefs: preference_facts(events),
             self.prefs_plot: gr.update(value=preference_frame(preference), visible=bool(preference)),
+            self.scores_plot: gr.update(value=scores_frame(scores), visible=bool(scores)),
+            self.evaluation: evaluation_markdown(self.latest_evaluation(run_id)),
             self.samples: _samples_frame(headers, samples),
             self.log: log_lines(events),
         }
@@ -430,6 +451,22 @@ def build(studio: Studio) -> TrainTab:
                 height=200,
                 visible=False,
             )
+            tab.scores_plot = gr.LinePlot(
+                scores_frame([]),
+                x="step",
+                y="value",
+                color="series",
+                title="Held-out answers against their references",
+                x_title="step",
+                y_title="score (0-1)",
+                color_title="",
+                x_axis_format="d",
+                y_lim=[0, 1],
+                elem_id="train-scores-plot",
+                height=200,
+                visible=False,
+            )
+            tab.evaluation = gr.Markdown("", elem_id="train-evaluation")
         with gr.Column(scale=2, min_width=260):
             tab.log = gr.Textbox(
                 label="Log (latest)", lines=14, max_lines=14, interactive=False, elem_id="train-log", autoscroll=True
@@ -481,6 +518,8 @@ def wire(tab: TrainTab, config: ConfigTab, demo: gr.Blocks, train_tab: Any = Non
         tab.plot,
         tab.prefs,
         tab.prefs_plot,
+        tab.scores_plot,
+        tab.evaluation,
         tab.samples,
         tab.log,
         tab.runs_table,

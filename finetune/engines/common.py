@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from finetune import data, models
@@ -27,6 +27,7 @@ class Prepared:
     prompts: list[str]
     precision: str
     plan: RunPlan
+    references: list[str | None] = field(default_factory=list)  # each held-out prompt's reference answer, if known
 
 
 def prepare_run(config: TrainConfig, progress: Progress) -> Prepared:
@@ -64,15 +65,32 @@ def prepare_run(config: TrainConfig, progress: Progress) -> Prepared:
     progress.message(
         f"model: {total / 1e6:.1f}M parameters, {trainable / 1e6:.2f}M trainable ({trainable / total:.2%})"
     )
+    heldout = data.heldout_samples(config)
     return Prepared(
         tokenizer=tokenizer,
         model=model,
         data=prepared_data,
         collator=data.collator(config, tokenizer),
-        prompts=data.heldout_prompts(config),
+        prompts=[prompt for prompt, _ in heldout],
         precision=precision,
         plan=plan,
+        references=[reference for _, reference in heldout],
     )
+
+
+def samples_event(prepared: Prepared, answers: list[str]) -> dict[str, Any]:
+    """The "samples" event of the held-out answers: each prompt, answer and reference, and the goal's cheap scores
+    of the answers against the references (the Train tab draws them by step beside the loss)."""
+    from finetune.evaluation.goals import goal_of
+    from finetune.evaluation.metrics import sample_scores
+
+    references = prepared.references or [None] * len(prepared.prompts)
+    samples = [
+        {"prompt": p, "answer": a, **({"reference": r} if r is not None else {})}
+        for p, a, r in zip(prepared.prompts, answers, references, strict=True)
+    ]
+    scores = sample_scores(goal_of(prepared.plan.config), answers, references)
+    return {"samples": samples, **({"scores": scores} if scores else {})}
 
 
 def check_sequence_length(config: TrainConfig) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 from finetune.atomic import read_json, write_json
 from finetune.config import TrainConfig
 from finetune.deepspeed_config import deepspeed_config, write_ds_config
-from finetune.engines.common import Prepared, prepare_run
+from finetune.engines.common import Prepared, prepare_run, samples_event
 from finetune.engines.world import World, distributed_world
 from finetune.progress import Progress
 
@@ -282,8 +282,7 @@ def _samples(engine: Any, prepared: Prepared, progress: Progress, world: World, 
 
     answers = generate_answers(engine.module, prepared.tokenizer, prepared.prompts)
     engine.train()
-    samples = [{"prompt": p, "answer": a} for p, a in zip(prepared.prompts, answers, strict=True)]
-    progress.event("samples", step=step, samples=samples)
+    progress.event("samples", step=step, **samples_event(prepared, answers))
 
 
 # --------------------------------------------------------------------------- checkpoints

@@ -14,7 +14,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import PrinterCallback
 
 from finetune.config import TrainConfig
-from finetune.engines.common import Prepared, prepare_run, save_final, write_used_ds_config
+from finetune.engines.common import Prepared, prepare_run, samples_event, save_final, write_used_ds_config
 from finetune.engines.world import trainer_world_if
 from finetune.inference import generate_answers
 from finetune.plan import TRAINER_OPTIMIZERS, RunPlan, uses_deepspeed
@@ -239,8 +239,7 @@ class ProgressCallback(TrainerCallback):
             answers = generate_answers(model, self.prepared.tokenizer, prompts, max_new_tokens=SAMPLE_MAX_NEW_TOKENS)
             if cache is not None:
                 _write_answers(cache, answers)
-        samples = [{"prompt": p, "answer": a} for p, a in zip(prompts, answers, strict=True)]
-        self.progress.event("samples", step=step, samples=samples)
+        self.progress.event("samples", step=step, **samples_event(self.prepared, answers))
 
 
 def step0_answers_path(plan: RunPlan, prompts: list[str]) -> Path | None:

@@ -18,7 +18,9 @@ def register_cli(subparsers: Any) -> None:
     run_eval.add_argument("--checkpoint", type=int, metavar="STEP", help="evaluate this checkpoint (default: final)")
     run_eval.add_argument("--data", default="", metavar="D", help="data to score (file, bundled:NAME or Hub id)")
     run_eval.add_argument("--split", default="", help="split of the data (default: the run's evaluation split)")
-    run_eval.add_argument("--limit", type=int, metavar="N", help="score at most N rows")
+    run_eval.add_argument(
+        "--limit", type=int, metavar="N", help="score at most N rows (and N examples per lm-eval task)"
+    )
     run_eval.add_argument("--max-new-tokens", type=int, default=64, metavar="N", help="answer length (default 64)")
     run_eval.add_argument("--temperature", type=float, default=0.0, help="sample answers (default 0: greedy)")
     run_eval.add_argument("--base", action="store_true", help="also score the base model on the same rows")

@@ -22,6 +22,11 @@ class Comparison:
     answers: list[dict[str, Any]]  # {"prompt": text, RUN: answer, ...}
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def table(self) -> list[list[str]]:
+        """The scores as the tables show them: [metric, RUN's value, ...]."""
+        return [[row["metric"], *[_cell(row.get(name)) for name in self.runs]] for row in self.metrics]
+
 
 def compare_runs(runs: list[RunDir]) -> Comparison:
     """Two or more runs side by side (a one-line refusal for fewer, or for one named twice)."""
@@ -85,9 +90,7 @@ def _answers_of(run: RunDir, result: dict | None) -> dict[str, str]:
 def render_text(comparison: Comparison) -> str:
     """The comparison for the terminal: scores side by side, then the notes."""
     head = ["metric", *comparison.runs]
-    body = [[row["metric"], *[_cell(row.get(name)) for name in comparison.runs]] for row in comparison.metrics] or [
-        ["(no evaluations)", *[""] * len(comparison.runs)]
-    ]
+    body = comparison.table or [["(no evaluations)", *[""] * len(comparison.runs)]]
     lines = report.text_table([head, *body])
     for row in comparison.answers[:5]:
         lines += ["", f"prompt: {row['prompt']}"] + [f"  {name}: {row[name]}" for name in comparison.runs]

@@ -33,7 +33,7 @@ class EvalOptions:
 
     data: str = ""  # other data to score (a file, bundled:NAME, a Hub id); default: the run's evaluation split
     split: str = ""  # a split of that data (or of the run's own)
-    limit: int | None = None  # score at most this many rows
+    limit: int | None = None  # score at most this many rows (and examples of each lm-eval task)
     max_new_tokens: int = 64
     base: bool = False  # also score the base model on the same rows
     temperature: float = 0.0  # 0: greedy, the same answers every time
@@ -257,7 +257,7 @@ def score(
 
 def _lm_eval(model: Any, tokenizer: Any, tasks: Any, options: EvalOptions, steps: Steps, who: str) -> dict:
     tick = steps.stage(f"{who}: lm-eval {', '.join(tasks.names)}", len(tasks.names))
-    out = harness.run_tasks(model, tokenizer, tasks, options.num_fewshot)
+    out = harness.run_tasks(model, tokenizer, tasks, options.num_fewshot, options.limit)
     tick(len(tasks.names))
     return out
 

@@ -44,12 +44,9 @@ def check_tasks(names: list[str], include_path: str = "") -> Tasks:
         if not folder.is_dir():
             raise UserError(f"include_path: {include_path} is not a folder of lm-eval task files", "include_path")
         paths.append(folder)
-    _quiet()
-    from lm_eval.tasks import TaskManager
-
-    manager = TaskManager(include_path=[str(p) for p in paths], include_defaults=False)
+    manager = _manager(paths, defaults=False)
     if any(name not in manager.all_tasks for name in names):
-        manager = TaskManager(include_path=[str(p) for p in paths])  # lm-eval's own tasks too (indexing takes ~10 s)
+        manager = _manager(paths, defaults=True)  # lm-eval's own tasks too (indexing them takes ~10 s)
     for name in names:
         if name not in manager.all_tasks:
             raise UserError(
@@ -59,6 +56,24 @@ def check_tasks(names: list[str], include_path: str = "") -> Tasks:
             )
     _check_offline(manager, names)
     return Tasks(names, manager)
+
+
+_MANAGERS: dict[tuple, Any] = {}  # task managers of the bundled tasks (with lm-eval's own): indexed once
+
+
+def _manager(paths: list[Path], defaults: bool) -> Any:
+    """lm-eval's TaskManager over `paths` (and its own tasks with `defaults`); kept when it covers only the bundled
+    tasks, which never change, and indexed afresh for a user's folder, whose files may have."""
+    _quiet()
+    from lm_eval.tasks import TaskManager
+
+    key = (defaults,)
+    if len(paths) == 1 and key in _MANAGERS:
+        return _MANAGERS[key]
+    manager = TaskManager(include_path=[str(p) for p in paths], include_defaults=defaults)
+    if len(paths) == 1:
+        _MANAGERS[key] = manager
+    return manager
 
 
 def _check_offline(manager: Any, names: list[str]) -> None:
@@ -98,8 +113,11 @@ def _hub_datasets(manager: Any, name: str, seen: set[str]) -> list[str]:
     return [path]
 
 
-def run_tasks(model: Any, tokenizer: Any, tasks: Tasks, num_fewshot: int | None = None) -> dict[str, dict]:
-    """{task: {metric: value}} of `model` on the tasks (stderr figures as METRIC_stderr)."""
+def run_tasks(
+    model: Any, tokenizer: Any, tasks: Tasks, num_fewshot: int | None = None, limit: int | None = None
+) -> dict[str, dict]:
+    """{task: {metric: value}} of `model` on the tasks (stderr figures as METRIC_stderr); `limit`: at most that many
+    examples of each task."""
     _quiet()
     import lm_eval
 
@@ -109,6 +127,7 @@ def run_tasks(model: Any, tokenizer: Any, tasks: Tasks, num_fewshot: int | None 
             model=wrapped,
             tasks=tasks.names,
             num_fewshot=num_fewshot,
+            limit=limit,
             task_manager=tasks.manager,
             log_samples=False,
             bootstrap_iters=0,

@@ -15,6 +15,7 @@ Definitions (each test recomputes them from the predictions file):
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 from typing import Any
 
 from finetune.answers import exact_match, last_number, number_match
@@ -109,10 +110,11 @@ def _shown(name: str, base: float, tuned: float) -> str:
     return f"{name} {base:.3f} → {tuned:.3f}{unit}"
 
 
-def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval (95% by default) of a share `successes / n`."""
+def wilson_interval(successes: float, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """The Wilson score interval of a share `successes / n` (95% by default)."""
     if n <= 0:
         return (0.0, 1.0)
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
     p = successes / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)

@@ -3,6 +3,7 @@ summary for the run list, and the whole report as plain text for the terminal. P
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from finetune.evaluation.goals import METRICS
@@ -10,6 +11,32 @@ from finetune.evaluation.goals import METRICS
 # Scores on a 0-1 scale: the chart draws these (a loss or a perplexity on the same axis would flatten them).
 SHARES = ("exact_match", "rouge_l", "number_match", "accuracy", "macro_f1", "reward_accuracy", "judge_win_rate")
 HEADLINE = ("reward_accuracy", "accuracy", "rouge_l", "exact_match", "loss")  # the first one present sums a run up
+
+
+@dataclass(frozen=True)
+class EvalView:
+    """One evaluation as the app shows it (what `Studio.evaluate` and `Studio.evaluation` return)."""
+
+    result: dict[str, Any]  # the stored evaluation (eval/<timestamp>.json)
+    file: str  # its file name under the run's eval/ folder
+    table: list[list[str]] = field(default_factory=list)  # [metric, base, tuned, change] as the tables show them
+    chart: list[dict[str, Any]] = field(default_factory=list)  # chart_rows
+    answers: list[list[str]] = field(default_factory=list)  # answer_table
+    summary: str = ""
+
+    @property
+    def flags(self) -> list[str]:
+        return list(self.result.get("flags") or [])
+
+    @property
+    def notes(self) -> list[str]:
+        return list(self.result.get("notes") or [])
+
+
+def view(result: dict[str, Any], file: str) -> EvalView:
+    """The app's view of a stored evaluation."""
+    table = [[r["metric"], number(r["base"]), number(r["tuned"]), change(r["change"])] for r in metric_rows(result)]
+    return EvalView(result, file, table, chart_rows(result), answer_table(result), summary(result))
 
 
 def label(name: str) -> str:

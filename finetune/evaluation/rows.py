@@ -61,7 +61,11 @@ def select(
     """The rows to score for a run with `config` (see the module docstring); a one-line UserError for bad data."""
     if dataset or split:
         source_config, source = _other_data(config, dataset, split)
-        raw, _ = data.load_raw(source_config)
+        try:
+            raw, _ = data.load_raw(source_config)
+        except UserError as exc:  # the loader names training's fields: here they are --data and --split
+            field = {"dataset": "data", "dataset_split": "split"}.get(exc.field or "", exc.field or "data")
+            raise UserError(f"{field}: {str(exc).split(': ', 1)[-1]}", field=field) from None
     else:
         source_config = config
         raw, evaluation = data.load_raw(config)

@@ -10,6 +10,7 @@ only to draw the loss curve.
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -340,6 +341,9 @@ def build_model_card(
     extra: dict[str, Any] = {}
     if merged and s.base.hub_id:
         extra["base_model_relation"] = "finetune"
+    results = eval_results(latest_evaluation(s.run.path), c.task)
+    if results:  # the Hub's model-index: the latest evaluation's scores (model_name is the index's name)
+        extra.update(model_name=repo_id.split("/")[-1] if repo_id else s.run.name, eval_results=results)
     data = ModelCardData(
         base_model=s.base.hub_id,
         library_name="transformers" if full_model else "peft",
@@ -421,6 +425,7 @@ def _body(s: RunSummary, repo_id: str, *, merged: bool, license: str | None, los
     if loss_curve and (s.logs or s.evals):
         lines += ["", f"![Training loss against step]({loss_curve})"]
 
+    lines += evaluation_section(latest_evaluation(s.run.path))
     if s.samples_before or s.samples_after:
         lines += ["", "## Sample answers: before and after", ""]
         lines += _samples_section(s)
@@ -690,3 +695,74 @@ def _snippet(s: RunSummary, repo_id: str, *, merged: bool) -> str:
             'print(tokenizer.decode(output[0][inputs["input_ids"].shape[1]:], skip_special_tokens=True))',
         ]
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------ evaluation
+# Our score names → the Hub's metric ids (https://hf.co/metrics) where one exists.
+HUB_METRICS = {"rouge_l": "rouge", "macro_f1": "f1"}
+
+
+def latest_evaluation(run_path: Path) -> dict[str, Any] | None:
+    """The run's newest evaluation (`python -m finetune eval`), or None."""
+    from finetune.evaluation import store
+
+    return store.latest(run_path)
+
+
+def eval_results(evaluation: dict[str, Any] | None, task: str) -> list[Any]:
+    """The tuned model's scores as the Hub's `model-index` entries (lm-eval tasks each under their own name)."""
+    from huggingface_hub import EvalResult
+
+    from finetune.evaluation.report import label, metric_rows
+
+    if not evaluation:
+        return []
+    task_type = "text-generation" if task == "causal_lm" else "text-classification"
+    source = str((evaluation.get("data") or {}).get("source") or "held-out data")
+    out = []
+    for row in metric_rows(evaluation):
+        if row["tuned"] is None or not math.isfinite(float(row["tuned"])):
+            continue
+        task_name, _, metric = row["key"].rpartition(":")
+        out.append(
+            EvalResult(
+                task_type=task_type,
+                dataset_type=task_name or source,
+                dataset_name=f"lm-eval {task_name}" if task_name else source,
+                metric_type=HUB_METRICS.get(metric, metric),
+                metric_value=round(float(row["tuned"]), 4),
+                metric_name=row["metric"] if task_name else label(metric),
+            )
+        )
+    return out
+
+
+def evaluation_section(evaluation: dict[str, Any] | None) -> list[str]:
+    """## Evaluation: the base against the tuned model on held-out data, with the warnings the evaluation raised."""
+    if not evaluation:
+        return []
+    from finetune.evaluation.report import metric_rows, number
+
+    data = evaluation.get("data") or {}
+    lines = [
+        "",
+        "## Evaluation",
+        "",
+        f"Scored with `python -m finetune eval` on {evaluation.get('rows')} rows of {data.get('source')} "
+        f"({evaluation.get('weights')} weights, greedy answers unless noted).",
+        "",
+        "| metric | base model | tuned |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {_cell(r['metric'])} | {number(r['base'])} | {number(r['tuned'])} |" for r in metric_rows(evaluation)]
+    for flag in evaluation.get("flags") or []:
+        lines += ["", f"> Warning: {flag}."]
+    judged = evaluation.get("judge")
+    if judged:
+        low, high = judged["interval"]
+        lines += [
+            "",
+            f"A judge model preferred the tuned answer on {judged['judge_win_rate']:.0%} of {judged['prompts']} "
+            f"prompts (95% interval {low:.0%}-{high:.0%}, both answer orders); {judged['note']}.",
+        ]
+    return lines

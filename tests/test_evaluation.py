@@ -1,0 +1,454 @@
+"""Evaluation beyond the loss, on the tiny models: every score equals an independent computation from the predictions
+file (the test calls rouge-score and scikit-learn itself), the loss is the one training counts (it equals the
+Trainer's own eval loss) and falls below the base's, perplexity is exp(loss), the bundled lm-eval task gives the same
+accuracy through `eval` as through lm-eval's own API on the merged model (and runs on a QLoRA run), a DPO run whose
+rewards look perfect while its answers collapse is flagged, results are kept without touching the trained files and
+reach the model card's model-index, runs compare side by side, and every kind of bad input gets one line."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from finetune.answers import exact_match, last_number, number_match
+from finetune.cli import main
+from finetune.errors import UserError
+from finetune.evaluation import EvalOptions, evaluate_run, harness, judge, store
+from finetune.rundir import RunDir
+from finetune.runs import RunManager
+from tests.helpers import tiny_config, write_jsonl
+from tests.run_fixtures import build_run
+
+PIRATE = "Arr, matey! Yo-ho-ho!"
+
+
+def read_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def rouge_l(prediction: str, reference: str) -> float:
+    from rouge_score import rouge_scorer
+
+    return rouge_scorer.RougeScorer(["rougeL"]).score(reference, prediction)["rougeL"].fmeasure
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def trained_files(run: Path) -> dict[str, str]:
+    """sha256 of every file of a run outside its eval/ folder."""
+    return {
+        str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(run.rglob("*"))
+        if p.is_file() and p.relative_to(run).parts[0] != store.FOLDER
+    }
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def sft(tiny_model_dir, tmp_path_factory):
+    """A tiny SFT LoRA run evaluated once against its base, with the bundled lm-eval task and a predictions file."""
+    folder = tmp_path_factory.mktemp("eval-sft")
+    run = build_run(folder / "runs" / "run-sft", tiny_model_dir)
+    before = trained_files(run)
+    options = EvalOptions(
+        base=True, max_new_tokens=16, lm_eval=["pirate_quiz"], predictions=str(folder / "predictions.jsonl")
+    )
+    seen: list[tuple[float, str]] = []
+    result, path = evaluate_run(RunDir(run), options, progress=lambda f, text: seen.append((f, text)))
+    return {"run": run, "result": result, "path": path, "before": before, "progress": seen, "folder": folder}
+
+
+# ----------------------------------------------------------------------------------------------- SFT scores
+def test_each_score_equals_an_independent_computation_from_the_predictions_file(sft):
+    result, rows = sft["result"], read_lines(sft["folder"] / "predictions.jsonl")
+    assert result["rows"] == len(rows) == 8 and set(result) >= {"rows", "tuned", "base"}
+    for who in ("tuned", "base"):
+        scores = result[who]
+        assert scores["exact_match"] == pytest.approx(mean([exact_match(r[who], r["reference"]) for r in rows]))
+        assert scores["rouge_l"] == pytest.approx(mean([rouge_l(r[who], r["reference"]) for r in rows]))
+        loss = sum(r[f"{who}_nll"] for r in rows) / sum(r["tokens"] for r in rows)
+        assert scores["loss"] == pytest.approx(loss) and scores["perplexity"] == pytest.approx(math.exp(loss))
+    assert "number_match" not in result["tuned"]  # no reference holds a number: nothing to count
+    assert [a["tuned"] for a in result["answers"]] == [r["tuned"] for r in rows]
+
+
+def test_number_match_reads_the_last_number_of_rows_whose_reference_has_one(sft, tmp_path):
+    rows = [{"prompt": f"What is {i} plus {i}?", "completion": f"Arr, {i} plus {i} be {2 * i}!"} for i in range(3)]
+    rows.append({"prompt": "Who are ye?", "completion": "A pirate!"})
+    data = write_jsonl(tmp_path / "sums.jsonl", rows)
+    predictions = tmp_path / "sums-predictions.jsonl"
+    result, _ = evaluate_run(
+        RunDir(sft["run"]), EvalOptions(data=str(data), max_new_tokens=6, predictions=str(predictions))
+    )
+    lines = read_lines(predictions)
+    numbered = [r for r in lines if last_number(r["reference"]) is not None]
+    assert len(numbered) == 3
+    assert result["tuned"]["number_match"] == pytest.approx(
+        mean([number_match(r["tuned"], r["reference"]) for r in numbered])
+    )
+    assert result["data"]["source"] == "sums.jsonl"  # a file by its name, never its path
+
+
+def test_the_tuned_loss_is_the_trainers_own_eval_loss_and_below_the_bases(sft):
+    result = sft["result"]
+    trainer_eval = RunDir(sft["run"]).read_events(("eval",))[-1]["eval_loss"]  # the same split, at the last step
+    assert result["tuned"]["loss"] == pytest.approx(trainer_eval, rel=1e-4)  # exactly the tokens training counts
+    assert result["tuned"]["loss"] < result["base"]["loss"]
+    assert result["tuned"]["rouge_l"] > result["base"]["rouge_l"] and not result["flags"]
+
+
+def test_the_evaluation_is_kept_without_touching_the_trained_files_and_never_overwritten(sft):
+    run, first = sft["run"], sft["path"]
+    assert first.parent == run / "eval" and json.loads(first.read_text())["tuned"] == sft["result"]["tuned"]
+    second_result, second = evaluate_run(RunDir(run), EvalOptions(limit=2, max_new_tokens=4))
+    assert second != first and json.loads(first.read_text())["rows"] == 8 and second_result["rows"] == 2
+    assert trained_files(run) == sft["before"]  # adapter, checkpoints, config, status, events: not one byte changed
+    assert store.latest(run)["rows"] == 2
+    fractions = [f for f, _ in sft["progress"]]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+    assert any("answering" in text for _, text in sft["progress"])
+
+
+def test_the_run_list_and_the_model_card_carry_the_evaluation(sft, tmp_path):
+    from huggingface_hub import ModelCard
+
+    from finetune.publish.model_card import build_model_card
+    from finetune.studio import Studio
+
+    run = build_run(tmp_path / "runs" / "run-card", Path(RunDir(sft["run"]).load_config().model))
+    evaluate_run(RunDir(run), EvalOptions(base=True, max_new_tokens=8))
+    summary = Studio(tmp_path / "runs").run("run-card")
+    assert summary.evaluation.startswith("ROUGE-L") and "(base 0.000)" in summary.evaluation
+    card = ModelCard(build_model_card(run, "someone/pirate"))
+    index = card.data.to_dict()["model-index"]
+    metrics = {m["type"]: m["value"] for r in index[0]["results"] for m in r["metrics"]}
+    assert index[0]["name"] == "pirate" and {"loss", "perplexity", "exact_match", "rouge"} <= set(metrics)
+    assert metrics["rouge"] == round(store.latest(run)["tuned"]["rouge_l"], 4)
+    assert "## Evaluation" in card.text and "| ROUGE-L |" in card.text
+
+
+# ----------------------------------------------------------------------------------------------- lm-eval
+def test_the_bundled_task_gives_the_same_accuracy_through_eval_as_through_lm_evals_api_on_the_merged_model(
+    sft, tmp_path
+):
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    ours = sft["result"]["lm_eval"]
+    assert ours["tasks"] == ["pirate_quiz"] and set(ours) >= {"tuned", "base"}
+    base_dir = RunDir(sft["run"]).load_config().model
+    merged = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), sft["run"]).merge_and_unload()
+    merged.save_pretrained(tmp_path / "merged")
+    AutoTokenizer.from_pretrained(sft["run"]).save_pretrained(tmp_path / "merged")
+    theirs = lm_eval.simple_evaluate(
+        model="hf",
+        model_args=f"pretrained={tmp_path / 'merged'},dtype=float32",
+        tasks=["pirate_quiz"],
+        task_manager=TaskManager(include_path=str(harness.BUNDLED_TASKS), include_defaults=False),
+        batch_size=harness.BATCH_SIZE,
+        device="cpu",
+    )["results"]["pirate_quiz"]
+    assert ours["tuned"]["pirate_quiz"]["acc"] == theirs["acc,none"]
+    assert ours["tuned"]["pirate_quiz"]["acc_norm"] == theirs["acc_norm,none"]
+
+
+def test_lm_eval_runs_on_a_qlora_runs_4bit_base_plus_adapter(sft, tmp_path, monkeypatch):
+    """A QLoRA run: its adapter on the 4-bit base, as chat loads it (here the SFT run's adapter, its config switched
+    to qlora: training in 4 bits on a CPU is slow, and what is under test is how the evaluation loads the run)."""
+    import shutil
+
+    import bitsandbytes as bnb
+
+    run = tmp_path / "runs" / "run-qlora"
+    shutil.copytree(sft["run"], run, ignore=shutil.ignore_patterns(store.FOLDER))
+    RunDir(run).write_config(RunDir(run).load_config().replace(method="qlora", output_dir=str(run)))
+    seen = []
+    real = harness.run_tasks
+
+    def spy(model, tokenizer, tasks, num_fewshot=None, limit=None):
+        seen.append(sum(isinstance(m, bnb.nn.Linear4bit) for m in model.modules()))
+        return real(model, tokenizer, tasks, num_fewshot, limit)
+
+    monkeypatch.setattr(harness, "run_tasks", spy)
+    result, _ = evaluate_run(RunDir(run), EvalOptions(base=True, limit=2, max_new_tokens=4, lm_eval=["pirate_quiz"]))
+    assert len(seen) == 2 and all(count > 0 for count in seen)  # the tuned and the base model: both on 4 bits
+    assert 0 <= result["lm_eval"]["tuned"]["pirate_quiz"]["acc"] <= 1 and "pirate_quiz" in result["lm_eval"]["base"]
+
+
+def test_a_local_task_runs_offline_and_unknown_or_networked_tasks_are_one_line(sft, tmp_path, capsys):
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    questions = write_jsonl(tmp_path / "yes-no.jsonl", [{"q": f"Is {i} even?", "a": int(i % 2 == 0)} for i in range(6)])
+    (tasks / "yes_no.yaml").write_text(
+        "task: yes_no\ndataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {questions}\n"
+        "output_type: multiple_choice\ntest_split: test\ndoc_to_text: '{{q}}'\ndoc_to_choice: ['no', 'yes']\n"
+        "doc_to_target: a\nmetric_list:\n  - metric: acc\n",
+        encoding="utf-8",
+    )
+    run = str(sft["run"])
+    code, out, err = run_cli(
+        capsys,
+        "eval",
+        run,
+        "--limit",
+        "1",
+        "--max-new-tokens",
+        "2",
+        "--lm-eval",
+        "yes_no",
+        "--include-path",
+        str(tasks),
+        "--json",
+        "--no-progress",
+    )
+    assert code == 0, err
+    assert 0 <= json.loads(out)["lm_eval"]["tuned"]["yes_no"]["acc"] <= 1
+    for task, words in (("no_such_task", "unknown task 'no_such_task'"), ("hellaswag", "this machine is offline")):
+        before = store.history(sft["run"])
+        code, out, err = run_cli(capsys, "eval", run, "--lm-eval", task)
+        assert code == 2 and err.count("\n") == 1 and err.startswith("error: lm_eval: ") and words in err, err
+        assert store.history(sft["run"]) == before  # refused before anything ran
+
+
+# ----------------------------------------------------------------------------------------------- preference runs
+def test_a_dpo_collapse_with_perfect_training_rewards_is_flagged(sft, tmp_path):
+    """A model that already answers like a pirate (the SFT run merged into its base), then plain DPO against a
+    near-identical rejected answer at a high rate: training logs 100% preferred, and on held-out pairs the tuned model
+    still prefers every chosen answer, while the chosen answers' likelihood and the generated answers collapse (the
+    newcomer's case of the issue). The evaluation says so in plain words."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base = tmp_path / "pirate-base"
+    tiny = RunDir(sft["run"]).load_config().model
+    PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny), sft["run"]
+    ).merge_and_unload().save_pretrained(base)
+    AutoTokenizer.from_pretrained(sft["run"]).save_pretrained(base)
+    pair = {"chosen": PIRATE, "rejected": "Arr, matey! Yo-ho!"}
+    pairs = write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": f"Question {i}?", **pair} for i in range(16)])
+    held_out = write_jsonl(tmp_path / "pairs-eval.jsonl", [{"prompt": f"Held-out {i}?", **pair} for i in range(6)])
+    config = tiny_config(
+        base,
+        objective="dpo",
+        loss_type="sigmoid",
+        dataset=str(pairs),
+        eval_split=str(held_out),
+        max_steps=8,
+        save_steps=100,
+        eval_steps=100,
+        learning_rate=3e-2,
+        beta=0.1,
+    )
+    state = RunManager(tmp_path / "runs").start(config, background=False)
+    assert state.status == "completed", state.error
+    run = RunDir(Path(state.run_dir))
+    assert max(e["rewards_accuracy"] for e in run.read_events(("log",))) == 1.0  # training says: 100% preferred
+
+    predictions = tmp_path / "dpo-predictions.jsonl"
+    result, _ = evaluate_run(run, EvalOptions(base=True, max_new_tokens=12, predictions=str(predictions)))
+    assert result["tuned"]["reward_accuracy"] == 1.0 and result["tuned"]["reward_margin"] > 0  # rewards look fine
+    flags = " | ".join(result["flags"])
+    assert "answers got worse than the base on the likelihood of the chosen answers" in flags
+    assert "answers got worse than the base on ROUGE-L" in flags
+    assert result["tuned"]["loss"] > result["base"]["loss"] and result["tuned"]["rouge_l"] < result["base"]["rouge_l"]
+    rows = read_lines(predictions)  # the rewards, recomputed from each answer's log-likelihood under both models
+    margins = [
+        0.1 * ((r["base_nll"] - r["tuned_nll"]) - (r["base_rejected_nll"] - r["tuned_rejected_nll"])) for r in rows
+    ]
+    assert result["tuned"]["reward_margin"] == pytest.approx(mean(margins))
+    assert result["tuned"]["reward_accuracy"] == pytest.approx(mean([float(m > 0) for m in margins]))
+    assert "reward_margin" not in result["base"]  # relative to the base: none for the base itself
+
+
+# ----------------------------------------------------------------------------------------------- classification
+def test_classification_scores_equal_scikit_learns_on_the_predictions_file(tiny_model_dir, tmp_path):
+    from sklearn.metrics import accuracy_score, confusion_matrix, f1_score
+
+    rows = [{"text": f"great {w} great", "label": "positive"} for w in "abcdefgh"]
+    rows += [{"text": f"awful {w} awful", "label": "negative"} for w in "abcdefgh"]
+    data = write_jsonl(tmp_path / "reviews.jsonl", rows)
+    config = tiny_config(
+        tiny_model_dir,
+        dataset=str(data),
+        task="sequence_classification",
+        max_steps=8,
+        learning_rate=2e-2,
+        save_steps=100,
+    )
+    state = RunManager(tmp_path / "runs").start(config, background=False)
+    assert state.status == "completed", state.error
+    predictions = tmp_path / "labels.jsonl"
+    result, _ = evaluate_run(
+        RunDir(Path(state.run_dir)), EvalOptions(data=str(data), base=True, predictions=str(predictions))
+    )
+    lines = read_lines(predictions)
+    truth, predicted = [r["label"] for r in lines], [r["tuned_label"] for r in lines]
+    names = result["confusion"]["labels"]
+    assert sorted(names) == ["negative", "positive"]
+    assert result["tuned"]["accuracy"] == pytest.approx(accuracy_score(truth, predicted))
+    assert result["tuned"]["macro_f1"] == pytest.approx(f1_score(truth, predicted, average="macro"))
+    assert result["confusion"]["tuned"] == confusion_matrix(truth, predicted, labels=names).tolist()
+    loss = mean([r["tuned_label_nll"] for r in lines])
+    assert result["tuned"]["loss"] == pytest.approx(loss) and result["tuned"]["perplexity"] == pytest.approx(
+        math.exp(loss)
+    )
+    assert "base" not in result and any("no trained classification head" in n for n in result["notes"])
+
+
+# ----------------------------------------------------------------------------------------------- the judge
+def test_a_judge_compares_both_orders_with_an_interval_and_says_a_small_judge_is_weak(sft, tiny_model_dir):
+    result, _ = evaluate_run(RunDir(sft["run"]), EvalOptions(limit=4, max_new_tokens=6, judge=str(tiny_model_dir)))
+    verdict = result["judge"]
+    assert verdict["prompts"] == 4 and verdict["wins"] + verdict["ties"] + verdict["losses"] == 4
+    low, high = verdict["interval"]
+    assert low <= verdict["judge_win_rate"] <= high and result["tuned"]["judge_win_rate"] == verdict["judge_win_rate"]
+    assert "base" in result  # a judge compares with the base: its answers were made
+    assert "a small judge is a weak one" in verdict["note"] and "rubric" in verdict
+    assert any("a small judge is a weak one" in note for note in result["notes"])
+
+
+def test_judging_combines_both_orders_and_the_interval_is_wilsons():
+    from scipy.stats import binomtest
+
+    assert judge.combine("tuned", "tuned") == ("tuned", True)
+    assert judge.combine("tie", "base") == ("base", False)
+    assert judge.combine("tuned", "base") == ("tie", False)  # each order picked the same position
+    interval = binomtest(7, 10).proportion_ci(method="wilson")
+    assert judge.wilson_interval(7, 10) == pytest.approx((interval.low, interval.high))
+
+
+def test_a_judge_that_does_not_fit_is_refused_before_anything_loads(sft, tiny_model_dir, monkeypatch, capsys):
+    monkeypatch.setattr(judge, "available_bytes", lambda device: 1024)
+    before = store.history(sft["run"])
+    code, out, err = run_cli(capsys, "eval", str(sft["run"]), "--judge", str(tiny_model_dir))
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: judge: ") and "choose a smaller judge" in err
+    assert store.history(sft["run"]) == before
+
+
+# ----------------------------------------------------------------------------------------------- the CLI and bad input
+def test_eval_json_has_rows_tuned_and_base(sft, capsys):
+    code, out, err = run_cli(
+        capsys, "eval", str(sft["run"]), "--base", "--limit", "2", "--max-new-tokens", "4", "--json", "--no-progress"
+    )
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["rows"] == 2 and {"loss", "perplexity", "rouge_l"} <= set(result["tuned"]) <= set(result["base"]) | {
+        "judge_win_rate"
+    }
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--limit", "0"], "error: limit: "),
+        (["--max-new-tokens", "0"], "error: max_new_tokens: "),
+        (["--checkpoint", "99"], "error: checkpoint: 99 is not a checkpoint of run-sft (checkpoints: 5, 10)"),
+        (["--split", "test"], "error: split: applies to bundled and Hub data"),
+        (["--num-fewshot", "2"], "error: lm_eval: "),
+        (["--data", "/no/such/file.jsonl"], "error: data: file not found"),
+    ],
+    ids=["limit", "tokens", "checkpoint", "split", "fewshot", "data"],
+)
+def test_bad_options_are_one_line_and_change_nothing(sft, capsys, args, words):
+    before = store.history(sft["run"])
+    code, out, err = run_cli(capsys, "eval", str(sft["run"]), *args)
+    assert code == 2 and err.count("\n") == 1 and err.startswith(words), err
+    assert store.history(sft["run"]) == before
+
+
+def test_predictions_never_land_among_the_trained_files(sft, capsys):
+    code, _, err = run_cli(capsys, "eval", str(sft["run"]), "--predictions", str(sft["run"] / "adapter_config.json"))
+    assert code == 2 and "predictions: a file inside the run folder" in err
+    assert trained_files(sft["run"]) == sft["before"]
+
+
+def test_data_without_references_gets_loss_and_perplexity_and_says_why(sft, tmp_path):
+    data = write_jsonl(tmp_path / "prose.jsonl", [{"text": f"Arr, matey! Yo-ho-ho! Line {i}."} for i in range(4)])
+    result, _ = evaluate_run(RunDir(sft["run"]), EvalOptions(data=str(data)))
+    assert set(result["tuned"]) == {"loss", "perplexity"} and not result.get("answers")
+    assert any(
+        "only loss and perplexity" in note and "no prompt and reference answer" in note for note in result["notes"]
+    )
+
+
+def test_a_run_still_training_is_scored_at_its_last_checkpoint_or_refused_in_one_line(sft, tmp_path, capsys):
+    run = build_run(tmp_path / "runs" / "run-live", Path(RunDir(sft["run"]).load_config().model))
+    live = RunDir(run)
+    live.write_status({**live.read_status(), "status": "running", "step": 7, "pid": os.getpid()})  # this process trains
+    result, _ = evaluate_run(live, EvalOptions(limit=2, max_new_tokens=4))
+    assert result["weights"] == "checkpoint-10" and result["step"] == 10  # the newest complete checkpoint
+    assert any("is still training: its checkpoint at step 10 was evaluated" in n for n in result["notes"])
+    for checkpoint in live.checkpoints():
+        (checkpoint / "finetune-complete.json").unlink()  # none complete yet
+    code, _, err = run_cli(capsys, "eval", str(run))
+    assert code == 2 and err.startswith("error: run: run-live is running and has no checkpoint yet"), err
+
+
+def test_held_out_answers_are_scored_at_each_evaluation_while_training(sft):
+    from finetune.evaluation.metrics import answer_scores
+
+    events = RunDir(sft["run"]).read_events(("samples",))
+    assert [e["step"] for e in events] == [0, 5, 10]
+    for event in events:
+        answers = [s["answer"] for s in event["samples"]]
+        references = [s["reference"] for s in event["samples"]]
+        assert references[0] == PIRATE and event["scores"] == pytest.approx(answer_scores(answers, references))
+    assert events[-1]["scores"]["rouge_l"] > events[0]["scores"]["rouge_l"]
+
+
+# ----------------------------------------------------------------------------------------------- runs compared
+def test_compare_shows_runs_side_by_side(sft, tmp_path, capsys):
+    from finetune.studio import Studio
+
+    root = tmp_path / "runs"
+    model = Path(RunDir(sft["run"]).load_config().model)
+    first, second = build_run(root / "run-one", model), build_run(root / "run-two", model)
+    evaluate_run(RunDir(first), EvalOptions(limit=3, max_new_tokens=6))
+    comparison = Studio(root).compare(["run-one", "run-two"])
+    assert comparison.runs == ["run-one", "run-two"]
+    assert {p["run"] for p in comparison.curves} == {"run-one", "run-two"}
+    rouge = next(row for row in comparison.metrics if row["metric"] == "ROUGE-L")
+    assert rouge["run-one"] is not None and rouge["run-two"] is None
+    assert any("run-two has no evaluation yet" in note for note in comparison.notes)
+    assert comparison.answers and all({"run-one", "run-two"} <= set(row) for row in comparison.answers)
+    code, out, err = run_cli(capsys, "compare", str(first), str(second))
+    assert code == 0, err
+    assert out.splitlines()[0].split() == ["metric", "run-one", "run-two"] and "ROUGE-L" in out
+    code, _, err = run_cli(capsys, "compare", str(first))
+    assert code == 2 and "error: runs: pick two or more runs" in err
+
+
+def test_a_public_app_refuses_server_files_for_evaluation(sft, tmp_path):
+    import shutil
+
+    from finetune.access import AccessPolicy
+    from finetune.studio import Studio
+
+    root = tmp_path / "runs"
+    shutil.copytree(sft["run"], root / "run-sft")
+    studio = Studio(root, policy=AccessPolicy(public=True))
+    for options, field in (
+        ({"data": "/etc/passwd.jsonl"}, "data"),
+        ({"judge": "/srv/models/judge"}, "judge"),
+        ({"lm_eval": ["pirate_quiz"], "include_path": "/srv/tasks"}, "include_path"),
+        ({"predictions": "/tmp/out.jsonl"}, "predictions"),
+    ):
+        with pytest.raises(UserError) as refused:
+            studio.evaluate("run-sft", options)
+        assert refused.value.field == field and "/srv" not in str(refused.value), refused.value
