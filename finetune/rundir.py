@@ -10,6 +10,8 @@ Layout (the public contract other modules and tools read):
   checkpoint-N/     Trainer / DeepSpeed checkpoints; complete once every file in it is flushed to disk and the marker
                     `checkpoint-N/finetune-complete.json` is written last (older runs: once trainer_state.json parses)
   adapter_config.json + adapter_model.safetensors  (LoRA / QLoRA) or model.safetensors (full), plus the tokenizer
+  eval/<YYYYmmdd-HHMMSS>.json  one file per evaluation (python -m finetune eval, the Evaluate tab), never overwritten
+                    (finetune/evaluation/store.py); evaluating only reads the files above
 """
 
 from __future__ import annotations

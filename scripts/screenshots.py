@@ -3,7 +3,8 @@
 The app runs in this process with its runs in a temporary folder (no run of yours is shown or touched), on the
 embedded default model unless --model names another. Playwright drives Debian's chromium. On the Start tab a proposal
 is asked for first, so the picture shows one; with --steps N a short run of the defaults is trained first, so Train,
-Chat and Publish have a run to show (Chat answers one question with it). Pictures are cut at a height limit and saved
+Chat, Evaluate and Publish have a run to show (Chat answers one question with it; Evaluate scores it against its base
+on five rows). Pictures are cut at a height limit and saved
 as palette PNGs to stay small (about 300 KB at most).
 
     .venv/bin/python scripts/screenshots.py [--model PATH_OR_ID] [--steps N] [--out docs]
@@ -33,7 +34,7 @@ CHROMIUM_ARGS = [
 WIDTHS = (1400, 420)
 MAX_HEIGHT = {1400: 1800, 420: 2600}  # px: the top of a long tab is what a reader needs to see
 MAX_BYTES = 300 * 1024
-TABS = ("Start", "Memory", "Configure", "Train", "Chat", "Publish")
+TABS = ("Start", "Memory", "Configure", "Train", "Chat", "Evaluate", "Publish")
 QUESTION = "What is the capital of Japan?"
 
 
@@ -110,6 +111,22 @@ def chat_once(page, run_id: str) -> None:
         print(f"no chat reply shown: {exc}", file=sys.stderr)
 
 
+def evaluate_once(page, run_id: str) -> None:
+    """Score the run against its base on five rows and wait for the result."""
+    page.get_by_role("tab", name="Evaluate", exact=True).click()
+    page.locator("#eval-refresh").click()
+    page.locator("#eval-source input").first.click()
+    page.get_by_role("option", name=f"{run_id} (final)").first.click()
+    limit = page.locator("#eval-limit input").first
+    limit.fill("5")
+    limit.press("Tab")
+    page.locator("#eval-run").click()
+    try:
+        page.locator("#eval-message").get_by_text("saved as").wait_for(timeout=600_000)
+    except Exception as exc:
+        print(f"no evaluation shown: {exc}", file=sys.stderr)
+
+
 def shoot(page, out: Path, width: int) -> None:
     """Every tab at this width, saved as out/<tab>-<width>.png."""
     page.set_viewport_size({"width": width, "height": 900})
@@ -153,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             ask_for_proposal(page)
             if run_id:
                 chat_once(page, run_id)
+                evaluate_once(page, run_id)
             for width in WIDTHS:
                 shoot(page, args.out, width)
             browser.close()

@@ -223,7 +223,7 @@ def progress_status(page) -> str:
 # ----------------------------------------------------------------------------------------------- the story
 def test_open_the_app(page):
     expect(page.locator("#fs-header")).to_contain_text("How it works")
-    for name in ("Memory", "Configure", "Train", "Chat", "Publish"):
+    for name in ("Memory", "Configure", "Train", "Chat", "Evaluate", "Publish"):
         expect(page.get_by_role("tab", name=name, exact=True)).to_be_visible()
     assert page.title() == "Finetune Studio"
     shot(page, "01-open")
@@ -469,7 +469,7 @@ def test_a_narrow_screen_keeps_every_tab_reachable(page, server):
     try:
         narrow.set_default_timeout(30_000)
         narrow.goto(server["url"])
-        for name in ("Start", "Memory", "Configure", "Train", "Chat", "Publish"):
+        for name in ("Start", "Memory", "Configure", "Train", "Chat", "Evaluate", "Publish"):
             expect(narrow.get_by_role("tab", name=name, exact=True)).to_be_visible()
         narrow.get_by_role("tab", name="Publish", exact=True).click()
         expect(narrow.locator("#pub-push")).to_be_visible()
@@ -516,6 +516,40 @@ def test_a_dpo_run_from_the_form_shows_its_rewards(page, server, files):
     expect(page.locator("#train-prefs-plot")).to_be_visible()
     expect(page.locator("#train-runs-table")).to_contain_text("DPO")
     shot(page, "12-train-dpo")
+
+
+def test_evaluate_scores_the_run_against_its_base_and_compare_puts_runs_side_by_side(page, server):
+    """Evaluate: the story's run against its base, the scores as a table and a chart; the Train tab then shows the
+    evaluation. Compare: the story's run and the DPO run, loss curves overlaid and scores side by side."""
+    studio = server["studio"]
+    run_id, _ = run_of(server)
+    dpo = next(r.run_id for r in studio.runs() if r.objective == "dpo")
+    tab(page, "Evaluate")
+    page.locator("#eval-refresh").click()
+    choose(page, "eval-source", f"{run_id} (final)")
+    fill(page, "eval-limit", 3)
+    fill(page, "eval-tokens", 8)
+    page.locator("#eval-run").click()
+    expect(page.locator("#eval-message")).to_contain_text("saved as", timeout=180_000)
+    view = studio.evaluation(run_id)
+    rouge = next(row for row in view.table if row[0] == "ROUGE-L")
+    expect(page.locator("#eval-table")).to_contain_text("ROUGE-L")
+    expect(page.locator("#eval-table")).to_contain_text(rouge[2])  # the tuned score the backend stored
+    expect(page.locator("#eval-chart").locator("canvas, svg path[d]").first).to_be_attached()
+    expect(page.locator("#eval-answers")).to_contain_text(view.answers[0][0])
+    shot(page, "14-evaluate")
+    choose(page, "compare-runs", run_id)
+    choose(page, "compare-runs", dpo)
+    page.locator("#compare-run").click()
+    expect(page.locator("#compare-table")).to_contain_text(dpo, timeout=60_000)
+    expect(page.locator("#compare-table")).to_contain_text(run_id)
+    expect(page.locator("#compare-curves").locator("canvas, svg path[d]").first).to_be_attached()
+    expect(page.locator("#compare-message")).to_contain_text(f"{dpo} has no evaluation yet")
+    page.locator("#eval-compare").scroll_into_view_if_needed()
+    shot(page, "15-compare")
+    tab(page, "Train")
+    choose(page, "train-run-pick", run_id)
+    expect(page.locator("#train-evaluation")).to_contain_text("Latest evaluation", timeout=30_000)
 
 
 def test_a_two_process_run_starts_from_the_train_tab(page, server, files):

@@ -152,9 +152,10 @@ def chat(ui, message: str, source: str, *, compare: bool = False, tokens: int = 
 
 
 # ----------------------------------------------------------------------------------------------- the page
-def test_six_tabs_named_exactly(ui, demo):
+def test_seven_tabs_named_exactly(ui, demo):
     tabs = [b for b in demo.blocks.values() if isinstance(b, gr.Tab)]
-    assert [t.label for t in tabs] == list(TAB_NAMES) == ["Start", "Memory", "Configure", "Train", "Chat", "Publish"]
+    assert [t.label for t in tabs] == list(TAB_NAMES)
+    assert list(TAB_NAMES) == ["Start", "Memory", "Configure", "Train", "Chat", "Evaluate", "Publish"]
     header = next(b for b in demo.blocks.values() if isinstance(b, gr.Markdown) and b.elem_id == "fs-header")
     assert "How it works" in header.value
     assert demo.title == "Finetune Studio"
@@ -192,6 +193,7 @@ def test_every_config_field_has_a_component_with_help_in_configure(ui):
 def test_events_are_wired_with_stable_api_names(demo):
     names = {d.get("api_name") for d in demo.config["dependencies"]}
     assert {"estimate", "check", "preview_data", "commands", "start", "stop", "resume", "status", "chat"} <= names
+    assert {"evaluate", "compare"} <= names
 
 
 def test_importing_and_building_the_ui_does_not_import_torch(tmp_path):
@@ -867,3 +869,67 @@ def test_an_estimate_for_settings_changed_meanwhile_is_dropped(ui, tiny_model_di
     stale = ui.memory.show_estimate(answer, "CPU", "custom", None, 1, **changed)
     assert "settings changed while this was estimated" in stale[0]["value"]
     assert len(stale) == len(answer[0])
+
+
+# ----------------------------------------------------------------------------------------------- evaluate and compare
+def evaluate_form(source: str, **changes: Any) -> dict[str, Any]:
+    """The Evaluate tab's fields as the page sends them (3 rows, short answers, with the base model)."""
+    values = {"source": source, "data": "", "split": "", "limit": 3, "max_new_tokens": 8, "base": True}
+    values.update(lm_eval="", judge="", include_path="", num_fewshot=None, temperature=0.0)
+    return {**values, **changes}
+
+
+def on_evaluate(ui, out: dict) -> dict[str, Any]:
+    """An Evaluate handler's {component: update} by attribute name."""
+    names = {id(getattr(ui.evaluate, n)): n for n in vars(ui.evaluate) if hasattr(getattr(ui.evaluate, n), "_id")}
+    return {names[id(c)]: v for c, v in out.items() if id(c) in names}
+
+
+def test_evaluate_scores_a_run_base_next_to_tuned_and_the_train_tab_and_run_list_show_it(ui, trained_run):
+    sources, _ = ui.evaluate.choices()
+    assert ("run-a (final)", "run-a") in sources["choices"] and ("run-a · checkpoint 5 (completed)", "run-a@5") in (
+        sources["choices"]
+    )
+    assert sources["value"] == "run-a"
+    progress: list[tuple[float, str]] = []
+    out = on_evaluate(
+        ui, ui.evaluate.evaluate(**evaluate_form("run-a"), progress=lambda f, desc="": progress.append((f, desc)))
+    )
+    table, chart, answers = out["table"], out["chart"], out["answers"]
+    assert list(table.columns) == ["Metric", "Base model", "Tuned", "Change"]
+    rouge = table[table.Metric == "ROUGE-L"].iloc[0]
+    assert rouge["Base model"] == "0.000" and float(rouge["Tuned"]) > 0 and rouge["Change"].startswith("+")
+    assert list(chart.bar[chart.bar.str.startswith("ROUGE-L")]) == ["ROUGE-L · base", "ROUGE-L · tuned"]
+    assert len(answers) == 3 and list(answers.columns) == ["Prompt", "Reference", "Base model", "Tuned"]
+    assert "3 rows of pirate-mini-eval.jsonl" in out["message"] and "saved as `eval/" in out["message"]
+    assert out["history"]["choices"] and progress[-1] == (1.0, "done")
+
+    page = on_page(ui, ui.train.select("run-a"))
+    assert page["evaluation"].startswith("**Latest evaluation**") and "ROUGE-L" in page["evaluation"]
+    runs = page["runs_table"]
+    assert runs.iloc[0]["Evaluation"].startswith("ROUGE-L") and "(base 0.000)" in runs.iloc[0]["Evaluation"]
+    scores = page["scores_plot"]
+    assert scores["visible"] and sorted(set(scores["value"][scores["value"].series == "ROUGE-L"].step)) == [0, 5, 10]
+
+    shown = on_evaluate(ui, ui.evaluate.show("run-a"))  # opening the tab again shows the latest one, runs nothing
+    assert list(shown["table"].Tuned) == list(table.Tuned)
+
+
+def test_evaluate_refuses_in_one_line(ui, trained_run):
+    assert on_evaluate(ui, ui.evaluate.evaluate(**evaluate_form("")))["message"].startswith("⚠ Pick a run")
+    out = on_evaluate(ui, ui.evaluate.evaluate(**evaluate_form("run-a", limit=0), progress=lambda *a, **k: None))
+    assert out["message"].startswith("⚠ Not evaluated: limit: ") and out["table"].empty
+    out = on_evaluate(ui, ui.evaluate.evaluate(**evaluate_form("../run-a"), progress=lambda *a, **k: None))
+    assert out["message"].startswith("⚠ Not evaluated: run: ") and "is not a run" in out["message"]
+
+
+def test_compare_overlays_loss_curves_and_puts_scores_and_answers_side_by_side(ui, studio, trained_run, tiny_model_dir):
+    build_run(studio.manager.root / "run-b", tiny_model_dir)
+    ui.evaluate.evaluate(**evaluate_form("run-a"), progress=lambda *a, **k: None)
+    out = on_evaluate(ui, ui.evaluate.compare(["run-a", "run-b"]))
+    assert set(out["curves"].run) == {"run-a", "run-b"} and len(out["curves"]) == 20
+    assert list(out["compare_table"].columns) == ["Metric", "run-a", "run-b"]
+    assert "ROUGE-L" in list(out["compare_table"].Metric)
+    assert list(out["compare_answers"].columns) == ["Prompt", "run-a", "run-b"] and len(out["compare_answers"])
+    assert "run-b has no evaluation yet" in out["compare_message"]
+    assert on_evaluate(ui, ui.evaluate.compare(["run-a"]))["compare_message"].startswith("⚠ runs: pick two or more")

@@ -191,7 +191,7 @@ class EvaluateTab:
         runs = comparison.runs if comparison is not None else []
         metrics = comparison.table if runs else []
         answers = [[row["prompt"], *[row.get(r, "") for r in runs]] for row in (comparison.answers if runs else [])]
-        notes = [f"*{plain(n[0].upper() + n[1:])}.*" for n in (comparison.notes if runs else [])]
+        notes = [f"*{plain(n)}.*" for n in (comparison.notes if runs else [])]
         return {
             self.compare_message: message or "\n\n".join(notes) or f"Compared {len(runs)} runs.",
             self.curves: pd.DataFrame(comparison.curves if runs else [], columns=CURVE_COLUMNS),

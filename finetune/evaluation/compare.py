@@ -37,7 +37,9 @@ def compare_runs(runs: list[RunDir]) -> Comparison:
         raise UserError("runs: a run is named twice; pick different runs", field="runs")
     latest = {run.name: store.latest(run.path) for run in runs}
     notes = [
-        f"{name} has no evaluation yet: python -m finetune eval {name} --base" for name, r in latest.items() if not r
+        f"{name} has no evaluation yet (Evaluate, or python -m finetune eval {name} --base)"
+        for name, r in latest.items()
+        if not r
     ]
     sources = {r["data"]["source"] for r in latest.values() if r and r.get("data")}
     if len(sources) > 1:

@@ -24,6 +24,8 @@ from finetune.rundir import ACTIVE, RunDir
 
 FORMAT = 1  # the layout of an evaluation file
 MAX_NEW_TOKENS = 1024
+TEXT_LIMIT = 1000  # characters of a text option (a data path, a model id, a task name)
+TASKS_LIMIT = 32  # lm-eval tasks in one evaluation
 Report = Callable[[float, str], None]  # (fraction done, what is happening)
 
 
@@ -46,6 +48,14 @@ class EvalOptions:
 
     def check(self) -> None:
         """Refuse, in one line naming the option, a value out of bounds."""
+        for name in ("data", "split", "judge", "include_path", "predictions"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or len(value) > TEXT_LIMIT:
+                raise UserError(f"{name}: give text of at most {TEXT_LIMIT} characters", field=name)
+        if not isinstance(self.lm_eval, list) or len(self.lm_eval) > TASKS_LIMIT:
+            raise UserError(f"lm_eval: name at most {TASKS_LIMIT} tasks", field="lm_eval")
+        if not all(isinstance(t, str) and 0 < len(t) <= TEXT_LIMIT for t in self.lm_eval):
+            raise UserError("lm_eval: each task is a name, such as pirate_quiz", field="lm_eval")
         if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
             raise UserError("limit: give a whole number of rows, 1 or more", field="limit")
         if not isinstance(self.max_new_tokens, int) or not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
@@ -81,8 +91,47 @@ class Outputs:
     label_nll: list[float] | None = None
 
 
+@dataclass
+class Inputs:
+    """Everything an evaluation checked before any model loads."""
+
+    run: RunDir
+    config: Any
+    goal: Goal
+    weights: Weights
+    selection: rows.Selection
+    tokenizer: Any
+    tasks: Any = None  # harness.Tasks when lm-eval tasks were named
+    fit: Any = None  # judge.JudgeFit when a judge was named
+    predictions: Path | None = None
+    label_names: list[str] = field(default_factory=list)
+
+
 def evaluate_run(run: RunDir, options: EvalOptions, progress: Report | None = None) -> tuple[dict[str, Any], Path]:
     """Evaluate a run; (the result, the eval/ file it was written to)."""
+    inputs = check_inputs(run, options)
+    with_base = options.base or inputs.fit is not None
+    steps = Steps(_units(inputs.selection, inputs.goal, options, inputs.tasks, with_base), progress)
+    started = time.time()
+    tuned, base, harness_results = score_models(inputs, options, steps, with_base)
+    result = assemble(inputs, options, tuned, base, with_base)
+    if harness_results:
+        result["lm_eval"] = {"tasks": inputs.tasks.names, "num_fewshot": options.num_fewshot, **harness_results}
+    if inputs.fit is not None and base is not None and base.answers is not None and tuned.answers is not None:
+        judged = _judge(inputs, tuned, base, steps)
+        result.update(judge=judged)
+        result["tuned"]["judge_win_rate"] = judged["judge_win_rate"]
+        result["notes"].append(f"judge {judged['model']}: {judged['note']}")
+    result["seconds"] = round(time.time() - started, 1)
+    if inputs.predictions is not None:
+        write_predictions(inputs.predictions, inputs.selection, tuned, base, inputs.label_names)
+    path = store.save(run.path, result)
+    steps.done()
+    return result, path
+
+
+def check_inputs(run: RunDir, options: EvalOptions) -> Inputs:
+    """Every refusal an evaluation can make, before any model loads: options, weights, tasks, judge, data."""
     from finetune import models
     from finetune.inference import label_names
 
@@ -101,57 +150,52 @@ def evaluate_run(run: RunDir, options: EvalOptions, progress: Report | None = No
     selection = rows.select(config, tokenizer, options.data, options.split, options.limit, names)
     if fit is not None and not any(row.prompt for row in selection.rows):
         raise UserError("judge: the data has no prompts to answer (plain text); choose data with prompts", "judge")
-    with_base = options.base or fit is not None
-    steps = Steps(_units(selection, goal, options, tasks, with_base), progress)
-    started = time.time()
+    return Inputs(run, config, goal, weights, selection, tokenizer, tasks, fit, predictions, names)
 
-    model = _load(config, run, weights, goal)
-    tuned = score(model, tokenizer, selection, goal, config.max_seq_length, options, steps, "tuned", answers=True)
-    lm_tuned = _lm_eval(model, tokenizer, tasks, options, steps, "tuned") if tasks else None
-    base = lm_base = None
-    needs_reference = goal.name in ("dpo", "orpo", "kto")
-    if goal.answers and (with_base or needs_reference):
-        if hasattr(model, "disable_adapter"):  # LoRA / QLoRA: the base is the same model with its adapter off
+
+def score_models(
+    inputs: Inputs, options: EvalOptions, steps: Steps, with_base: bool
+) -> tuple[Outputs, Outputs | None, dict[str, Any]]:
+    """(the tuned model's outputs, the base's or None, {"tuned": lm-eval results, "base": ...}). The base is the
+    tuned model with its adapter off (LoRA, QLoRA), or the starting weights loaded once the tuned model is gone."""
+    goal, tokenizer, tasks = inputs.goal, inputs.tokenizer, inputs.tasks
+    harness_results: dict[str, Any] = {}
+
+    def run_all(model: Any, who: str, answers: bool) -> Outputs:
+        out = score(
+            model, tokenizer, inputs.selection, goal, inputs.config.max_seq_length, options, steps, who, answers
+        )
+        if tasks is not None and (who == "tuned" or options.base):
+            harness_results[who] = _lm_eval(model, tokenizer, tasks, options, steps, who)
+        return out
+
+    model = _load(inputs.config, inputs.run, inputs.weights, goal)
+    tuned = run_all(model, "tuned", answers=True)
+    base = None
+    if goal.answers and (with_base or goal.name != "sft"):  # a preference run's rewards need the reference
+        if hasattr(model, "disable_adapter"):
             with model.disable_adapter():
-                base = score(
-                    model, tokenizer, selection, goal, config.max_seq_length, options, steps, "base", answers=with_base
-                )
-                lm_base = _lm_eval(model, tokenizer, tasks, options, steps, "base") if tasks and options.base else None
-        else:  # full fine-tuning: the starting weights, loaded once the tuned model is gone
+                base = run_all(model, "base", answers=with_base)
+        else:
             model = None
             _release()
-            model, _ = _load_base(config)
-            base = score(
-                model, tokenizer, selection, goal, config.max_seq_length, options, steps, "base", answers=with_base
-            )
-            lm_base = _lm_eval(model, tokenizer, tasks, options, steps, "base") if tasks and options.base else None
+            model, _ = _load_base(inputs.config)
+            base = run_all(model, "base", answers=with_base)
     model = None
     _release()
-    judged = None
-    if fit is not None and base is not None and base.answers is not None and tuned.answers is not None:
-        prompted = [i for i, row in enumerate(selection.rows) if row.prompt]
-        judged = judge.judge(
-            fit,
-            [_question(selection.rows[i]) for i in prompted],
-            [base.answers[i] for i in prompted],
-            [tuned.answers[i] for i in prompted],
-            steps.stage("judging (both orders)", len(prompted)),
-        )
-    result = assemble(run, config, goal, weights, selection, options, tuned, base, with_base)
-    if lm_tuned is not None:
-        result["lm_eval"] = {"tasks": tasks.names, "num_fewshot": options.num_fewshot, "tuned": lm_tuned}
-        if lm_base is not None:
-            result["lm_eval"]["base"] = lm_base
-    if judged is not None:
-        result["judge"] = judged
-        result["tuned"]["judge_win_rate"] = judged["judge_win_rate"]
-        result["notes"].append(f"judge {judged['model']}: {judged['note']}")
-    result["seconds"] = round(time.time() - started, 1)
-    if predictions is not None:
-        write_predictions(predictions, selection, tuned, base, names)
-    path = store.save(run.path, result)
-    steps.done()
-    return result, path
+    return tuned, base, harness_results
+
+
+def _judge(inputs: Inputs, tuned: Outputs, base: Outputs, steps: Steps) -> dict[str, Any]:
+    """The judge's verdicts on every prompted row (both orders)."""
+    prompted = [i for i, row in enumerate(inputs.selection.rows) if row.prompt]
+    return judge.judge(
+        inputs.fit,
+        [_question(inputs.selection.rows[i]) for i in prompted],
+        [base.answers[i] for i in prompted],
+        [tuned.answers[i] for i in prompted],
+        steps.stage("judging (both orders)", len(prompted)),
+    )
 
 
 def pick_weights(run: RunDir, checkpoint: int | None) -> Weights:
@@ -256,6 +300,7 @@ def score(
 
 
 def _lm_eval(model: Any, tokenizer: Any, tasks: Any, options: EvalOptions, steps: Steps, who: str) -> dict:
+    """One model's lm-eval results (one progress unit per task)."""
     tick = steps.stage(f"{who}: lm-eval {', '.join(tasks.names)}", len(tasks.names))
     out = harness.run_tasks(model, tokenizer, tasks, options.num_fewshot, options.limit)
     tick(len(tasks.names))
@@ -263,17 +308,10 @@ def _lm_eval(model: Any, tokenizer: Any, tasks: Any, options: EvalOptions, steps
 
 
 def assemble(
-    run: RunDir,
-    config: Any,
-    goal: Goal,
-    weights: Weights,
-    selection: rows.Selection,
-    options: EvalOptions,
-    tuned: Outputs,
-    base: Outputs | None,
-    with_base: bool,
+    inputs: Inputs, options: EvalOptions, tuned: Outputs, base: Outputs | None, with_base: bool
 ) -> dict[str, Any]:
     """The evaluation as it is stored: {"rows", "tuned", "base", ...} (see the README's evaluation section)."""
+    run, config, goal, weights, selection = inputs.run, inputs.config, inputs.goal, inputs.weights, inputs.selection
     notes = [weights.note] if weights.note else []
     notes += selection.notes
     if goal.answers and selection.rows and not selection.has_references and selection.kind != "text":
@@ -291,26 +329,25 @@ def assemble(
         "tuned": scores(goal, selection, tuned),
         "notes": notes,
     }
-    if with_base and base is not None:
-        result["base"] = scores(goal, selection, base)
-        result["flags"] = metrics.flags(result["tuned"], result["base"], goal)
+    if base is not None:
+        base_scores = scores(goal, selection, base)
+        # Without --base a preference run still scores its reference (the base) for the rewards: the chosen answers'
+        # likelihood is then known for both, and a drop of it is flagged all the same.
+        result["base" if with_base else "reference"] = base_scores
+        result["flags"] = metrics.flags(result["tuned"], base_scores, goal)
+        if goal.name != "sft":
+            result["tuned"].update(rewards(selection, tuned, base, config.beta))
     elif with_base and not goal.answers:
         notes.append("no base scores: the base model has no trained classification head (its labels would be chance)")
-    if goal.name in ("dpo", "orpo", "kto") and base is not None:
-        result["tuned"].update(rewards(selection, tuned, base, config.beta))
-        if not with_base:  # the reference likelihood is known anyway: a drop of the chosen answers is still flagged
-            base_loss = metrics.loss_scores(base.nll or [])
-            result["flags"] = metrics.flags(result["tuned"], base_loss, goal)
-            result["reference"] = base_loss
     if not goal.answers and tuned.predicted is not None:
         truth = [row.label for row in selection.rows]
         _, matrix = metrics.classification_scores(truth, tuned.predicted, selection.label_names)
         result["confusion"] = {"labels": selection.label_names, "tuned": matrix}
     if goal.answers:
         result["answers"] = answer_rows(selection, tuned, base)
-    result["tuned"] = _ordered(goal, result["tuned"])
-    if "base" in result:
-        result["base"] = _ordered(goal, result["base"])
+    for who in ("tuned", "base"):
+        if who in result:
+            result[who] = _ordered(goal, result[who])
     return result
 
 

@@ -744,12 +744,14 @@ def evaluation_section(evaluation: dict[str, Any] | None) -> list[str]:
     from finetune.evaluation.report import metric_rows, number
 
     data = evaluation.get("data") or {}
+    temperature = float((evaluation.get("settings") or {}).get("temperature") or 0)
+    answers = f"answers sampled at temperature {temperature:g}" if temperature else "greedy answers"
     lines = [
         "",
         "## Evaluation",
         "",
         f"Scored with `python -m finetune eval` on {evaluation.get('rows')} rows of {data.get('source')} "
-        f"({evaluation.get('weights')} weights, greedy answers unless noted).",
+        f"({evaluation.get('weights')} weights, {answers}).",
         "",
         "| metric | base model | tuned |",
         "|---|---|---|",
