@@ -332,12 +332,13 @@ class Studio:
         return {str(k): float(v) for k, v in dict(GPU_CARDS).items()}
 
     def run_stamp(self, run_id: str) -> tuple:
-        """(size, mtime) of a run's event log and status file: changes whenever the run writes (cheap, for polling;
-        a run of another process is followed through its files). A name that is no run gives zeros."""
+        """(size, mtime) of a run's event log, status file and eval/ folder: changes whenever the run writes or is
+        evaluated (cheap, for polling; a run of another process is followed through its files). A name that is no run
+        gives zeros."""
         try:
             run = self._run(run_id)
         except UserError:
-            return ((0, 0.0), (0, 0.0))
+            return ((0, 0.0), (0, 0.0), (0, 0.0))
         return (_file_stamp(run.events_path), _file_stamp(run.status_path), _file_stamp(run.path / "eval"))
 
     def runs_stamp(self) -> float:
@@ -533,7 +534,8 @@ class Studio:
 
         run_id, _, step = str(source or "").partition("@")
         values = dict(options or {})
-        unknown = sorted(set(values) - set(EvalOptions.__dataclass_fields__) | ({"predictions"} & set(values)))
+        allowed = set(EvalOptions.__dataclass_fields__) - {"predictions"}  # no file of a visitor's choosing is written
+        unknown = sorted(set(values) - allowed)
         if unknown:
             raise UserError(f"{unknown[0]}: not an evaluation option here", field=unknown[0])
         if step:

@@ -276,6 +276,34 @@ def test_a_dpo_collapse_with_perfect_training_rewards_is_flagged(sft, tmp_path):
     assert "reward_margin" not in result["base"]  # relative to the base: none for the base itself
 
 
+def test_kto_rows_score_good_answers_against_bad_ones(sft, tmp_path):
+    """kto data (one answer per row, marked good or bad): the rewards compare good with bad answers, and the loss is
+    the good answers' alone (a run whose config says kto; its adapter is the SFT run's: no training needed)."""
+    import shutil
+
+    run = tmp_path / "runs" / "run-kto"
+    shutil.copytree(sft["run"], run, ignore=shutil.ignore_patterns(store.FOLDER))
+    RunDir(run).write_config(RunDir(run).load_config().replace(objective="kto", output_dir=str(run), beta=0.2))
+    rows = [
+        {"prompt": f"Held-out {i}?", "completion": PIRATE if i % 2 else "The sky is blue.", "label": bool(i % 2)}
+        for i in range(6)
+    ]
+    data = write_jsonl(tmp_path / "kto.jsonl", rows)
+    predictions = tmp_path / "kto-predictions.jsonl"
+    result, _ = evaluate_run(RunDir(run), EvalOptions(data=str(data), max_new_tokens=4, predictions=str(predictions)))
+    lines = read_lines(predictions)
+    rewards = [0.2 * (r["base_nll"] - r["tuned_nll"]) for r in lines]
+    good = [w for w, r in zip(rewards, lines, strict=True) if r["good"]]
+    bad = [w for w, r in zip(rewards, lines, strict=True) if not r["good"]]
+    assert result["tuned"]["reward_margin"] == pytest.approx(mean(good) - mean(bad))
+    agree = [float((w > 0) == r["good"]) for w, r in zip(rewards, lines, strict=True)]
+    assert result["tuned"]["reward_accuracy"] == pytest.approx(mean(agree))
+    kept = [r for r in lines if r["good"]]
+    assert result["tuned"]["loss"] == pytest.approx(sum(r["tuned_nll"] for r in kept) / sum(r["tokens"] for r in kept))
+    assert result["reference"]["loss"] > result["tuned"]["loss"]  # the good (pirate) answers: likelier than before
+    assert not result["flags"] and "base" not in result  # no --base: the reference is scored, not shown as a column
+
+
 # ----------------------------------------------------------------------------------------------- classification
 def test_classification_scores_equal_scikit_learns_on_the_predictions_file(tiny_model_dir, tmp_path):
     from sklearn.metrics import accuracy_score, confusion_matrix, f1_score

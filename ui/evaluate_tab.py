@@ -282,7 +282,12 @@ def build(studio: Studio) -> EvaluateTab:
         elem_id="eval-answers",
         elem_classes=["fs-table"],
     )
-    tab.history = gr.Dropdown(choices=[], label="Earlier evaluations of this run", elem_id="eval-history")
+    tab.history = gr.Dropdown(
+        choices=[],
+        allow_custom_value=True,  # an API client may name any file; the backend shows only the run's own
+        label="Earlier evaluations of this run",
+        elem_id="eval-history",
+    )
     with gr.Accordion("Compare runs", open=True, elem_id="eval-compare"):
         with gr.Row(equal_height=False):
             tab.compare_runs = gr.Dropdown(

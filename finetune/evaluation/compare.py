@@ -44,11 +44,14 @@ def compare_runs(runs: list[RunDir]) -> Comparison:
     sources = {r["data"]["source"] for r in latest.values() if r and r.get("data")}
     if len(sources) > 1:
         notes.append(f"the evaluations scored different data ({'; '.join(sorted(sources))}): compare with care")
+    answers = _answers(runs, latest)
+    if not answers:
+        notes.append("no prompt was answered by every run (they were evaluated and trained on different data)")
     return Comparison(
         runs=names,
         metrics=_metrics(latest),
         curves=[point for run in runs for point in _curve(run)],
-        answers=_answers(runs, latest),
+        answers=answers,
         notes=notes,
     )
 
@@ -73,17 +76,22 @@ def _curve(run: RunDir) -> list[dict[str, Any]]:
 
 
 def _answers(runs: list[RunDir], latest: dict[str, dict | None]) -> list[dict[str, Any]]:
-    """Answers of every run to the prompts all of them answered."""
-    answers = {run.name: _answers_of(run, latest[run.name]) for run in runs}
-    order = list(next(iter(answers.values())))
-    common = [p for p in order if all(p in given for given in answers.values())]
-    return [{"prompt": prompt, **{name: given[prompt] for name, given in answers.items()}} for prompt in common]
+    """Answers of every run to the prompts all of them answered: in their latest evaluations, else in the sample
+    answers each logged at its last evaluation step while training."""
+    for source in (lambda run: _evaluated_answers(latest[run.name]), _sampled_answers):
+        answers = {run.name: source(run) for run in runs}
+        order = list(next(iter(answers.values())))
+        common = [p for p in order if all(p in given for given in answers.values())]
+        if common:
+            return [{"prompt": p, **{name: given[p] for name, given in answers.items()}} for p in common]
+    return []
 
 
-def _answers_of(run: RunDir, result: dict | None) -> dict[str, str]:
-    """{prompt: answer}: the latest evaluation's, else the last sample answers the run logged while training."""
-    if result and result.get("answers"):
-        return {a["prompt"]: a.get("tuned", "") for a in result["answers"]}
+def _evaluated_answers(result: dict | None) -> dict[str, str]:
+    return {a["prompt"]: a.get("tuned", "") for a in (result or {}).get("answers") or []}
+
+
+def _sampled_answers(run: RunDir) -> dict[str, str]:
     samples = run.read_events(("samples",))
     last = samples[-1].get("samples") if samples else []
     return {s["prompt"]: s.get("answer", "") for s in last or [] if isinstance(s, dict) and "prompt" in s}

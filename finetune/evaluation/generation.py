@@ -12,6 +12,7 @@ from finetune.inference import generate_answers
 
 BATCH = 8  # rows per generation batch
 SCORE_BATCH = 4  # rows per log-likelihood batch (the logits of a large vocabulary are the biggest tensor)
+SAMPLING_SEED = 0
 Tick = Callable[[int], None]  # advances the progress by that many rows
 
 
@@ -23,7 +24,12 @@ def answers(
     temperature: float = 0.0,
     tick: Tick | None = None,
 ) -> list[str]:
-    """The model's answer to each row's prompt (greedy unless `temperature` > 0)."""
+    """The model's answer to each row's prompt (greedy unless `temperature` > 0; sampled answers are seeded, so the
+    same evaluation samples the same answers again)."""
+    if temperature > 0:
+        import torch
+
+        torch.manual_seed(SAMPLING_SEED)
     out: list[str] = []
     for start in range(0, len(rows), BATCH):
         batch = [row.prompt or [] for row in rows[start : start + BATCH]]
