@@ -52,14 +52,8 @@ def result_markdown(view: Any) -> str:
         f"{result.get('rows')} rows of {plain(data.get('source'))} · saved as `eval/{plain(view.file)}`"
     ]
     lines += [f"⚠ **{plain(flag[0].upper() + flag[1:])}.**" for flag in view.flags]
-    judged = result.get("judge")
-    if judged:
-        low, high = judged["interval"]
-        lines.append(
-            f"Judge `{plain(judged['model'])}`: the tuned answer won {judged['wins']}, tied {judged['ties']}, lost "
-            f"{judged['losses']} of {judged['prompts']} prompts (both orders) — win rate "
-            f"**{judged['judge_win_rate']:.2f}** (95% interval {low:.2f}–{high:.2f})."
-        )
+    if view.judge:
+        lines.append(plain(view.judge[0].upper() + view.judge[1:]) + ".")
     lines += [f"*{plain(note[0].upper() + note[1:])}.*" for note in view.notes]
     return "\n\n".join(lines)
 

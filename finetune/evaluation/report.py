@@ -32,6 +32,12 @@ class EvalView:
     def notes(self) -> list[str]:
         return list(self.result.get("notes") or [])
 
+    @property
+    def judge(self) -> str:
+        """The judge's result in one sentence ("" without a judge)."""
+        verdict = self.result.get("judge")
+        return f"judge {verdict['model']}: {judge_text(verdict)}" if verdict else ""
+
 
 def view(result: dict[str, Any], file: str) -> EvalView:
     """The app's view of a stored evaluation."""
@@ -118,16 +124,8 @@ def render_text(result: dict[str, Any], path: Any = None) -> str:
     else:
         table = [["metric", "tuned"]] + [[r["metric"], number(r["tuned"])] for r in metric_rows(result)]
     lines += text_table(table)
-    verdict = result.get("judge")
-    if verdict:
-        low, high = verdict["interval"]
-        lines += [
-            "",
-            f"judge {verdict['model']}: the tuned answer won {verdict['wins']}, tied {verdict['ties']}, lost "
-            f"{verdict['losses']} of {verdict['prompts']} prompts (both orders); win rate "
-            f"{verdict['judge_win_rate']:.2f}, 95% interval {low:.2f}-{high:.2f}; orders agreed on "
-            f"{verdict['consistent']:.0%}",
-        ]
+    if result.get("judge"):
+        lines += ["", f"judge {result['judge']['model']}: {judge_text(result['judge'])}"]
     for flag in result.get("flags") or []:
         lines.append(f"warning: {flag}")
     for note in result.get("notes") or []:
@@ -135,6 +133,17 @@ def render_text(result: dict[str, Any], path: Any = None) -> str:
     if path is not None:
         lines.append(f"saved: {path}")
     return "\n".join(lines)
+
+
+def judge_text(verdict: dict[str, Any]) -> str:
+    """The judge's result in one sentence: wins, ties, losses, the win rate with its interval, how often the two
+    answer orders agreed."""
+    low, high = verdict["interval"]
+    return (
+        f"the tuned answer won {verdict['wins']}, tied {verdict['ties']} and lost {verdict['losses']} of "
+        f"{verdict['prompts']} prompts (both answer orders); win rate {verdict['judge_win_rate']:.2f}, 95% interval "
+        f"{low:.2f}-{high:.2f}; the two orders agreed on {verdict['consistent']:.0%}"
+    )
 
 
 def text_table(table: list[list[str]]) -> list[str]:

@@ -741,7 +741,7 @@ def evaluation_section(evaluation: dict[str, Any] | None) -> list[str]:
     """## Evaluation: the base against the tuned model on held-out data, with the warnings the evaluation raised."""
     if not evaluation:
         return []
-    from finetune.evaluation.report import metric_rows, number
+    from finetune.evaluation.report import judge_text, metric_rows, number
 
     data = evaluation.get("data") or {}
     temperature = float((evaluation.get("settings") or {}).get("temperature") or 0)
@@ -761,10 +761,5 @@ def evaluation_section(evaluation: dict[str, Any] | None) -> list[str]:
         lines += ["", f"> Warning: {flag}."]
     judged = evaluation.get("judge")
     if judged:
-        low, high = judged["interval"]
-        lines += [
-            "",
-            f"A judge model preferred the tuned answer on {judged['judge_win_rate']:.0%} of {judged['prompts']} "
-            f"prompts (95% interval {low:.0%}-{high:.0%}, both answer orders); {judged['note']}.",
-        ]
+        lines += ["", f"A judge model compared the answers: {judge_text(judged)}; {judged['note']}."]
     return lines
