@@ -337,6 +337,13 @@ def test_classification_scores_equal_scikit_learns_on_the_predictions_file(tiny_
         math.exp(loss)
     )
     assert "base" not in result and any("no trained classification head" in n for n in result["notes"])
+    from finetune.evaluation.report import render_text
+
+    shown = render_text(result)
+    lines = shown.splitlines()
+    at = lines.index("confusion matrix (rows: true label, columns: predicted)")
+    assert lines[at + 1].split()[-2:] == names
+    assert lines[at + 3].split() == ["positive", *map(str, result["confusion"]["tuned"][1])]
 
 
 # ----------------------------------------------------------------------------------------------- the judge

@@ -54,6 +54,11 @@ def result_markdown(view: Any) -> str:
     lines += [f"⚠ **{plain(flag[0].upper() + flag[1:])}.**" for flag in view.flags]
     if view.judge:
         lines.append(plain(view.judge[0].upper() + view.judge[1:]) + ".")
+    if view.confusion:
+        head, *body = view.confusion
+        table = [f"| {' | '.join(plain(c) for c in head)} |", "|" + "---|" * len(head)]
+        table += [f"| {' | '.join(plain(c) for c in row)} |" for row in body]
+        lines.append("**Confusion matrix** (rows: true label, columns: predicted)\n\n" + "\n".join(table))
     lines += [f"*{plain(note[0].upper() + note[1:])}.*" for note in view.notes]
     return "\n\n".join(lines)
 

@@ -33,6 +33,11 @@ class EvalView:
         return list(self.result.get("notes") or [])
 
     @property
+    def confusion(self) -> list[list[str]]:
+        """A classifier's confusion matrix as table rows (header first), [] for other runs."""
+        return confusion_table(self.result) if self.result.get("confusion") else []
+
+    @property
     def judge(self) -> str:
         """The judge's result in one sentence ("" without a judge)."""
         verdict = self.result.get("judge")
@@ -126,6 +131,8 @@ def render_text(result: dict[str, Any], path: Any = None) -> str:
     lines += text_table(table)
     if result.get("judge"):
         lines += ["", f"judge {result['judge']['model']}: {judge_text(result['judge'])}"]
+    if result.get("confusion"):
+        lines += ["", "confusion matrix (rows: true label, columns: predicted)", *text_table(confusion_table(result))]
     for flag in result.get("flags") or []:
         lines.append(f"warning: {flag}")
     for note in result.get("notes") or []:
@@ -133,6 +140,15 @@ def render_text(result: dict[str, Any], path: Any = None) -> str:
     if path is not None:
         lines.append(f"saved: {path}")
     return "\n".join(lines)
+
+
+def confusion_table(result: dict[str, Any]) -> list[list[str]]:
+    """A classifier's confusion matrix as table rows: a header of predicted labels, then each true label's counts."""
+    confusion = result.get("confusion") or {}
+    labels = [str(name) for name in confusion.get("labels") or []]
+    matrix = confusion.get("tuned") or []
+    rows = [[label, *[str(n) for n in counts]] for label, counts in zip(labels, matrix, strict=True)]
+    return [["true \\ predicted", *labels], *rows]
 
 
 def judge_text(verdict: dict[str, Any]) -> str:
