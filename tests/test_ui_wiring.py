@@ -927,7 +927,8 @@ def test_compare_overlays_loss_curves_and_puts_scores_and_answers_side_by_side(u
     build_run(studio.manager.root / "run-b", tiny_model_dir)
     ui.evaluate.evaluate(**evaluate_form("run-a"), progress=lambda *a, **k: None)
     out = on_evaluate(ui, ui.evaluate.compare(["run-a", "run-b"]))
-    assert set(out["curves"].run) == {"run-a", "run-b"} and len(out["curves"]) == 20
+    curves = out["curves"]["value"]
+    assert out["curves"]["visible"] and set(curves.run) == {"run-a", "run-b"} and len(curves) == 20
     assert list(out["compare_table"].columns) == ["Metric", "run-a", "run-b"]
     assert "ROUGE-L" in list(out["compare_table"].Metric)
     assert list(out["compare_answers"].columns) == ["Prompt", "run-a", "run-b"] and len(out["compare_answers"])

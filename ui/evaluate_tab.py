@@ -193,7 +193,9 @@ class EvaluateTab:
         notes = [f"*{plain(n)}.*" for n in (comparison.notes if runs else [])]
         return {
             self.compare_message: message or "\n\n".join(notes) or f"Compared {len(runs)} runs.",
-            self.curves: pd.DataFrame(comparison.curves if runs else [], columns=CURVE_COLUMNS),
+            self.curves: gr.update(
+                value=pd.DataFrame(comparison.curves if runs else [], columns=CURVE_COLUMNS), visible=bool(runs)
+            ),
             self.compare_table: pd.DataFrame(metrics, columns=["Metric", *runs]),
             self.compare_answers: pd.DataFrame(answers, columns=["Prompt", *runs]),
         }
@@ -309,6 +311,7 @@ def build(studio: Studio) -> EvaluateTab:
             color_title="",
             elem_id="compare-curves",
             height=260,
+            visible=False,  # shown with the first comparison
         )
         tab.compare_table = gr.Dataframe(
             pd.DataFrame(columns=["Metric"]),
