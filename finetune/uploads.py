@@ -52,11 +52,11 @@ class UploadLimits:
 
     @property
     def file_bytes(self) -> int:
-        return int(self.file_mb * MB)
+        return int(round(self.file_mb * MB))
 
     @property
     def total_bytes(self) -> int:
-        return int(self.total_mb * MB)
+        return int(round(self.total_mb * MB))
 
     @classmethod
     def decide(cls, given: Mapping[str, float | int | None], env: Mapping[str, str]) -> UploadLimits:

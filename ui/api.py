@@ -149,10 +149,10 @@ class StudioAPI:
                 run = mine[0].run_id if mine else ""
                 if not run:
                     return {}
-            found = studio.summary(run)
-            if live is not None and live.run_id == found.run_id:
-                return _state(live)
-            return _summary(found)
+            found = _summary(studio.summary(run))
+            if live is not None and live.run_id == found["run"]:  # its live state (error, advice, eta …) on top
+                return {**found, **_state(live)}
+            return found
 
     def runs(self, request: gr.Request = None, oauth_token: gr.OAuthToken | None = None) -> list:
         """Your runs, newest first (an admin: every run).

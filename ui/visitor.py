@@ -51,14 +51,12 @@ def visitor_name(request: gr.Request | None, oauth_token: Any = None, studio: St
 
 
 def _bearer(request: gr.Request | None) -> str | None:
-    """The Hugging Face token an API or MCP client sends in a header (`Authorization: Bearer hf_…`; gradio_client
-    renames it `x-hf-authorization`)."""
+    """The Hugging Face token an MCP client sends as `Authorization: Bearer hf_…`. Not gradio_client's
+    `x-hf-authorization`: that is whatever token the client's machine holds, sent to reach a private Space (gradio's
+    MCP server sends the server's own with every tool call); an API client names itself with `oauth_token=`."""
     headers = getattr(request, "headers", None) or {}
-    for name in ("x-hf-authorization", "authorization"):
-        value = str(headers.get(name) or "")
-        if value.lower().startswith("bearer ") and value[7:].strip():
-            return value[7:].strip()
-    return None
+    value = str(headers.get("authorization") or "")
+    return value[7:].strip() or None if value.lower().startswith("bearer ") else None
 
 
 def for_visitor(studio: Studio, request: gr.Request | None, oauth_token: Any = None) -> Studio:
