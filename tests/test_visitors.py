@@ -149,7 +149,7 @@ def test_alice_trains_on_her_upload_and_chats_with_it(app, alice_run):
     assert [r["run"] for r in alice.predict(api_name="/runs")] == [run]
     reply = alice.predict("Ahoy, who are you?", run, None, None, 8, api_name="/chat")
     assert isinstance(reply, str) and reply.strip()  # her checkpoint answered (random words: a tiny model)
-    preview = alice.predict({"dataset": data}, 1, api_name="/preview")
+    preview = alice.predict({"model": MODEL, "dataset": data}, 1, api_name="/preview")
     assert preview["rows"] == 12 and len(preview["examples"]) == 1
 
 
@@ -302,7 +302,11 @@ def test_anonymous_visitors_estimate_and_chat_with_a_base_model_but_do_not_train
     assert line.startswith("dataset: sign in with Hugging Face (the button at the top of the page) to upload data")
     estimate = anonymous.predict({"model": MODEL, "max_seq_length": 64}, "cpu", api_name="/estimate")
     assert estimate["total_bytes"] > 0
-    reply = anonymous.predict("Hello", "base", None, {"model": MODEL}, 4, api_name="/chat")
+    with pytest.MonkeyPatch.context() as offline:  # the model from the Hub cache at once (this Hub has no models)
+        from huggingface_hub import constants
+
+        offline.setattr(constants, "HF_HUB_OFFLINE", True)
+        reply = anonymous.predict("Hello", "base", None, {"model": MODEL}, 4, api_name="/chat")
     assert isinstance(reply, str) and reply.strip()
     signed = space.client(oauth_token=ALICE_TOKEN)  # an API client names itself with its Hub token
     assert [r["run"] for r in signed.predict(api_name="/runs")] == ["run-a"]
