@@ -29,7 +29,7 @@ from finetune.progress import TrainingState
 from finetune.rundir import RunDir
 from finetune.studio import Studio
 from finetune.uploads import MB, UploadLimits
-from tests.helpers import hold_at_step
+from tests.helpers import hold_at_step, tiny_config
 from tests.hub_standin import HubStandin
 from tests.run_fixtures import build_run
 from tests.test_space_mode import data_file, free_port
@@ -39,19 +39,6 @@ MODEL = "acme/tiny-llama"
 USERS = {name: "pw-" + secrets.token_hex(4) for name in ("alice", "bob", "carol")}
 FILE_LIMIT, TOTAL_LIMIT, COUNT_LIMIT = 1000, 2001, 3  # bytes, bytes, files per person
 HELD_AT = 3  # alice's run waits at the end of this step (checkpoints 1 and 2 are on disk by then)
-SETTINGS = {  # a run that trains in seconds on the tiny model
-    "model": MODEL,
-    "eval_split": "",
-    "max_steps": 30,
-    "learning_rate": 3e-2,
-    "warmup_steps": 0,
-    "lr_scheduler_type": "constant",
-    "max_seq_length": 64,
-    "per_device_train_batch_size": 4,
-    "logging_steps": 1,
-    "save_steps": 1,
-    "lora_r": 8,
-}
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +100,13 @@ def app(hub_model, tmp_path_factory, module_patch):
 
 
 @pytest.fixture(scope="module")
-def alice_run(app, tmp_path_factory, module_patch) -> dict[str, Any]:
+def settings(tiny_model_dir) -> dict[str, Any]:
+    """A run that trains in seconds on the tiny model (as the Hub's), with a checkpoint at every step."""
+    return {**tiny_config(tiny_model_dir, max_steps=30, save_steps=1).to_dict(), "model": MODEL}
+
+
+@pytest.fixture(scope="module")
+def alice_run(app, settings, tmp_path_factory, module_patch) -> dict[str, Any]:
     """Alice uploads her data and starts a run on it; it is held training at step HELD_AT."""
     from gradio_client import handle_file
 
@@ -121,7 +114,7 @@ def alice_run(app, tmp_path_factory, module_patch) -> dict[str, Any]:
     alice = app.client("alice")
     upload = handle_file(str(data_file(tmp_path_factory.mktemp("alice"), "pirates.jsonl")))
     data = alice.predict(upload, api_name="/upload")
-    started = alice.predict({**SETTINGS, "dataset": data}, api_name="/start")
+    started = alice.predict({**settings, "dataset": data}, api_name="/start")
     assert held.wait(180), app.studio.manager.state()
     return {"run": started["run"], "data": data, "started": started}
 
@@ -154,7 +147,7 @@ def test_alice_trains_on_her_upload_and_chats_with_it(app, alice_run):
 
 
 # ----------------------------------------------------------------------------------------------- bob
-def test_bob_is_refused_everything_of_alices_as_if_it_did_not_exist(app, alice_run):
+def test_bob_is_refused_everything_of_alices_as_if_it_did_not_exist(app, alice_run, settings):
     bob = app.client("bob")
     run, data = alice_run["run"], alice_run["data"]
     missing = "no-such-run"
@@ -182,7 +175,7 @@ def test_bob_is_refused_everything_of_alices_as_if_it_did_not_exist(app, alice_r
     )
     # Nothing of hers in his lists; the busy line says until when, not whose run it is.
     assert bob.predict(api_name="/runs") == [] and bob.predict("", api_name="/status") == {}
-    busy = refusal(lambda: bob.predict({**SETTINGS, "dataset": "bundled:pirate"}, api_name="/start"))
+    busy = refusal(lambda: bob.predict({**settings, "dataset": "bundled:pirate"}, api_name="/start"))
     assert busy.startswith("busy: the device is training another run") and "alice" not in busy and run not in busy
     # Her run goes on: still training at the step it is held at, no stop asked.
     state = app.studio.manager.state()
