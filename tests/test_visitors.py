@@ -66,6 +66,19 @@ class Served:
     url: str
     studio: Studio
     home: Path
+    demo: Any = None
+
+    def click(self, button: Any, user: str) -> Any:
+        """What a page's button does for `user`, called the way gradio calls it (the request where the handler's
+        signature has it)."""
+        import gradio as gr
+        from gradio.helpers import special_args
+
+        deps = self.demo.config["dependencies"]
+        dep = next(d for d in deps if [list(t) for t in d["targets"]] == [[button._id, "click"]])
+        fn = self.demo.fns[dep["id"]].fn
+        inputs, *_ = special_args(fn, [], gr.Request(username=user))
+        return fn(*inputs)
 
     def client(self, user: str | None = None, **kwargs: Any) -> Any:
         """A visitor's gradio_client: logged in as `user` (None: not logged in); never this machine's HF token."""
@@ -92,7 +105,7 @@ def app(hub_model, tmp_path_factory, module_patch):
     port = free_port()
     launch(demo, host="127.0.0.1", port=port, auth=args.auth, block=False, quiet=True)
     try:
-        yield Served(f"http://127.0.0.1:{port}/", studio, home)
+        yield Served(f"http://127.0.0.1:{port}/", studio, home, demo)
     finally:
         studio.stop()
         studio.manager.wait(120)
@@ -177,6 +190,7 @@ def test_bob_is_refused_everything_of_alices_as_if_it_did_not_exist(app, alice_r
     assert bob.predict(api_name="/runs") == [] and bob.predict("", api_name="/status") == {}
     busy = refusal(lambda: bob.predict({**settings, "dataset": "bundled:pirate"}, api_name="/start"))
     assert busy.startswith("busy: the device is training another run") and "alice" not in busy and run not in busy
+    assert app.click(app.demo.studio_ui.train.stop_btn, "bob") == "Nothing is running."  # the page's Stop: the same
     # Her run goes on: still training at the step it is held at, no stop asked.
     state = app.studio.manager.state()
     assert state.run_id == run and state.status == "running" and state.step == HELD_AT

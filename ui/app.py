@@ -33,8 +33,9 @@ SPACE_NOTE = (
     "server's token."
 )
 PUBLIC_NOTE = (
-    "This app is reachable from other machines: models and data come from the Hub, the bundled set or files you "
-    "upload here; files on the server and trust_remote_code are off unless the operator turned them on."
+    "This app is reachable from other machines: your runs and uploads are yours alone (sign in to upload and train). "
+    "Models and data come from the Hub, the bundled set or files you upload here; files on the server and "
+    "trust_remote_code are off unless the operator turned them on."
 )
 
 CSS = """

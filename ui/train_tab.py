@@ -311,8 +311,9 @@ class TrainTab:
         return {self.message: message, self.viewing: state.run_id, self.shown: None, **clean}
 
     @per_visitor
-    def stop(self, run: str | None = None, request: gr.Request | None = None) -> str:
-        """Stop `run` (or this visitor's run training now) after a checkpoint."""
+    def stop(self, request: gr.Request | None = None, run: str | None = None) -> str:
+        """Stop `run` (or this visitor's run training now) after a checkpoint. `request` first: the button sends no
+        input, and gradio puts the request where the handler's signature has it."""
         try:
             stopping = self.studio.stop(run)
         except UserError as exc:
