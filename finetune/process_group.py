@@ -161,7 +161,9 @@ def watch_supervisor() -> None:
     def watch() -> None:
         while same_process(pid, started):
             time.sleep(WATCH_EVERY_S)
-        if os.environ.get("RANK", "0") == "0" and os.environ.get(GROUP_ENV):
+        if os.environ.get("RANK", "0") != "0":
+            time.sleep(2 * WATCH_EVERY_S)  # rank 0 first: the run's line then says why, not "connection reset"
+        elif os.environ.get(GROUP_ENV):
             _mark_abandoned(RunDir(Path(os.environ[GROUP_ENV])), pid)
         os.kill(os.getpid(), signal.SIGKILL)
 

@@ -22,7 +22,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +39,6 @@ QUANTS = ("f16", "q8_0")
 EXPORTS_FOLDER = "exports"
 STAGE_PREFIX = ".export-"  # the hidden folder an export is written in before it is renamed into place
 STAGE_OWNER = "export-owner.json"  # in it: the pid and start time of the export writing it
-UNOWNED_STAGE_S = 3600.0
 QLORA_WARNING = (
     "warning: this qlora adapter was trained against 4-bit rounded base weights; it is merged into the full-precision "
     "base, so the exported model differs slightly from the one you evaluated (check its answers before you ship it)"
@@ -213,27 +211,16 @@ def _not_written(exc: OSError, run: RunDir, folder: Path) -> UserError:
 
 
 def remove_stale_stages(folder: Path) -> None:
-    """Delete `.export-*` folders that exports killed mid-way left in `folder`: those whose process has ended (never
-    one still being written; one without its owner file only once it is an hour old)."""
+    """Delete `.export-*` folders that exports killed mid-way left in `folder`: only those that carry an export's
+    owner file naming a process that has ended (never one still being written, never a folder we did not make)."""
     try:
         stages = [p for p in folder.glob(STAGE_PREFIX + "*") if p.is_dir() and not p.is_symlink()]
     except OSError:
         return
     for stage in stages:
         owner = read_json(stage / STAGE_OWNER)
-        if isinstance(owner, dict):
-            alive = same_process(owner.get("pid"), owner.get("started"))
-        else:
-            alive = time.time() - _mtime(stage) < UNOWNED_STAGE_S
-        if not alive:
+        if isinstance(owner, dict) and not same_process(owner.get("pid"), owner.get("started")):
             shutil.rmtree(stage, ignore_errors=True)
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return time.time()
 
 
 def _replace(stage: Path, target: Path) -> None:
