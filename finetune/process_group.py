@@ -38,7 +38,7 @@ from typing import Any
 from finetune.atomic import read_json, write_json, write_text
 from finetune.pids import own_start, same_process, started_at
 from finetune.progress import Progress
-from finetune.rundir import ACTIVE, RunDir
+from finetune.rundir import ACTIVE, STATUS_WRITES, RunDir
 
 STOP_FILE = "stop-requested"
 GROUP_FILE = "launch.json"
@@ -162,20 +162,22 @@ def watch_supervisor() -> None:
         while same_process(pid, started):
             time.sleep(WATCH_EVERY_S)
         if os.environ.get("RANK", "0") != "0":
-            time.sleep(2 * WATCH_EVERY_S)  # rank 0 first: the run's line then says why, not "connection reset"
-        elif os.environ.get(GROUP_ENV):
-            _mark_abandoned(RunDir(Path(os.environ[GROUP_ENV])), pid)
-        os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGKILL)
+        with STATUS_WRITES:  # held to the end: no status write of the training thread can come after ours
+            if os.environ.get(GROUP_ENV):
+                _mark_abandoned(RunDir(Path(os.environ[GROUP_ENV])), pid)
+            os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="supervisor-watch", daemon=True).start()
 
 
 def _mark_abandoned(run: RunDir, supervisor: int) -> None:
-    """The run's status after its supervisor vanished: failed, saying so (best effort: the ranks end regardless)."""
+    """The run's status after its supervisor vanished: failed, saying so (best effort: the ranks end regardless).
+    A failure rank 0 wrote a moment before is replaced: another rank that ended first broke its collective."""
     with contextlib.suppress(OSError):
         status = run.read_status()
-        if status.get("status") not in ACTIVE:
-            return
+        if status.get("status") not in (*ACTIVE, "failed"):
+            return  # trained and saved: the supervisor's end changes nothing
         error = f"the launch supervisor (pid {supervisor}) ended unexpectedly; every process of the run was ended"
         now = time.time()
         run.write_status({**status, "status": "failed", "error": error, "finished_at": now, "updated_at": now})

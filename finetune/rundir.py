@@ -80,6 +80,10 @@ class RunDir:
     def write_status(self, status: dict[str, Any], durable: bool = True) -> None:
         """Replace status.json atomically; on a full disk, where no new copy fits, rewrite it in place instead (the
         old file's blocks hold the new one): a run that fails for want of space must still say so."""
+        with STATUS_WRITES:
+            self._write_status(status, durable)
+
+    def _write_status(self, status: dict[str, Any], durable: bool) -> None:
         try:
             write_json(self.status_path, status, durable=durable)
         except OSError as exc:
@@ -179,6 +183,9 @@ class RunDir:
 
 
 _EVENT_LOCK = threading.Lock()
+# Every status.json write of this process goes through it: a thread that holds it while the process ends makes its own
+# write the last one (a rank whose supervisor vanished: finetune/process_group.py).
+STATUS_WRITES = threading.RLock()
 
 
 def _retrained(event: dict[str, Any], resumed_at: int) -> bool:
