@@ -46,6 +46,8 @@ def disk_error(exc: BaseException, folder: Path) -> OSError | None:
     """The full disk (or file-size limit) behind a failed run, or None: an OSError saying so anywhere in the
     exception's chain; its error number in a library's message (safetensors); else, when `folder` has no room left,
     "No space left on device" (torch.save on a full disk only says "unexpected pos 73408 vs 73300")."""
+    if isinstance(exc, (UserError, KeyboardInterrupt, MemoryError)) or is_out_of_memory(exc):
+        return None  # already said in plain words
     seen: set[int] = set()
     link: BaseException | None = exc
     while link is not None and id(link) not in seen:
@@ -56,8 +58,6 @@ def disk_error(exc: BaseException, folder: Path) -> OSError | None:
     found = _RUST_OS_ERROR.search(str(exc))
     if found and int(found.group(1)) in WRITE_LIMITS:
         return OSError(int(found.group(1)), os.strerror(int(found.group(1))), str(folder))
-    if isinstance(exc, (UserError, KeyboardInterrupt, MemoryError)) or is_out_of_memory(exc):
-        return None
     return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder)) if no_room(folder) else None
 
 
