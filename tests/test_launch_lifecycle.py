@@ -22,7 +22,14 @@ from finetune.cli import main
 from finetune.device_lock import DeviceLock
 from finetune.errors import BusyError, UserError
 from finetune.pids import own_start, same_process
-from finetune.process_group import STOP_FILE, group_alive, holder_alive, read_group, request_stop
+from finetune.process_group import (
+    STOP_FILE,
+    group_alive,
+    group_processes,
+    holder_alive,
+    read_group,
+    request_stop,
+)
 from finetune.rundir import COMPLETE_MARKER, RunDir
 from finetune.runs import RunManager
 from tests.helpers import tiny_config
@@ -90,7 +97,8 @@ status = json.loads((run / "status.json").read_text())
 while not (run / "stop-requested").exists():
     time.sleep(0.05)
 (run / "status.json").write_text(json.dumps({**status, "status": "stopped", "pid": os.getpid()}))
-while not (run / "release").exists():  # the ranks leaving their process group, the launcher ending: it takes a while
+deadline = time.monotonic() + 300  # never forever, whatever the test does
+while not (run / "release").exists() and time.monotonic() < deadline:  # the ranks leaving their group: it takes a while
     time.sleep(0.05)
 """
 
@@ -100,6 +108,15 @@ def test_resume_right_after_a_stop_waits_for_the_processes_then_goes_ahead(tiny_
     running; stop it first") and starts the group once they are gone; one that waits past its bound says why."""
     run = run_with_checkpoint(studio_home / "runs", tiny_model_dir, "long")
     supervisor = supervised(run, LINGERING_GROUP, studio_home)
+    try:
+        check_resume_waits(run, monkeypatch)
+    finally:  # the stand-in group ends, whatever happened
+        request_stop(run.path)
+        (run.path / "release").write_text("")
+    assert supervisor.wait(timeout=60) == 0
+
+
+def check_resume_waits(run: RunDir, monkeypatch) -> None:
     wait_for(lambda: run.read_status().get("status") == "running", "the stand-in to run", timeout=60)
     request_stop(run.path)
     wait_for(lambda: run.read_status().get("status") == "stopped", "stopped", timeout=60)
@@ -126,7 +143,6 @@ def test_resume_right_after_a_stop_waits_for_the_processes_then_goes_ahead(tiny_
     (run.path / "release").write_text("")
     resume.join(60)
     assert [r.name for r in outcome] == ["long"] and seen_alive_at_start == [False]
-    assert supervisor.wait(timeout=60) == 0
 
 
 # --------------------------------------------------------------------------- a launcher that dies leaves no rank
@@ -169,20 +185,29 @@ def test_a_stopped_group_resumes_at_once_and_kill_9_of_its_supervisor_takes_the_
     ahead. Then the resumed group's supervisor is killed with -9 while its ranks are frozen (SIGSTOP): the app still
     shows the run training and a second run is refused. Let go, the ranks end within seconds, the run says why in
     one line, and the device is free."""
-    from finetune.studio import Studio
-
     root = studio_home / "runs"
     config = tiny_config(tiny_model_dir, max_steps=500, save_steps=2, per_device_train_batch_size=2)
     config.save(tmp_path / "run.yaml")
     started = cli("launch", "--config", str(tmp_path / "run.yaml"), "--nproc", "2", home=studio_home, timeout=120)
     assert started.returncode == 0, started.stderr[-3000:]
     run = Path(started.stdout.strip().splitlines()[-1])
+    try:
+        stop_resume_and_kill_the_supervisor(run, root, tmp_path / "run.yaml", studio_home, capsys)
+    finally:  # a failing test leaves no group training on
+        for pid, started_at in group_processes(run):
+            if same_process(pid, started_at):
+                os.kill(pid, signal.SIGKILL)
+
+
+def stop_resume_and_kill_the_supervisor(run: Path, root: Path, config_file: Path, home: Path, capsys) -> None:
+    from finetune.studio import Studio
+
     wait_for(lambda: status(run).get("step", 0) >= 3 and RunDir(run).last_checkpoint() is not None, "step 3")
-    assert cli("stop", str(run), home=studio_home, timeout=120).returncode == 0
+    assert cli("stop", str(run), home=home, timeout=120).returncode == 0
     wait_for(lambda: status(run).get("status") == "stopped", "the stopped status")
     # Rank 0 writes "stopped" before its process, the launcher and the supervisor end: seconds, never none.
     assert group_alive(run), "the group had ended before the resume: nothing was tested"
-    resumed = cli("launch", "--resume", str(run), home=studio_home)
+    resumed = cli("launch", "--resume", str(run), home=home)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
     stopped_at = status(run)["step"]
@@ -196,7 +221,7 @@ def test_a_stopped_group_resumes_at_once_and_kill_9_of_its_supervisor_takes_the_
     app = Studio(runs_root=root)
     try:
         assert group_alive(run) and app.manager.is_active() and app.state().status == "running", app.state()
-        assert main(["train", "--config", str(tmp_path / "run.yaml")]) == 2  # never beside the live ranks
+        assert main(["train", "--config", str(config_file)]) == 2  # never beside the live ranks
         assert capsys.readouterr().err.startswith(f"error: busy: run {run.name} started by the command line")
     finally:
         for pid in ranks:
