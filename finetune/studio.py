@@ -27,7 +27,7 @@ from typing import Any
 from finetune.access import AccessPolicy
 from finetune.config import FIELDS, TrainConfig, field_label
 from finetune.errors import BusyError, ConfigError, UserError
-from finetune.inference import Classification, GenerationSettings
+from finetune.inference import MAX_NEW_TOKENS, Classification, GenerationSettings
 from finetune.progress import TrainingState
 from finetune.rundir import RunDir, find_run, list_runs
 from finetune.runs import RunManager
@@ -40,7 +40,8 @@ TOKEN_LIMIT = 4096  # characters of a pasted Hub token
 CHAT_MESSAGE_LIMIT = 8000  # characters of one chat message (or the system prompt)
 CHAT_CONVERSATION_LIMIT = 64000  # characters of the whole conversation sent to the model
 CHAT_TURNS_LIMIT = 200  # messages in one conversation
-CHAT_MAX_NEW_TOKENS = 1024
+CHAT_MAX_NEW_TOKENS = MAX_NEW_TOKENS
+PREVIEW_LIMIT = 50  # examples one data preview shows
 DOWNLOAD_KEEP_SECONDS = 3600  # a downloaded YAML file is removed after an hour
 TOKEN_USER_SECONDS = 600  # how long the Hub user of an API client's token is remembered
 
@@ -292,6 +293,8 @@ class Studio:
         """The first examples as the model sees them, with what is masked from the loss."""
         from finetune import data, models
 
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= PREVIEW_LIMIT:
+            raise UserError(f"n: {str(n)[:40]!r} is not a number of examples from 1 to {PREVIEW_LIMIT}", "n")
         config = self.config(values)
         return data.preview(config, models.load_tokenizer(config), n=n)
 
@@ -350,7 +353,7 @@ class Studio:
             raise UserError(self.policy.needs_identity("start", "train"), "start")
         owner = self.policy.run_owner(self.user) if self.policy.public or not owner else owner
         with self._neutral_busy():
-            if processes == 1 and not gpus:
+            if _process_count(processes) == 1 and not gpus:
                 return self.manager.start(self.config(values), owner=owner, confine=True)
             return self._start_group(values, owner, processes, gpus)
 
@@ -363,7 +366,7 @@ class Studio:
         recorded = str(run.read_status().get("owner") or "")
         owner = recorded if self.policy.public else (owner or self.policy.run_owner(self.user))
         with self._neutral_busy():
-            if self._was_launched(run) or processes > 1:
+            if self._was_launched(run) or _process_count(processes) > 1:
                 return self._resume_group(run, owner, processes, gpus)
             return self.manager.resume(run.path, owner=owner)
 
@@ -736,6 +739,13 @@ class Studio:
         from finetune.process_group import read_group
 
         return bool(read_group(run.path))
+
+
+def _process_count(processes: Any) -> int:
+    """A run's process count from the app or its API: a whole number ≥ 1, else the one-line refusal."""
+    if not isinstance(processes, int) or isinstance(processes, bool) or processes < 1:
+        raise UserError(f"processes: {str(processes)[:40]!r} is not a whole number ≥ 1", "processes")
+    return processes
 
 
 def _empty_numbers(values: dict[str, Any]) -> dict[str, str]:

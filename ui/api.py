@@ -91,7 +91,7 @@ class StudioAPI:
         """
         with refusals():
             studio = self._for(request, oauth_token)
-            return studio.estimate(_form(settings), device=device, gpus=int(gpus), gpu_gib=gpu_gib).to_dict()
+            return studio.estimate(_form(settings), device=device, gpus=gpus, gpu_gib=gpu_gib).to_dict()
 
     def preview(
         self, settings: dict, n: int = 3, request: gr.Request = None, oauth_token: gr.OAuthToken | None = None
@@ -100,13 +100,13 @@ class StudioAPI:
 
         Args:
             settings: run settings as {field: value}; dataset may be bundled:pirate, a Hub dataset id or upload:NAME.
-            n: how many examples (1 to 10).
+            n: how many examples (1 to 50).
 
         Returns:
             format, rows, eval_rows and the examples.
         """
         with refusals():
-            return self._for(request, oauth_token).preview_data(_form(settings), n=max(1, min(10, int(n))))
+            return self._for(request, oauth_token).preview_data(_form(settings), n=n)
 
     # ----------------------------------------------------------------------------------------- runs
     def start(
@@ -126,9 +126,7 @@ class StudioAPI:
             The new run's state; its run id is under "run".
         """
         with refusals():
-            studio = self._for(request, oauth_token)
-            extra = {"processes": int(processes)} if int(processes) > 1 else {}
-            return _state(studio.start(_form(settings), **extra))
+            return _state(self._for(request, oauth_token).start(_form(settings), processes=processes))
 
     def status(self, run: str = "", request: gr.Request = None, oauth_token: gr.OAuthToken | None = None) -> dict:
         """A run's state: status, step, max_steps, loss, eval_loss, eta_seconds, error, ...
