@@ -18,6 +18,7 @@ import pandas as pd
 from finetune.errors import UserError
 from finetune.studio import Studio
 from ui.formatting import one_line, plain
+from ui.visitor import per_visitor
 
 TABLE_HEADERS = ["Metric", "Base model", "Tuned", "Change"]
 ANSWER_HEADERS = ["Prompt", "Reference", "Base model", "Tuned"]
@@ -92,7 +93,8 @@ class EvaluateTab:
     compare_answers: Any = None
 
     # ----- choices
-    def choices(self, current: str | None = None) -> tuple[dict, dict]:
+    @per_visitor
+    def choices(self, current: str | None = None, request: gr.Request | None = None) -> tuple[dict, dict]:
         """(the evaluation sources, the runs to compare), keeping the current source when it is still there."""
         sources = self.studio.evaluation_sources()
         values = [v for _, v in sources]
@@ -115,6 +117,7 @@ class EvaluateTab:
             out[self.history] = history
         return out
 
+    @per_visitor
     def evaluate(
         self,
         source: str | None,
@@ -128,6 +131,7 @@ class EvaluateTab:
         include_path: str,
         num_fewshot: Any,
         temperature: Any,
+        request: gr.Request | None = None,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 - gradio injects the page's progress bar here
     ) -> dict:
         """Run one evaluation with the form's options; its result (or one line saying why not)."""
@@ -161,7 +165,8 @@ class EvaluateTab:
             names = []
         return gr.update(choices=names, value=selected if selected in names else (names[0] if names else None))
 
-    def show(self, source: str | None, name: str | None = None) -> dict:
+    @per_visitor
+    def show(self, source: str | None, name: str | None = None, request: gr.Request | None = None) -> dict:
         """A run's newest evaluation (or the one picked under *Earlier evaluations*), without running anything."""
         run_id = (source or "").partition("@")[0]
         if not run_id:
@@ -176,7 +181,8 @@ class EvaluateTab:
         return self.outputs(view, history=history)
 
     # ----- runs compared
-    def compare(self, run_ids: list[str] | None) -> dict:
+    @per_visitor
+    def compare(self, run_ids: list[str] | None, request: gr.Request | None = None) -> dict:
         """Loss curves overlaid, latest scores side by side and answers to the same prompts for the picked runs."""
         try:
             comparison = self.studio.compare(list(run_ids or []))
@@ -345,6 +351,7 @@ def wire(tab: EvaluateTab, demo: gr.Blocks, evaluate_tab: Any = None) -> None:
         evaluate_tab.select(*refresh, **quiet).then(tab.show, tab.source, shown, **quiet)
     tab.source.input(tab.show, tab.source, shown, **quiet)
     tab.history.input(tab.show, [tab.source, tab.history], shown, **quiet)
-    tab.run_btn.click(tab.evaluate, form, shown, api_name="evaluate", concurrency_limit=1)
+    # API clients use /evaluate and /compare (ui/api.py)
+    tab.run_btn.click(tab.evaluate, form, shown, api_visibility="private", concurrency_limit=1)
     compared = [tab.compare_message, tab.curves, tab.compare_table, tab.compare_answers]
-    tab.compare_btn.click(tab.compare, tab.compare_runs, compared, api_name="compare", concurrency_limit=None)
+    tab.compare_btn.click(tab.compare, tab.compare_runs, compared, api_visibility="private", concurrency_limit=None)
