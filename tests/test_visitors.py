@@ -173,6 +173,8 @@ def test_bob_is_refused_everything_of_alices_as_if_it_did_not_exist(app, alice_r
         "/publish": lambda r: bob.predict(r, "bob/stolen", "hf_" + "b" * 30, api_name="/publish"),
         "/status": lambda r: bob.predict(r, api_name="/status"),
         "/classify": lambda r: bob.predict(r, "some text", api_name="/classify"),
+        "/evaluate": lambda r: bob.predict(r, api_name="/evaluate"),
+        "/compare": lambda r: bob.predict([r, "bobs-own"], api_name="/compare"),
     }
     for name, call in calls.items():
         theirs, nothing = refusal(lambda c=call: c(run)), refusal(lambda c=call: c(missing))
