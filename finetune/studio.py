@@ -678,6 +678,29 @@ class Studio:
                     return view(result, path.name)
         return None
 
+    def held_out_scores(self, run_id: str, events: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """The goal's cheap scores of the held-out answers the run logged at step 0 and at each evaluation, against
+        their reference answers: [{"step": N, "rouge_l": ..., "exact_match": ..., ...}] ([] without references).
+        `events`: the run's events when the caller has just read them."""
+        from finetune.evaluation.goals import goal_of
+        from finetune.evaluation.metrics import sample_scores
+
+        run = self._run(run_id)
+        try:
+            goal = goal_of(run.load_config())
+        except UserError:
+            return []
+        out = []
+        for event in events if events is not None else run.read_events(("samples",)):
+            samples = (
+                [s for s in event.get("samples") or [] if isinstance(s, dict)] if event.get("type") == "samples" else []
+            )
+            answers, references = [str(s.get("answer", "")) for s in samples], [s.get("reference") for s in samples]
+            scores = sample_scores(goal, answers, references) if any(r is not None for r in references) else {}
+            if scores:
+                out.append({"step": int(event.get("step") or 0), **scores})
+        return out
+
     def compare(self, run_ids: list[str]) -> Any:
         """Two or more runs side by side: a `Comparison` (loss curves, latest scores, answers to the same prompts)."""
         from finetune.evaluation.compare import compare_runs

@@ -437,14 +437,19 @@ def test_a_run_still_training_is_scored_at_its_last_checkpoint_or_refused_in_one
 
 def test_held_out_answers_are_scored_at_each_evaluation_while_training(sft):
     from finetune.evaluation.metrics import answer_scores
+    from finetune.studio import Studio
 
     events = RunDir(sft["run"]).read_events(("samples",))
     assert [e["step"] for e in events] == [0, 5, 10]
-    for event in events:
+    scores = Studio(sft["run"].parent).held_out_scores(sft["run"].name)
+    assert [s["step"] for s in scores] == [0, 5, 10]
+    for event, scored in zip(events, scores, strict=True):
         answers = [s["answer"] for s in event["samples"]]
         references = [s["reference"] for s in event["samples"]]
-        assert references[0] == PIRATE and event["scores"] == pytest.approx(answer_scores(answers, references))
-    assert events[-1]["scores"]["rouge_l"] > events[0]["scores"]["rouge_l"]
+        assert references[0] == PIRATE and scored == pytest.approx(
+            {"step": event["step"], **answer_scores(answers, references)}
+        )
+    assert scores[-1]["rouge_l"] > scores[0]["rouge_l"]
 
 
 # ----------------------------------------------------------------------------------------------- runs compared

@@ -198,15 +198,14 @@ def loss_rows(events: list[dict[str, Any]], max_points: int = 600) -> list[dict[
 SCORE_NAMES = {"exact_match": "exact match", "rouge_l": "ROUGE-L", "number_match": "number match"}
 
 
-def score_rows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Points for the held-out answers' scores by step ({step, value, series}): what each "samples" event measured
-    of the answers against their reference answers (the goal's cheap metrics)."""
-    rows = []
-    for e in events:
-        if e.get("type") == "samples" and isinstance(e.get("scores"), dict):
-            step = int(e.get("step", 0))
-            rows += [{"step": step, "value": float(v), "series": SCORE_NAMES.get(n, n)} for n, v in e["scores"].items()]
-    return rows
+def score_rows(scores: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Points for the held-out answers' scores by step ({step, value, series}), from `Studio.held_out_scores`."""
+    return [
+        {"step": int(entry["step"]), "value": float(value), "series": SCORE_NAMES.get(name, name)}
+        for entry in scores
+        for name, value in entry.items()
+        if name != "step"
+    ]
 
 
 def evaluation_markdown(view: Any) -> str:

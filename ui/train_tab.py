@@ -180,6 +180,13 @@ class TrainTab:
         except UserError:
             return []
 
+    def held_out_scores(self, run_id: str, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The run's held-out answers scored against their references, step by step ([] when it has none)."""
+        try:
+            return self.studio.held_out_scores(run_id, events)
+        except UserError:
+            return []
+
     def latest_evaluation(self, run_id: str) -> Any:
         """The run's newest evaluation (`python -m finetune eval` or the Evaluate tab), or None."""
         try:
@@ -228,7 +235,7 @@ class TrainTab:
         events = self.events(run_id)
         preference = preference_rows(events)
         headers, samples = sample_rows(events, active=(state or {}).get("status") in ("pending", "loading", "running"))
-        scores = score_rows(events)
+        scores = score_rows(self.held_out_scores(run_id, events))
         return {
             self.progress: progress_html(state or {"run_id": run_id, "status": "unknown"}),
             self.problem: problem_markdown(state),

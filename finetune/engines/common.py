@@ -79,18 +79,15 @@ def prepare_run(config: TrainConfig, progress: Progress) -> Prepared:
 
 
 def samples_event(prepared: Prepared, answers: list[str]) -> dict[str, Any]:
-    """The "samples" event of the held-out answers: each prompt, answer and reference, and the goal's cheap scores
-    of the answers against the references (the Train tab draws them by step beside the loss)."""
-    from finetune.evaluation.goals import goal_of
-    from finetune.evaluation.metrics import sample_scores
-
+    """The "samples" event of the held-out answers: each prompt, answer and reference answer (where known). Their
+    scores against the references are computed by whoever reads them (`Studio.held_out_scores`): ROUGE-L's library
+    costs a second of imports that a training process should not pay."""
     references = prepared.references or [None] * len(prepared.prompts)
     samples = [
         {"prompt": p, "answer": a, **({"reference": r} if r is not None else {})}
         for p, a, r in zip(prepared.prompts, answers, references, strict=True)
     ]
-    scores = sample_scores(goal_of(prepared.plan.config), answers, references)
-    return {"samples": samples, **({"scores": scores} if scores else {})}
+    return {"samples": samples}
 
 
 def check_sequence_length(config: TrainConfig) -> None:
