@@ -13,6 +13,7 @@ is shown only if the form still holds the values it was computed for (`fresh`).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,13 +87,61 @@ def hidden_fields(values: dict[str, Any]) -> set[str]:
     return hidden
 
 
+class NumberBox(gr.Textbox):
+    """A number field that keeps exactly what the user typed. A browser's number input silently drops or mangles
+    text it cannot read (typing `1e-4x` could leave `-4`); this is a text box whose value reaches handlers as a
+    number when the whole text is one, else as the text itself, which the config then refuses whole, in one line
+    naming the field."""
+
+    is_template = True  # drawn by the Textbox's own front end
+
+    def __init__(self, value: Any = None, *, whole: bool = False, **kwargs: Any) -> None:
+        self.whole = whole
+        super().__init__(value=format_number(value), **kwargs)
+
+    def preprocess(self, payload: str | None) -> Any:
+        """The typed text as a number (an int for a whole-number field) when it is one, else the text unchanged."""
+        return parse_number(super().preprocess(payload), self.whole)
+
+    def postprocess(self, value: Any) -> str | None:
+        return super().postprocess(format_number(value))
+
+
+def parse_number(text: Any, whole: bool = False) -> Any:
+    """`text` as an int (whole) or a finite float when all of it is one; None when empty; else the text as typed."""
+    if text is None or isinstance(text, (int, float)) and not isinstance(text, bool):
+        return text
+    typed = str(text).strip()
+    if not typed:
+        return None
+    try:
+        number = float(typed)
+    except ValueError:
+        return str(text)
+    if not math.isfinite(number):
+        return str(text)
+    if whole:
+        try:
+            return int(typed)
+        except ValueError:
+            return int(number) if number.is_integer() else number  # 2.5: the config says it is not whole
+    return number
+
+
+def format_number(value: Any) -> Any:
+    """A number as the text a person would type back (0.0005, 1e-05, 40); anything else unchanged."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value
+    return str(value) if isinstance(value, int) else repr(float(value))
+
+
 def make_field(name: str, value: Any, prefix: str = "cfg", note: str | None = None) -> gr.components.Component:
     """The component for one config field: checkbox, dropdown, number or textbox, labelled in plain words, with the
     help text (and the config key) as info.
 
-    Numbers carry no minimum/maximum: the config validates them, so a bad value gets our one-line error beside the
-    field instead of a generic one. `note` replaces the help text (what a public app allows); a note on a checkbox
-    also locks it (the backend refuses the value anyway).
+    Numbers are `NumberBox`es with no minimum/maximum: the config validates them, so a bad value is kept as typed
+    and gets our one-line error beside the field instead of a generic one. `note` replaces the help text (what a
+    public app allows); a note on a checkbox also locks it (the backend refuses the value anyway).
     """
     meta, kind = FIELDS[name].metadata, kind_of(name)
     info = f"{note} · YAML key: {name}" if note else help_of(name)
@@ -103,10 +152,8 @@ def make_field(name: str, value: Any, prefix: str = "cfg", note: str | None = No
         return gr.Checkbox(value=bool(value), **common)
     if meta.get("choices"):
         return gr.Dropdown(choices=list(meta["choices"]), value=value, **common)
-    if kind == "int":
-        return gr.Number(value=value, precision=0, **common)
-    if kind == "float":
-        return gr.Number(value=value, **common)
+    if kind in ("int", "float"):
+        return NumberBox(value=value, whole=kind == "int", **common)
     return gr.Textbox(value=value, **common)
 
 

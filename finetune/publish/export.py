@@ -80,18 +80,20 @@ def export_run(
     """Export a finished run as `fmt` under `out` (default: the run's exports/ folder); UserError on bad input."""
     say = progress or (lambda message: None)
     fmt, quant = check_format(fmt, quant)
-    run = finished_run(run_dir)
+    run, source = exportable_run(run_dir)
     config = run.load_config()
     if config.task != "causal_lm":
         raise UserError(f"format: export supports causal_lm runs, not {config.task}; push the adapter", "format")
     target = _target(run, fmt, quant, out)
     warnings = (QLORA_WARNING,) if config.method == "qlora" else ()
+    if source != run.path:
+        warnings += (f"{run.name} stopped before its final save: exported from its last checkpoint, {source.name}",)
     for warning in warnings:
         say(warning)
     with tempfile.TemporaryDirectory(prefix=".export-", dir=target.parent) as tmp:
         stage = Path(tmp) / target.name
         try:
-            main = _write(run, config, fmt, quant, stage, say)
+            main = _write(run, config, fmt, quant, stage, say, source)
             check_no_local_paths(stage, config, run)
             _replace(stage, target)
         except OSError as exc:
@@ -126,6 +128,19 @@ def finished_run(run_dir: str | Path) -> RunDir:
     return find_finished_run(run_dir, runs_root(), "export")
 
 
+def exportable_run(run_dir: str | Path) -> tuple[RunDir, Path]:
+    """(the run, the folder whose weights to export): the final adapter or model, or, for a run that stopped,
+    failed or was interrupted before its final save, its last complete checkpoint; a UserError saying why not."""
+    from finetune.paths import runs_root
+    from finetune.rundir import ACTIVE, find_run
+
+    run = find_run(run_dir, runs_root(), field="run_dir")
+    checkpoint = run.last_checkpoint()
+    if not run.has_final_model() and checkpoint is not None and run.effective_status() not in ACTIVE:
+        return run, checkpoint
+    return finished_run(run_dir), run.path
+
+
 def _target(run: RunDir, fmt: str, quant: str | None, out: str | Path | None) -> Path:
     """Where the export goes; a user's --out must not exist yet (or be empty); the default is replaced each time."""
     if out:
@@ -158,10 +173,12 @@ def _replace(stage: Path, target: Path) -> None:
 # -------------------------------------------------------------------------------------------------- writing
 
 
-def _write(run: RunDir, config: TrainConfig, fmt: str, quant: str | None, stage: Path, say: Progress) -> Path:
-    """Write the export into `stage`; returns its main file (the folder itself for merged)."""
+def _write(
+    run: RunDir, config: TrainConfig, fmt: str, quant: str | None, stage: Path, say: Progress, source: Path
+) -> Path:
+    """Write the export of the weights in `source` into `stage`; returns its main file (the folder for merged)."""
     if fmt == "merged":
-        write_merged(run, config, stage, say)
+        write_merged(run, config, stage, say, source)
         return stage
     from finetune.publish import gguf_writer
 
@@ -169,11 +186,11 @@ def _write(run: RunDir, config: TrainConfig, fmt: str, quant: str | None, stage:
     with tempfile.TemporaryDirectory(prefix=".merged-", dir=stage.parent) as tmp:
         merged = Path(tmp) / "merged"
         if config.method == "full":
-            gguf_writer.check_gguf_support(run.path)  # refuse before any work
-            merged = run.path
+            gguf_writer.check_gguf_support(source)  # refuse before any work
+            merged = source
         else:
             _check_base_supported(config)
-            write_merged(run, config, merged, say)
+            write_merged(run, config, merged, say, source)
         name = _export_name(run)
         gguf_file = stage / f"{name}-{quant}.gguf"
         gguf_writer.write_gguf(merged, gguf_file, quant or "f16", name, say)
@@ -197,20 +214,23 @@ def _export_name(run: RunDir) -> str:
     return keep or "model"
 
 
-def write_merged(run: RunDir, config: TrainConfig, stage: Path, say: Progress) -> None:
-    """A standalone Transformers model in `stage`: weights (adapter merged in), config, tokenizer, chat template."""
+def write_merged(run: RunDir, config: TrainConfig, stage: Path, say: Progress, source: Path | None = None) -> None:
+    """A standalone Transformers model in `stage`: weights (adapter merged in), config, tokenizer, chat template;
+    the weights from `source` (the run's final save, or a checkpoint of it)."""
+    source = source or run.path
     stage.mkdir(parents=True)
     if config.method == "full":
         say("Copying the model files…")
-        _copy_files(run.path, stage, FULL_MODEL_FILES)
+        _copy_files(source, stage, FULL_MODEL_FILES)
     else:
         say("Merging the adapter into the base model…")
-        _merge_adapter(run, config, stage)
-    _copy_files(run.path, stage, TOKENIZER_FILES)
+        _merge_adapter(source, config, stage)
+    _copy_files(source, stage, TOKENIZER_FILES)
+    _copy_files(run.path, stage, TOKENIZER_FILES)  # the run's own, where a checkpoint holds none
     _drop_local_name(stage / "config.json")
 
 
-def _merge_adapter(run: RunDir, config: TrainConfig, stage: Path) -> None:
+def _merge_adapter(source: Path, config: TrainConfig, stage: Path) -> None:
     """Load the base as the run plan loads it, but never 4-bit (a QLoRA run's plan as LoRA), merge, save."""
     import torch
     from peft import PeftModel
@@ -222,7 +242,7 @@ def _merge_adapter(run: RunDir, config: TrainConfig, stage: Path) -> None:
     base = load_base(plan)
     saved_dtype = _saved_dtype(config)
     with torch.no_grad():
-        model = PeftModel.from_pretrained(base, str(run.path)).merge_and_unload()
+        model = PeftModel.from_pretrained(base, str(source)).merge_and_unload()
         if saved_dtype is not None:  # merged in float32 on the CPU; saved as the base was (bf16 stays half the size)
             model = model.to(saved_dtype)
     model.save_pretrained(str(stage))
