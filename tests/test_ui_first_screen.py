@@ -215,7 +215,8 @@ def test_an_answer_for_changed_choices_is_dropped(studio_home, tiny_model_dir, d
     tab = ui.start
     page = {tab.config.fields[n]: v for n, v in ui.studio.default_values().items()}
     page.update({tab.model: str(tiny_model_dir), tab.data: str(data_file), tab.goal: "sft", tab.hardware: "cpu"})
-    page.update({tab.card: None, tab.gpus: 1, tab.proposed: None, tab.proposal_ticket: 0, tab.data_ticket: 0})
+    page.update({tab.card: None, tab.custom_gib: 24.0, tab.gpus: 1, tab.seq: 64, tab.proposed: None})
+    page.update({tab.seq_pinned: False, tab.proposal_ticket: 0, tab.data_ticket: 0})
 
     def choose() -> dict:
         answer = tab.choose(page)
@@ -307,7 +308,133 @@ def test_the_preferences_goal_takes_the_bundled_pairs(studio_home):
     answer = tab.choose(page)
     assert answer[fields["dataset"]] == "bundled:pirate-pairs" and answer[tab.data]["value"] == "bundled:pirate-pairs"
     assert (answer[fields["task"]], answer[fields["objective"]]) == ("causal_lm", "dpo")
-    page.update({tab.data: "bundled:pirate-pairs", tab.goal: "classify", fields["objective"]: "dpo"})
+    page.update({tab.data: "bundled:pirate-pairs", tab.goal: "classification", fields["objective"]: "dpo"})
     answer = tab.choose(page)
     assert answer[fields["dataset"]] == "bundled:pirate"
     assert (answer[fields["task"]], answer[fields["objective"]]) == ("sequence_classification", "sft")
+
+
+# ----------------------------------------------------------------------------------------------- one answer
+LLAMA_1B, LLAMA_70B = "meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.1-70B"
+LONG = [900 + 640 * i // 59 for i in range(60)]  # rows of 900 to 1,540 tokens (estimated: the tokenizer is offline)
+
+
+@pytest.fixture(scope="module")
+def long_rows(tmp_path_factory) -> Path:
+    from tests.helpers import write_token_rows
+
+    return write_token_rows(tmp_path_factory.mktemp("long-rows") / "long.jsonl", LONG)
+
+
+def start_page(ui, **choices) -> dict:
+    """The Start tab's inputs as a fresh page holds them (the defaults), with `choices` on top."""
+    tab = ui.start
+    page = {tab.config.fields[n]: v for n, v in ui.studio.default_values().items()}
+    page.update({tab.model: page[tab.config.fields["model"]], tab.data: page[tab.config.fields["dataset"]]})
+    page.update({tab.goal: "sft", tab.hardware: "cpu", tab.card: None, tab.custom_gib: 24.0, tab.gpus: 1})
+    page.update({tab.seq: 256, tab.proposed: None, tab.seq_pinned: False, tab.proposal_ticket: 0, tab.data_ticket: 0})
+    page.update({getattr(tab, name): value for name, value in choices.items()})
+    return page
+
+
+def on_page(page: dict, answer: dict) -> dict:
+    """Apply a handler's answer to the page as the browser would (values; a gr.update's value)."""
+    for component, value in answer.items():
+        if isinstance(value, dict) and "__type__" in value:
+            if "value" in value:
+                page[component] = value["value"]
+        else:
+            page[component] = value
+    return answer
+
+
+def written(ui, page: dict) -> dict:
+    return {name: page[component] for name, component in ui.start.config.fields.items()}
+
+
+def test_the_start_tab_and_propose_json_give_the_same_settings(studio_home, long_rows, capsys):
+    """The same inputs (a 1B model, long rows, an 8 GB card) give the same settings on the page and in the CLI."""
+    from finetune import cli
+    from finetune.studio import Studio
+    from ui.app import build_app
+
+    ui = build_app(Studio(studio_home / "runs")).studio_ui
+    tab = ui.start
+    page = start_page(ui, model=LLAMA_1B, data=str(long_rows), hardware="card", card="RTX 4060 (8 GB)")
+    on_page(page, tab.choose(page))
+    answer = on_page(page, tab.propose(page))
+    assert answer[tab.proposal].startswith("### Proposed for RTX 4060 (8 GB)")
+    assert cli.main(["propose", "--model", LLAMA_1B, "--data", str(long_rows), "--goal", "sft", "--gpu-gib", "rtx 4060",
+                     "--json"]) == 0  # fmt: skip
+    settings = json.loads(capsys.readouterr().out)["settings"]
+    assert written(ui, page) == settings and page[tab.seq] == settings["max_seq_length"]
+    assert "fits, leaving" in answer[tab.summary] and answer[tab.start_btn]["interactive"]
+
+
+def test_nothing_fits_writes_nothing_until_asked_and_start_says_it_will_run_out_of_memory(studio_home, long_rows):
+    from finetune.studio import Studio
+    from ui.app import build_app
+
+    ui = build_app(Studio(studio_home / "runs")).studio_ui
+    tab = ui.start
+    page = start_page(ui, model=LLAMA_70B, data=str(long_rows), hardware="card", card="RTX 4090 (24 GB)")
+    on_page(page, tab.choose(page))
+    before = written(ui, page)
+    answer = on_page(page, tab.propose(page))
+    assert answer[tab.proposal].startswith("### ⚠ Nothing fits RTX 4090 (24 GB): Start would run out of memory")
+    assert "it fits an A100 (80 GB) or an H100 (80 GB)" in answer[tab.proposal]
+    assert written(ui, page) == before  # nothing written
+    assert answer[tab.start_btn] == {"__type__": "update", "interactive": False}
+    assert answer[tab.use_needed_btn]["value"] == "Use these settings, for A100 (80 GB)"
+    assert "will run out of memory" in answer[tab.summary]
+    refused = tab.start(page)[tab.message]
+    assert refused.startswith("⚠ Not started: these settings will run out of memory on RTX 4090 (24 GB)")
+    assert ui.studio.runs() == []
+    # Asked: the combination and the card that holds it; the next proposal, for that card, fits and is written.
+    on_page(page, tab.use_needed(page))
+    assert page[tab.card] == "A100 (80 GB)" and page[tab.hardware] == "card"
+    assert (page[tab.config.fields["method"]], page[tab.config.fields["gradient_checkpointing"]]) == ("qlora", True)
+    answer = on_page(page, tab.propose(page))
+    assert answer[tab.proposal].startswith("### Proposed for A100 (80 GB)") and answer[tab.start_btn]["interactive"]
+
+
+def test_a_stale_start_error_clears_when_a_choice_changes_and_long_waits_say_why(studio_home, tmp_path):
+    from finetune.config import EMBEDDED_MODEL
+    from finetune.studio import Studio
+    from ui.app import build_app
+
+    ui = build_app(Studio(studio_home / "runs")).studio_ui
+    tab = ui.start
+    page = start_page(ui, data=str(tmp_path / "missing.jsonl"))
+    on_page(page, tab.choose(page))
+    assert tab.start(page)[tab.message].startswith("⚠ Not started: dataset:")
+    page[tab.data] = "bundled:pirate"
+    assert tab.choose(page)[tab.message] == ""  # the old error goes as the value changes
+    assert not ui.studio.embedded_ready()  # a fresh home: the first use converts the embedded model
+    assert tab.pending_proposal(EMBEDDED_MODEL).startswith("⏳ Converting the embedded model")
+    assert "once, about a minute" in tab.pending_data(EMBEDDED_MODEL)
+    assert tab.pending_proposal("meta-llama/Llama-3.2-1B") == "⏳ Working out a configuration that fits…"
+
+
+def test_custom_card_sizes_and_a_typed_sequence_length(studio_home, long_rows):
+    from finetune.studio import Studio
+    from ui.app import build_app
+
+    ui = build_app(Studio(studio_home / "runs")).studio_ui
+    tab = ui.start
+    assert [v for _, v in tab.card.choices][:2] == ["RTX 4060 (8 GB)", "RTX 3080 (10 GB)"]  # from 8 GB up
+    assert tab.card.choices[-1] == ("Custom size (GiB)", "custom")
+    page = start_page(ui, model=LLAMA_1B, data=str(long_rows), hardware="card", card="custom", custom_gib=7.6)
+    on_page(page, tab.choose(page))
+    assert tab.hardware_of(page) == ("cuda", 1, 7.6, "a 7.6 GiB GPU")
+    page[tab.custom_gib] = "lots"
+    assert tab.propose(page)[tab.proposal].startswith("⚠ No proposal: GPU memory: lots is not a size in GiB")
+    page.update({tab.custom_gib: 7.6, tab.seq: 512})
+    on_page(page, tab.pin_seq(page))
+    answer = on_page(page, tab.propose(page))
+    assert (
+        page[tab.config.fields["max_seq_length"]] == 512 and "512 tokens per row, as you set it" in answer[tab.proposal]
+    )
+    on_page(page, tab.choose(page))  # a choice changed (the data, the model, the goal): the data's length again
+    on_page(page, tab.propose(page))
+    assert page[tab.seq] == 1024 and not page[tab.seq_pinned]

@@ -37,9 +37,10 @@ from tests.test_ui_support import (
     standin_hub,
     wait_run_ended,
 )
-from ui.app import TAB_NAMES, build_app
+from ui.app import TAB_NAMES, build_app, follow_running, running_notice
 from ui.chat_tab import EMPTY, ERROR_PREFIX, LOADING
-from ui.config_tab import ConfigTab
+from ui.config_tab import ConfigTab, NumberBox, make_field, parse_number
+from ui.formatting import run_title
 from ui.memory_tab import MEMORY_FIELDS, OWN
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -630,6 +631,9 @@ def test_stop_then_resume_continues_from_the_checkpoint(ui, studio, tiny_model_d
 
     page = on_page(ui, ui.train.attach())  # a page opened (or reloaded) now follows the run
     assert page["viewing"] == run_id and 'data-status="running"' in page["progress"]
+    row, notice = running_notice(studio)  # ... and says so on Start, where it opens, with the way to it
+    assert row["visible"] and f"A run is training: **{run_title(studio.run(run_id))}** (step 3 of 6)" in notice
+    assert follow_running(studio)[1] == run_id
     assert 'data-step="3"' in page["progress"]
     assert list(page["runs_table"].iloc[0])[1:3] == ["Training", "3 / 6"]  # the live step, not the status file's
     assert not page["resume_btn"]["interactive"] and page["stop_btn"]["interactive"]
@@ -667,6 +671,7 @@ def test_stop_then_resume_continues_from_the_checkpoint(ui, studio, tiny_model_d
     assert out["message"] == ""  # "Resuming…" does not outlive the run
     assert not out["resume_btn"]["interactive"]
     assert ui.train.stop() == "Nothing is running."
+    assert running_notice(studio)[0]["visible"] is False
     assert dict((v, k) for k, v in studio.chat_sources())[run_id] == f"{run_id} (final)"
 
 
@@ -753,6 +758,34 @@ def test_chat_streams_the_runs_greedy_reply_beside_its_base_model(ui, studio, tr
         -1
     ]
     assert history[-1]["content"] == base and base_history == []  # base vs base: no second column
+
+
+def test_side_by_side_both_replies_stream_at_the_same_time(ui, trained_run, monkeypatch):
+    """Each model's stream waits for a piece of the other's before its next one: one reply after the other would
+    stall here (the wait's deadline fails the stub); both at once, the columns grow in turn."""
+    import threading
+
+    from finetune.studio import BASE_OF
+
+    turns = {"run": threading.Event(), "base": threading.Event()}
+    base_model = ui.studio._chat_model(BASE_OF + "run-a", None)[0]  # loaded now; the chat gets it from the cache
+
+    def stream_reply(model, tokenizer, messages, settings):
+        side = "base" if model is base_model else "run"
+        other = "run" if side == "base" else "base"
+        text = ""
+        for piece in ("Arr", ", matey", "!"):
+            text += piece
+            turns[side].set()
+            yield text
+            assert turns[other].wait(timeout=30), f"the {other} reply never started while the {side} one streamed"
+
+    monkeypatch.setattr("finetune.inference.stream_reply", stream_reply)
+    steps = chat(ui, PROMPT, "run-a", compare=True)
+    assert steps[-1][1][-1]["content"] == steps[-1][2][-1]["content"] == "Arr, matey!"
+    sides = [(s[1][-1]["content"], s[2][-1]["content"]) for s in steps]
+    first_base = next(i for i, (_, base) in enumerate(sides) if base.startswith("Arr"))
+    assert sides[first_base][0] != "Arr, matey!"  # the base column began before the tuned one finished
 
 
 def test_chat_settings_reach_the_model(ui, trained_run, tiny_model_dir):
@@ -874,3 +907,21 @@ def test_an_estimate_for_settings_changed_meanwhile_is_dropped(ui, tiny_model_di
     stale = ui.memory.show_estimate(answer, "CPU", "custom", None, 1, **changed)
     assert "settings changed while this was estimated" in stale[0]["value"]
     assert len(stale) == len(answer[0])
+
+
+# ----------------------------------------------------------------------------------------------- number fields
+def test_number_fields_keep_what_was_typed_or_refuse_it_whole(ui, studio):
+    """A number field is a text box (a browser's number input drops or mangles `1e-4x`): the typed text reaches the
+    backend as a number when all of it is one, else as typed, and the config refuses it in one line."""
+    field = make_field("learning_rate", 5e-4)
+    assert isinstance(field, NumberBox) and field.get_block_name() == "textbox" and field.value == "0.0005"
+    assert field.preprocess("1e-4") == 1e-4 and field.preprocess(" 2e-5 ") == 2e-5
+    assert field.preprocess("1e-4x") == "1e-4x" and field.preprocess("") is None
+    assert field.postprocess(1e-05) == "1e-05" and field.postprocess("1e-4x") == "1e-4x"
+    steps = make_field("max_steps", 40)
+    assert steps.preprocess("12") == 12 and steps.preprocess("12.0") == 12 and steps.preprocess("2.5") == 2.5
+    assert [parse_number(t) for t in ("nan", "inf", "1,5")] == ["nan", "inf", "1,5"]
+    _, problems = studio.check(form(learning_rate=field.preprocess("1e-4x"), max_steps=steps.preprocess("2.5")))
+    assert problems["learning_rate"].startswith("learning_rate: '1e-4x' is not a number")
+    assert problems["max_steps"].startswith("max_steps: 2.5 is not a whole number")
+    assert "\n" not in problems["learning_rate"] + problems["max_steps"]
