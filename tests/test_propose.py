@@ -48,8 +48,15 @@ def asked(model: str, dataset: str, **settings) -> dict:
 
 
 @pytest.fixture(scope="module")
-def proposals(data) -> dict:
-    """Each case's proposal, computed once (a replay of an 8B step takes seconds here)."""
+def proposals(data, tmp_path_factory) -> dict:
+    """Each case's proposal, computed once (a replay of an 8B step takes seconds here), in a home of its own (a
+    module fixture runs before each test's own home is set)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FINETUNE_STUDIO_HOME", str(tmp_path_factory.mktemp("propose-home")))
+        return all_cases(data)
+
+
+def all_cases(data: dict) -> dict:
     studio = Studio()
     card = GPU_CARDS[RTX_4090]
     return {

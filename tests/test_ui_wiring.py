@@ -39,7 +39,7 @@ from tests.test_ui_support import (
 )
 from ui.app import TAB_NAMES, build_app, follow_running, running_notice
 from ui.chat_tab import EMPTY, ERROR_PREFIX, LOADING
-from ui.config_tab import ConfigTab, NumberBox, make_field, parse_number
+from ui.config_tab import ConfigTab, make_field, parse_number
 from ui.formatting import run_title
 from ui.memory_tab import MEMORY_FIELDS, OWN
 
@@ -911,17 +911,18 @@ def test_an_estimate_for_settings_changed_meanwhile_is_dropped(ui, tiny_model_di
 
 # ----------------------------------------------------------------------------------------------- number fields
 def test_number_fields_keep_what_was_typed_or_refuse_it_whole(ui, studio):
-    """A number field is a text box (a browser's number input drops or mangles `1e-4x`): the typed text reaches the
-    backend as a number when all of it is one, else as typed, and the config refuses it in one line."""
+    """A number field is a text box (a browser's number input drops or mangles `1e-4x`): what was typed reaches the
+    backend as typed, which reads it as a number or refuses it whole in one line naming the field."""
     field = make_field("learning_rate", 5e-4)
-    assert isinstance(field, NumberBox) and field.get_block_name() == "textbox" and field.value == "0.0005"
-    assert field.preprocess("1e-4") == 1e-4 and field.preprocess(" 2e-5 ") == 2e-5
-    assert field.preprocess("1e-4x") == "1e-4x" and field.preprocess("") is None
-    assert field.postprocess(1e-05) == "1e-05" and field.postprocess("1e-4x") == "1e-4x"
-    steps = make_field("max_steps", 40)
-    assert steps.preprocess("12") == 12 and steps.preprocess("12.0") == 12 and steps.preprocess("2.5") == 2.5
-    assert [parse_number(t) for t in ("nan", "inf", "1,5")] == ["nan", "inf", "1,5"]
-    _, problems = studio.check(form(learning_rate=field.preprocess("1e-4x"), max_steps=steps.preprocess("2.5")))
+    assert isinstance(field, gr.Textbox) and field.value == "0.0005" and "fs-number" in field.elem_classes
+    assert make_field("max_steps", 40).value == "40" and make_field("weight_decay", 1e-05).value == "1e-05"
+    assert [parse_number(t) for t in ("1e-4", " 2e-5 ", "", "1e-4x", "nan", "1,5")] == [
+        1e-4, 2e-5, None, "1e-4x", "nan", "1,5"
+    ]  # fmt: skip
+    assert [parse_number(t, whole=True) for t in ("12", "12.0", "2.5")] == [12, 12, 2.5]
+    config, problems = studio.check(form(learning_rate="1e-4", max_steps="12"))
+    assert problems == {} and (config.learning_rate, config.max_steps) == (1e-4, 12)
+    _, problems = studio.check(form(learning_rate="1e-4x", max_steps="2.5"))
     assert problems["learning_rate"].startswith("learning_rate: '1e-4x' is not a number")
-    assert problems["max_steps"].startswith("max_steps: 2.5 is not a whole number")
+    assert problems["max_steps"].startswith("max_steps: '2.5' is not a whole number")
     assert "\n" not in problems["learning_rate"] + problems["max_steps"]

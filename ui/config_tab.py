@@ -77,7 +77,7 @@ def hidden_fields(values: dict[str, Any]) -> set[str]:
         hidden.add("loss_type")
     if objective not in ("dpo", "orpo"):
         hidden.update(("chosen_column", "rejected_column"))
-    zero = values.get("zero_stage")
+    zero = parse_number(values.get("zero_stage"))
     if not isinstance(zero, (int, float)) or zero <= 0:
         hidden.update(OFFLOAD_FIELDS)
     if values.get("task") != "sequence_classification":
@@ -87,24 +87,13 @@ def hidden_fields(values: dict[str, Any]) -> set[str]:
     return hidden
 
 
-class NumberBox(gr.Textbox):
-    """A number field that keeps exactly what the user typed. A browser's number input silently drops or mangles
-    text it cannot read (typing `1e-4x` could leave `-4`); this is a text box whose value reaches handlers as a
-    number when the whole text is one, else as the text itself, which the config then refuses whole, in one line
-    naming the field."""
-
-    is_template = True  # drawn by the Textbox's own front end
-
-    def __init__(self, value: Any = None, *, whole: bool = False, **kwargs: Any) -> None:
-        self.whole = whole
-        super().__init__(value=format_number(value), **kwargs)
-
-    def preprocess(self, payload: str | None) -> Any:
-        """The typed text as a number (an int for a whole-number field) when it is one, else the text unchanged."""
-        return parse_number(super().preprocess(payload), self.whole)
-
-    def postprocess(self, value: Any) -> str | None:
-        return super().postprocess(format_number(value))
+def number_box(value: Any = None, **kwargs: Any) -> gr.Textbox:
+    """A number field that keeps exactly what the user typed: a text box. A browser's number input silently drops
+    or mangles text it cannot read (typing `1e-4x` could leave `-4`); here the text reaches the backend as typed,
+    where the config reads it as a number or refuses it whole, in one line naming the field (`parse_number` reads it
+    where the page itself needs the number)."""
+    classes = [*kwargs.pop("elem_classes", []), "fs-number"]
+    return gr.Textbox(value=format_number(value), elem_classes=classes, **kwargs)
 
 
 def parse_number(text: Any, whole: bool = False) -> Any:
@@ -139,8 +128,8 @@ def make_field(name: str, value: Any, prefix: str = "cfg", note: str | None = No
     """The component for one config field: checkbox, dropdown, number or textbox, labelled in plain words, with the
     help text (and the config key) as info.
 
-    Numbers are `NumberBox`es with no minimum/maximum: the config validates them, so a bad value is kept as typed
-    and gets our one-line error beside the field instead of a generic one. `note` replaces the help text (what a
+    Numbers are `number_box`es (text) with no minimum/maximum: the config validates them, so a bad value is kept as
+    typed and gets our one-line error beside the field instead of a generic one. `note` replaces the help text (what a
     public app allows); a note on a checkbox also locks it (the backend refuses the value anyway).
     """
     meta, kind = FIELDS[name].metadata, kind_of(name)
@@ -153,7 +142,7 @@ def make_field(name: str, value: Any, prefix: str = "cfg", note: str | None = No
     if meta.get("choices"):
         return gr.Dropdown(choices=list(meta["choices"]), value=value, **common)
     if kind in ("int", "float"):
-        return NumberBox(value=value, whole=kind == "int", **common)
+        return number_box(value, **common)
     return gr.Textbox(value=value, **common)
 
 

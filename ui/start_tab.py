@@ -22,7 +22,7 @@ import gradio as gr
 from finetune.config import BUNDLED_DATASET, EMBEDDED_MODEL, FIELD_NAMES, PREFERENCE_OBJECTIVES, field_label
 from finetune.errors import BusyError, UserError
 from finetune.studio import Studio
-from ui.config_tab import ConfigTab, NumberBox
+from ui.config_tab import ConfigTab, number_box, parse_number
 from ui.formatting import one_line, plain, preview_html, size
 
 GOALS = {  # the backend's goals (`Studio.goal_settings`, `propose --goal`) the first screen offers
@@ -141,7 +141,7 @@ def method_text(form: dict[str, Any]) -> str:
 
 
 def length_text(form: dict[str, Any]) -> str:
-    steps = form.get("max_steps")
+    steps = parse_number(form.get("max_steps"))
     if isinstance(steps, (int, float)) and steps > 0:
         return f"{int(steps)} steps"
     return f"{form.get('num_train_epochs')} epoch(s) over the data"
@@ -252,7 +252,7 @@ class StartTab:
     start_btn: Any = None
     message: Any = None
     proposed: Any = None  # gr.State: the last proposal ({"values", "fit", "fits", "where", "needed"})
-    seq_pinned: Any = None  # gr.State: the user typed the sequence length here (kept until the data changes)
+    pinned: Any = None  # gr.State: fields a proposal keeps (a length typed here; the settings used for a card)
     proposal_ticket: Any = None  # gr.State: the number of the newest proposal request sent from this page
     data_ticket: Any = None  # gr.State: the same for the data's preview and statistics
     gpu: tuple | None = None  # (name, GiB) of this machine's GPU; () when it has none; None until looked for
@@ -273,7 +273,7 @@ class StartTab:
             self.gpus,
             self.seq,
             self.proposed,
-            self.seq_pinned,
+            self.pinned,
             self.proposal_ticket,
             self.data_ticket,
         ]
@@ -292,8 +292,8 @@ class StartTab:
         choice = data.get(self.hardware)
         if choice == CPU or (choice == DETECTED and not self.gpu):
             return "cpu", 1, None, "this computer's CPU"
-        gpus = data.get(self.gpus)
-        if gpus in (None, ""):
+        gpus = parse_number(data.get(self.gpus), whole=True)
+        if gpus is None:
             gpus = 1
         if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
             raise UserError(f"number of GPUs: {plain(gpus)} is not a whole number of 1 or more", field="gpus")
@@ -303,7 +303,7 @@ class StartTab:
         card = data.get(self.card)
         if card in self.cards:
             return "cuda", gpus, self.cards[card], f"{count}{card}"
-        gib = data.get(self.custom_gib)
+        gib = parse_number(data.get(self.custom_gib))
         if isinstance(gib, bool) or not isinstance(gib, (int, float)) or not gib > 0:
             raise UserError(
                 f"GPU memory: {plain(gib)} is not a size in GiB; type the card's memory, e.g. 24", "gpu_gib"
@@ -339,7 +339,7 @@ class StartTab:
             self.data: gr.update(value=dataset, choices=self._data_choices(dataset)),
             self.data_ticket: self.tickets.issue(session, "data"),
             self.proposal_ticket: self.tickets.issue(session, "proposal"),
-            self.seq_pinned: False,
+            self.pinned: [],
             self.data_info: self.pending_data(chosen["model"]),
             self.proposal: self.pending_proposal(chosen["model"]),
             self.message: "",
@@ -349,8 +349,10 @@ class StartTab:
         """The hardware changed: only the proposal depends on it."""
         choice = data.get(self.hardware)
         custom = choice == CARD and data.get(self.card) == CUSTOM
+        typed = [n for n in data.get(self.pinned) or [] if n == "max_seq_length"]
         return {
             self.proposal_ticket: self.tickets.issue(session_of(request), "proposal"),
+            self.pinned: typed,  # settings used for another card are proposed afresh
             self.card: gr.update(visible=choice == CARD),
             self.custom_gib: gr.update(visible=custom),
             self.gpus: gr.update(visible=choice != CPU),
@@ -359,11 +361,13 @@ class StartTab:
         }
 
     def ask_proposal(self, data: dict, request: gr.Request | None = None) -> dict:
-        """Propose pressed (or the card, its size or the count changed): a new ticket, shown as pending."""
+        """Propose pressed (or the card, its size or the count changed): a new ticket, shown as pending; proposed
+        afresh but for a length typed here."""
         ticket = self.tickets.issue(session_of(request), "proposal")
         custom = data.get(self.hardware) == CARD and data.get(self.card) == CUSTOM
         return {
             self.proposal_ticket: ticket,
+            self.pinned: [n for n in data.get(self.pinned) or [] if n == "max_seq_length"],
             self.proposal: self.pending_proposal(data.get(self.model)),
             self.custom_gib: gr.update(visible=custom),
             self.message: "",
@@ -371,11 +375,11 @@ class StartTab:
 
     def pin_seq(self, data: dict, request: gr.Request | None = None) -> dict:
         """The sequence length typed here: it goes into the form, and proposals keep it until the data changes."""
-        seq = data.get(self.seq)
+        seq = parse_number(data.get(self.seq), whole=True)  # the config refuses it in one line if it is none
         return {
             self.config.fields["max_seq_length"]: seq,
             **self._kept({**self.form(data), "max_seq_length": seq}),
-            self.seq_pinned: True,
+            self.pinned: sorted({*(data.get(self.pinned) or []), "max_seq_length"}),
             self.proposal_ticket: self.tickets.issue(session_of(request), "proposal"),
             self.proposal: self.pending_proposal(data.get(self.model)),
             self.message: "",
@@ -389,7 +393,7 @@ class StartTab:
         if not self.tickets.current(session, "proposal", ticket):
             return {self.proposal: gr.skip()}  # the choices changed while this request waited its turn
         form = self.form(data)
-        pinned = ("max_seq_length",) if data.get(self.seq_pinned) else ()
+        pinned = tuple(data.get(self.pinned) or ())
         try:
             device, gpus, gib, where = self.hardware_of(data)
             proposal = self.studio.propose(form, device=device, gpus=gpus, gpu_gib=gib, pinned=pinned)
@@ -449,6 +453,7 @@ class StartTab:
         return {
             **{self.config.fields[n]: v for n, v in needed["values"].items() if n in self.config.fields},
             **self._kept(form),
+            self.pinned: needed["fields"],  # the next proposal, for that card, keeps the combination checked for it
             self.hardware: CARD,
             self.card: gr.update(value=card, visible=True),
             self.custom_gib: gr.update(value=needed["gib"], visible=card == CUSTOM),
@@ -591,7 +596,8 @@ def _needed_choice(needed: Any, values: dict[str, Any]) -> dict[str, Any] | None
     if needed is None:
         return None
     card = needed.cards[0] if needed.cards else ""
-    return {"values": values, "card": card, "gib": needed.gpu_gib, "gpus": needed.gpus}
+    fields = sorted({*needed.changes, "max_seq_length"})
+    return {"values": values, "card": card, "gib": needed.gpu_gib, "gpus": needed.gpus, "fields": fields}
 
 
 def _use_label(needed: dict[str, Any] | None) -> str:
@@ -668,20 +674,19 @@ def build(studio: Studio) -> StartTab:
                     elem_id="start-card",
                     min_width=220,
                 )
-                tab.custom_gib = NumberBox(
+                tab.custom_gib = number_box(
                     value=24.0, label="GPU memory (GiB)", visible=False, elem_id="start-gib", min_width=140
                 )
-                tab.gpus = NumberBox(
-                    value=1, whole=True, label="Number of GPUs", visible=False, elem_id="start-gpus", min_width=140
+                tab.gpus = number_box(
+                    value=1, label="Number of GPUs", visible=False, elem_id="start-gpus", min_width=140
                 )
     tab.data_info = gr.HTML(DATA_HINT, elem_id="start-data-info")
     with gr.Row(equal_height=False):
         with gr.Column(scale=3, min_width=300):
             with gr.Row(equal_height=True):
                 tab.propose_btn = gr.Button("Propose a configuration", elem_id="start-propose", scale=2)
-                tab.seq = NumberBox(
+                tab.seq = number_box(
                     value=defaults["max_seq_length"],
-                    whole=True,
                     label="Tokens per row (sequence length)",
                     info="Proposed from the data's own lengths; type another to keep it.",
                     elem_id="start-seq",
@@ -695,7 +700,7 @@ def build(studio: Studio) -> StartTab:
             tab.start_btn = gr.Button("Start training", variant="primary", elem_id="start-go")
             tab.message = gr.Markdown("", elem_id="start-message")
     tab.proposed = gr.State(None)
-    tab.seq_pinned = gr.State(False)
+    tab.pinned = gr.State([])
     tab.proposal_ticket = gr.State(0)
     tab.data_ticket = gr.State(0)
     return tab
@@ -716,7 +721,7 @@ def wire(tab: StartTab, config: ConfigTab, train: Any, tabs: Any, start_tab: Any
         *kept,
     ]  # fmt: skip
     pending = [
-        *form_out, *kept, tab.data, tab.data_ticket, tab.proposal_ticket, tab.seq_pinned, tab.data_info,
+        *form_out, *kept, tab.data, tab.data_ticket, tab.proposal_ticket, tab.pinned, tab.data_info,
         tab.proposal, tab.message,
     ]  # fmt: skip
 
@@ -730,21 +735,21 @@ def wire(tab: StartTab, config: ConfigTab, train: Any, tabs: Any, start_tab: Any
         event.then(tab.look_at_data, tab.inputs, [tab.data_info], **reading)
         then_propose(event)
 
-    asked = [tab.proposal_ticket, tab.proposal, tab.custom_gib, tab.message]
+    asked = [tab.proposal_ticket, tab.pinned, tab.proposal, tab.custom_gib, tab.message]
     # First, so that the API's endpoint is named /propose (later private events get numbered names).
     then_propose(tab.propose_btn.click(tab.ask_proposal, tab.inputs, asked, **quick), api_name="propose")
     for trigger in (tab.model.input, tab.data.input, tab.goal.input):
         then_look_and_propose(trigger(tab.choose, tab.inputs, pending, **quick))
-    hardware_out = [tab.proposal_ticket, tab.card, tab.custom_gib, tab.gpus, tab.proposal, tab.message]
+    hardware_out = [tab.proposal_ticket, tab.pinned, tab.card, tab.custom_gib, tab.gpus, tab.proposal, tab.message]
     then_propose(tab.hardware.input(tab.choose_hardware, tab.inputs, hardware_out, **quick))
     for trigger in (tab.card.input, tab.custom_gib.submit, tab.custom_gib.blur, tab.gpus.submit, tab.gpus.blur):
         then_propose(trigger(tab.ask_proposal, tab.inputs, asked, **quick))
-    pinned = [config.fields["max_seq_length"], *kept, tab.seq_pinned, tab.proposal_ticket, tab.proposal, tab.message]
+    pinned = [config.fields["max_seq_length"], *kept, tab.pinned, tab.proposal_ticket, tab.proposal, tab.message]
     for trigger in (tab.seq.submit, tab.seq.blur):
         then_propose(trigger(tab.pin_seq, tab.inputs, pinned, **quick))
     used = [
-        *config.fields.values(), *kept, tab.hardware, tab.card, tab.custom_gib, tab.gpus, tab.seq, tab.proposal_ticket,
-        tab.proposal, tab.use_needed_btn, tab.message,
+        *config.fields.values(), *kept, tab.pinned, tab.hardware, tab.card, tab.custom_gib, tab.gpus, tab.seq,
+        tab.proposal_ticket, tab.proposal, tab.use_needed_btn, tab.message,
     ]  # fmt: skip
     then_propose(tab.use_needed_btn.click(tab.use_needed, tab.inputs, used, **quick))
     uploaded = tab.upload.upload(tab.use_upload, tab.upload, [tab.data, tab.message], api_visibility="private")

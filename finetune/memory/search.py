@@ -65,6 +65,7 @@ MAX_RESULTS = 6
 MAX_TIGHT = 2  # tight combinations listed after the fitting ones
 REPLAY_MAX_BILLIONS = 2.0  # above this size only the top two options are replayed (a replay takes 5-15 s here)
 PRICE_BUDGET_S = 8.0  # seconds spent pricing combinations at most (each is a formula evaluation, ~1 ms)
+NEEDED_REPLAYS = 3  # replays spent at most to confirm the combination named when nothing fits (5-15 s each)
 GPU_COUNTS = (2, 4, 8, 16, 32, 64)  # GPU counts tried with ZeRO-3 + offload when no single card holds the run
 
 # (order, title, what it costs in words) per kind of change, for single-lever titles.
@@ -155,6 +156,7 @@ class _Combo:
     lost: float | None
     significant: bool  # cuts a real share of the data (or an unknown one)
     total: int | None = None  # priced bytes (None: not priced yet, or refused by the config)
+    replayed: bool = False  # `total` comes from a replay
 
     @property
     def key(self) -> tuple:
@@ -513,20 +515,21 @@ def _needed(
     for combo in combos:  # every combination's price (the search stopped pricing early only when some fitted)
         if combo.total is None and time.monotonic() - started < PRICE_BUDGET_S:
             combo.total = _price(config, _merged(combo.steps), device, gpus, ratio)
-    as_is = _Combo((), [], 0.0, *_data_cost(config, stats, None), total=base.total_bytes)
+    as_is = _Combo((), [], 0.0, *_data_cost(config, stats, None), total=base.total_bytes, replayed=True)
     candidates = sorted([as_is, *combos], key=lambda c: c.key)
+    replays = 0
     for keep_data in (True, False):
         for gib, names in _larger_cards(capacity):
             card = int(gib * GiB)
             for combo in candidates:
-                if keep_data and combo.significant:
+                if (keep_data and combo.significant) or combo.total is None or verdict(combo.total, card) != "fits":
                     continue
-                if combo.total is None or verdict(combo.total, card) != "fits":
-                    continue
-                total = _confirmed_total(config, combo, device, gpus)
-                if verdict(total, card) == "fits":
-                    return _needed_card(config, combo, total, gib, names, gpus, capacity)
-                break  # the replay says no: a larger card
+                if not combo.replayed and replays < NEEDED_REPLAYS:  # the formulas can be far off: confirm
+                    combo.total, combo.replayed = _confirmed_total(config, combo, device, gpus), True
+                    replays += 1
+                    if verdict(combo.total, card) != "fits":
+                        continue
+                return _needed_card(config, combo, combo.total, gib, names, gpus, capacity)
     return _needed_gpus(config, gpus, capacity, stats)
 
 
