@@ -113,6 +113,9 @@ def server(tmp_path_factory):
 
     studio.chat_pair = chat_pair
     with pytest.MonkeyPatch.context() as monkeypatch, standin_hub(monkeypatch) as hub:
+        # The server's threads read the studio home from the environment: between tests (each sets its own) it is
+        # this one, never ~/.cache (a run or an estimate can outlive the test that started it).
+        monkeypatch.setenv("FINETUNE_STUDIO_HOME", str(home))
         gate = RunGate().install(monkeypatch, studio.manager.root)
         gate.hold_at = HOLD
         demo = build_app(studio)
