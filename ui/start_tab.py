@@ -24,6 +24,7 @@ from finetune.errors import BusyError, UserError
 from finetune.studio import Studio
 from ui.config_tab import ConfigTab, number_box, parse_number
 from ui.formatting import one_line, plain, preview_html, size
+from ui.visitor import per_visitor
 
 GOALS = {  # the backend's goals (`Studio.goal_settings`, `propose --goal`) the first screen offers
     "sft": "Style or instructions: answer like the examples (SFT)",
@@ -385,6 +386,7 @@ class StartTab:
             self.message: "",
         }
 
+    @per_visitor
     def propose(self, data: dict, request: gr.Request | None = None) -> dict:
         """The one search's proposal for the chosen hardware, written into the shared form when it fits (when
         nothing fits, only on request: `use_needed`); dropped if the choices changed while it was worked out."""
@@ -465,6 +467,7 @@ class StartTab:
             self.message: "",
         }
 
+    @per_visitor
     def look_at_data(self, data: dict, request: gr.Request | None = None) -> dict:
         """The data's token-length statistics and its first examples as the model sees them (dropped if stale)."""
         session = session_of(request)
@@ -517,7 +520,8 @@ class StartTab:
             self.start_btn: gr.update(interactive=not out_of_memory(form, proposed)),
         }
 
-    def use_upload(self, file: Any) -> dict:
+    @per_visitor
+    def use_upload(self, file: Any, request: gr.Request | None = None) -> dict:
         """Keep an uploaded data file (the app's upload rules) and choose it as the data."""
         try:
             path = Path(getattr(file, "name", None) or str(file))
@@ -531,11 +535,10 @@ class StartTab:
             self.message: f"Using the uploaded file `{plain(path.name)}` as the data.",
         }
 
+    @per_visitor
     def start(self, data: dict, request: gr.Request | None = None) -> dict:
         """Start a run with the shared form (as the Train tab's Start does), then show it on the Train tab; refused
         in plain words when the proposal found these settings will run out of memory on the chosen hardware."""
-        from ui.train_tab import owner_of
-
         form = self.form(data)
         proposed = data.get(self.proposed)
         if out_of_memory(form, proposed):
@@ -548,7 +551,7 @@ class StartTab:
             name, problem = next(iter(problems.items()))
             return {self.message: f"⚠ Not started: {plain(problem)} (see **{field_label(name)}** in Configure)."}
         try:
-            state = self.studio.start(form, owner=owner_of(request))
+            state = self.studio.start(form)
         except BusyError as exc:
             return {self.message: f"⚠ {plain(exc)}"}
         except UserError as exc:
@@ -712,7 +715,7 @@ def wire(tab: StartTab, config: ConfigTab, train: Any, tabs: Any, start_tab: Any
     tab.config, tab.train, tab.tabs = config, train, tabs
     quick = {"queue": False, "show_progress": "hidden", "api_visibility": "private"}
     # One proposal and one data reading at a time per app: a queued request already stale is skipped at once.
-    proposing = {"show_progress": "minimal", "concurrency_id": "start-propose"}
+    proposing = {"api_visibility": "private", "show_progress": "minimal", "concurrency_id": "start-propose"}
     reading = {"api_visibility": "private", "show_progress": "minimal", "concurrency_id": "start-data"}
     form_out = [config.fields[n] for n in ("model", "dataset", "task", "objective")]
     kept = [config.saved] if config.saved is not None else []
@@ -725,10 +728,9 @@ def wire(tab: StartTab, config: ConfigTab, train: Any, tabs: Any, start_tab: Any
         tab.proposal, tab.message,
     ]  # fmt: skip
 
-    def then_propose(event: Any, api_name: str | None = None) -> None:
+    def then_propose(event: Any) -> None:
         # The data is read again after the proposal: its share of rows that fit uses the proposed length.
-        shown = {"api_name": api_name} if api_name else {"api_visibility": "private"}
-        proposed = event.then(tab.propose, tab.inputs, proposal_out, **shown, **proposing)
+        proposed = event.then(tab.propose, tab.inputs, proposal_out, **proposing)
         proposed.then(tab.look_at_data, tab.inputs, [tab.data_info], **reading)
 
     def then_look_and_propose(event: Any) -> None:
@@ -736,13 +738,13 @@ def wire(tab: StartTab, config: ConfigTab, train: Any, tabs: Any, start_tab: Any
         then_propose(event)
 
     asked = [tab.proposal_ticket, tab.pinned, tab.proposal, tab.custom_gib, tab.message]
-    # First, so that the API's endpoint is named /propose (later private events get numbered names).
-    then_propose(tab.propose_btn.click(tab.ask_proposal, tab.inputs, asked, **quick), api_name="propose")
     for trigger in (tab.model.input, tab.data.input, tab.goal.input):
         then_look_and_propose(trigger(tab.choose, tab.inputs, pending, **quick))
     hardware_out = [tab.proposal_ticket, tab.pinned, tab.card, tab.custom_gib, tab.gpus, tab.proposal, tab.message]
     then_propose(tab.hardware.input(tab.choose_hardware, tab.inputs, hardware_out, **quick))
-    for trigger in (tab.card.input, tab.custom_gib.submit, tab.custom_gib.blur, tab.gpus.submit, tab.gpus.blur):
+    # API clients use /propose (ui/api.py): the same answer, from the same backend search.
+    proposing_triggers = (tab.card.input, tab.custom_gib.submit, tab.custom_gib.blur, tab.gpus.submit, tab.gpus.blur)
+    for trigger in (*proposing_triggers, tab.propose_btn.click):
         then_propose(trigger(tab.ask_proposal, tab.inputs, asked, **quick))
     pinned = [config.fields["max_seq_length"], *kept, tab.pinned, tab.proposal_ticket, tab.proposal, tab.message]
     for trigger in (tab.seq.submit, tab.seq.blur):
