@@ -204,3 +204,30 @@ def test_an_offline_hub_dataset_fails_check_and_start_in_one_line(studio_home):
     assert str(refused.value) == expected
     runs = studio_home / "runs"
     assert studio.runs() == [] and (not runs.exists() or not any(runs.iterdir()))
+
+
+# ----------------------------------------------------------------------------- the API
+
+
+def test_the_api_proposes_as_the_cli_and_the_start_tab_do(proposals, data, studio_home, tiny_model_dir):
+    """/propose (ui/api.py) gives the same settings; through gradio_client, the real client, on a served app."""
+    from gradio_client import Client
+
+    from tests.test_ui_browser import free_port
+    from ui.api import StudioAPI
+    from ui.app import build_app, launch
+
+    answer = StudioAPI(Studio()).propose({"model": LLAMA_8B, "dataset": data["long"]}, gpu_gib=GPU_CARDS[RTX_4090])
+    assert answer["settings"] == proposals["8b"].values and answer["reasons"] == proposals["8b"].reasons
+    demo = build_app(Studio(studio_home / "runs"))
+    port = free_port()
+    launch(demo, port=port, block=False, quiet=True)
+    try:
+        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        served = client.predict({"model": str(tiny_model_dir), "dataset": data["short"]}, "sft", 8.0, 1,
+                                api_name="/propose")  # fmt: skip
+    finally:
+        demo.close()
+    expected = Studio().propose({**Studio.default_values(), "model": str(tiny_model_dir), "dataset": data["short"]},
+                                gpu_gib=8.0)  # fmt: skip
+    assert served["settings"] == expected.values and served["verdict"] == "fits"

@@ -20,7 +20,7 @@ from finetune.memory.search import (  # noqa: F401 - re-exported: the search's n
     KINDS,
     Advice,
     Needed,
-    _billions,
+    billions,
     cut_words,
     judge,
     search,
@@ -260,7 +260,7 @@ def _method_sentence(config: TrainConfig, est: Any) -> str:
     from finetune import memory as mem
 
     weights = est.sizes.get("weights", 0) + est.sizes.get("quant_constants", 0)
-    params = _billions(config)
+    params = billions(config)
     if config.method == "qlora":
         full16 = 2 * params * 1e9 if params else 0
         than = f" instead of {full16 / 1e9:.0f} GB" if full16 else ""
@@ -271,11 +271,11 @@ def _method_sentence(config: TrainConfig, est: Any) -> str:
     return f"Full fine-tuning updates every weight of the {_size_name(params)} model: the most memory, the most change."
 
 
-def _size_name(billions: float) -> str:
+def _size_name(count: float) -> str:
     """8.0 -> '8B'; 0.135 -> '135M'."""
-    if not billions:
+    if not count:
         return "base"
-    return f"{billions:.0f}B" if billions >= 1.5 else f"{billions * 1000:.0f}M" if billions < 1 else f"{billions:.1f}B"
+    return f"{count:.0f}B" if count >= 1.5 else f"{count * 1000:.0f}M" if count < 1 else f"{count:.1f}B"
 
 
 # ----------------------------------------------------------------------------- after an out-of-memory error

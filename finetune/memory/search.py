@@ -413,7 +413,7 @@ def _replay(config: TrainConfig, device: str, gpus: int) -> int:
     return int(mem._estimate_core(config, device, gpus).total_bytes)
 
 
-def _billions(config: TrainConfig) -> float:
+def billions(config: TrainConfig) -> float:
     """The model's parameter count in billions (from the census the estimate already made), 0 when unknown."""
     from finetune import memory as mem
 
@@ -430,13 +430,8 @@ def _billions(config: TrainConfig) -> float:
 class Search:
     """The ranked options for one device, and, when none fits with headroom, the hardware that would hold it."""
 
-    options: list[Advice]
+    options: list[Advice]  # the first that fits is the one to pre-select
     needed: Needed | None = None
-
-    @property
-    def best(self) -> Advice | None:
-        """The option to pre-select: the first that fits with headroom."""
-        return next((a for a in self.options if a.fits), None)
 
 
 def search(
@@ -485,7 +480,7 @@ def _confirmed(config: TrainConfig, device: str, gpus: int, capacity: int, advic
     from finetune import memory as mem
 
     out: list[Advice] = []
-    replays = 0 if _billions(config) <= REPLAY_MAX_BILLIONS else 2
+    replays = 0 if billions(config) <= REPLAY_MAX_BILLIONS else 2
     for a in advice:
         new = config.replace(**a.changes)
         if replays < 2 and mem._traceable(new) and not any(x.fits for x in out):
