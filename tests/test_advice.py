@@ -158,8 +158,10 @@ def test_8b_qlora_on_a_24gb_card_keeps_2048_tokens_and_batch_8(llama_8b_qlora, c
             for a in ("--set", f"{k}={getattr(llama_8b_qlora, k)}")]  # fmt: skip
     args = parser.parse_args(["estimate", *sets, "--set", "gradient_accumulation_steps=1", "--gpu-gib", "l4", "--json"])
     assert args.func(args) == 0
-    listed = json.loads(capsys.readouterr().out)["advice"]
+    answer = json.loads(capsys.readouterr().out)
+    listed = answer["advice"]
     assert [(a["title"], a["changes"], a["cost"]) for a in listed] == [(a.title, a.changes, a.cost) for a in est.advice]
+    assert (answer["verdict"], answer["fits"], answer["margin_bytes"]) == ("does not fit", False, est.margin_bytes)
 
 
 # ----------------------------------------------------------------------------- the first screen's proposal
