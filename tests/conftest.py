@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import sys
+from pathlib import Path
 
 # Tests never reach the network; set before transformers / huggingface_hub are imported.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+# DeepSpeed builds a C++ op (shm_comm) on first use into torch's extensions cache and rebuilds it whenever its build
+# command changes. The command names the virtualenv's path, so checkouts sharing ~/.cache rebuilt it for each other
+# at every switch (4 to 9 minutes each on a loaded 2-core machine, past the DeepSpeed tests' deadlines). One cache
+# per virtualenv path (subprocesses inherit it) builds it once.
+_VENV_KEY = hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions" / f"venv-{_VENV_KEY}"))
 
 import pytest  # noqa: E402
 
