@@ -132,6 +132,15 @@ def run_cli(command: str, timeout: int = 300) -> subprocess.CompletedProcess:
     return done
 
 
+BUILD_OP = "from deepspeed.comm.torch import build_shm_op; op = build_shm_op(); assert callable(op.initialize)"
+
+
+def launcher_python() -> str:
+    """The interpreter the launchers next to this one (torchrun, deepspeed) start ranks with: their #! line. Another
+    path than this process's when the virtualenv is reached through a symlink; a build names that path."""
+    return (Path(sys.executable).parent / "torchrun").read_text(encoding="utf-8").splitlines()[0].removeprefix("#!")
+
+
 # The first test here: DeepSpeed compiles this op on first use (once per virtualenv; minutes on a loaded 2-core
 # machine), so it does so under this test's own deadline instead of inside the first timed training run below.
 @pytest.mark.timeout(1800)
@@ -145,6 +154,10 @@ def test_deepspeeds_cpu_communication_op_compiles_and_loads():
         pytest.skip("DeepSpeed uses no compiled communication op on this machine")
     op = build_shm_op()  # as deepspeed.init_distributed does on the CPU
     assert callable(op.initialize) and callable(op.vector_kernel_level)  # what init_distributed calls on it
+    ranks = launcher_python().strip()
+    if ranks != sys.executable:  # launched ranks build (and load) their own
+        done = subprocess.run([ranks, "-c", BUILD_OP], cwd=REPO, capture_output=True, text=True, timeout=1500)
+        assert done.returncode == 0, done.stderr[-3000:]
 
 
 def assert_one_process_run(single_dir: Path, single: list[tuple[int, float]], stage: int, method: str) -> None:
