@@ -138,7 +138,10 @@ BUILD_OP = "from deepspeed.comm.torch import build_shm_op; op = build_shm_op(); 
 def launcher_python() -> str:
     """The interpreter the launchers next to this one (torchrun, deepspeed) start ranks with: their #! line. Another
     path than this process's when the virtualenv is reached through a symlink; a build names that path."""
-    return (Path(sys.executable).parent / "torchrun").read_text(encoding="utf-8").splitlines()[0].removeprefix("#!")
+    script = Path(sys.executable).parent / "torchrun"
+    if not script.is_file():  # the launchers live elsewhere (not a virtualenv): nothing to compare
+        return sys.executable
+    return script.read_text(encoding="utf-8").splitlines()[0].removeprefix("#!")
 
 
 # The first test here: DeepSpeed compiles this op on first use (once per virtualenv; minutes on a loaded 2-core
