@@ -40,7 +40,10 @@ def main(argv: list[str] | None = None) -> str:
     if not llama.available():
         raise SystemExit(f"export_gguf: {llama.SKIP_REASON}")
     started = time.time()
-    exports = llama.default_run_exports(Path(tempfile.mkdtemp(prefix="bench-export-")), max_steps=args.steps)
+    home = Path(tempfile.mkdtemp(prefix="bench-export-"))
+    print(f"studio home: {home}", file=sys.stderr, flush=True)
+    # No step-0 sample answers: they do not change the trained weights and take minutes on a loaded CPU.
+    exports = llama.default_run_exports(home, samples=False, max_steps=args.steps)
     figures = llama.measure(exports)
     n, hard = len(llama.CHAT_PROMPTS), figures["hard_strings"]
     tokenized = hard - len(figures["tokenization_differs"])

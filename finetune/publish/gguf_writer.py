@@ -129,14 +129,15 @@ def _tokenizer_json(model_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def tokenizer_pre(model_dir: Path) -> str:
-    """llama.cpp's name for this tokenizer's pre-tokenizer, identified as its converter does, or a UserError."""
+def tokenizer_pre(model_dir: Path, tokenizer: Any = None) -> str:
+    """llama.cpp's name for this tokenizer's pre-tokenizer, identified as its converter does, or a UserError.
+    `tokenizer`: the folder's tokenizer when already loaded (AutoTokenizer, as training and the converter load it)."""
     data = _tokenizer_json(model_dir)
     if (data.get("model") or {}).get("type") != "BPE" or "ByteLevel" not in json.dumps(data.get("pre_tokenizer")):
         raise UserError(
             "format: gguf export supports byte-level BPE tokenizers (SmolLM2, Llama 3, Qwen2) only", field="format"
         )
-    tokenizer = _load_tokenizer(model_dir)
+    tokenizer = tokenizer or _load_tokenizer(model_dir)
     digest = hashlib.sha256(str(tokenizer.encode(CHECK_TEXT)).encode()).hexdigest()
     if digest not in KNOWN_PRE_TOKENIZERS:
         raise UserError(
@@ -189,14 +190,15 @@ def _add_tokenizer(writer: Any, model_dir: Path, config: dict[str, Any]) -> None
         else:
             tokens.append(by_id[index])
             types.append(gguf.TokenType.NORMAL)
+    loaded = _load_tokenizer(model_dir)
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(tokenizer_pre(model_dir))
+    writer.add_tokenizer_pre(tokenizer_pre(model_dir, loaded))
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     # Merges, bos/eos/pad ids and the chat template, read as llama.cpp's converter reads them; the add-BOS/EOS flags
     # from what the tokenizer really does (its config may not say, and a missing flag means "add BOS" to Ollama).
     special = gguf.SpecialVocab(model_dir, load_merges=True, n_vocab=n_vocab)
-    special.add_special_token["bos"], special.add_special_token["eos"] = _adds_special(_load_tokenizer(model_dir))
+    special.add_special_token["bos"], special.add_special_token["eos"] = _adds_special(loaded)
     special.add_to_gguf(writer, quiet=True)
 
 
