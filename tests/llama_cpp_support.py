@@ -116,14 +116,15 @@ def hf_logits(model: Any, ids: list[int]) -> Any:
 
 
 def hf_greedy(model: Any, ids: list[int], stop: int, max_new: int = ANSWER_TOKENS) -> list[int]:
-    """transformers' greedy continuation (plain argmax, no generation-config penalties), as `greedy`."""
-    out: list[int] = []
-    for _ in range(max_new):
-        token = int(hf_logits(model, ids + out)[-1].argmax())
-        if token == stop:
-            break
-        out.append(token)
-    return out
+    """transformers' greedy continuation, as `greedy` (a fresh GenerationConfig: no penalties from the model's own)."""
+    import torch
+    from transformers import GenerationConfig
+
+    settings = GenerationConfig(do_sample=False, max_new_tokens=max_new, eos_token_id=stop, pad_token_id=stop)
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids)), generation_config=settings)
+    new = out[0, len(ids) :].tolist()
+    return new[: new.index(stop)] if stop in new else new
 
 
 def agreement(got: Any, expected: Any) -> float:

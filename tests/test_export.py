@@ -531,3 +531,27 @@ def test_a_bf16_base_is_merged_and_saved_in_bf16(tmp_path):
     ids = _ids(result.folder)
     peft = PeftModel.from_pretrained(_load(base_dir), str(run)).eval()
     assert _agreement(_logits(_load(result.folder), ids), _logits(peft, ids)) >= 0.95
+
+
+@pytest.mark.parametrize(
+    "change,words",
+    [
+        ({"use_dora": True}, "llama.cpp has no DoRA adapters"),
+        ({"alpha_pattern": {"q_proj": 32}}, "one LoRA alpha per adapter"),
+        ({"modules_to_save": ["lm_head"]}, "trains whole modules or tokens"),
+    ],
+)
+def test_gguf_lora_refuses_adapters_llama_cpp_cannot_apply_in_one_line(tmp_path, change, words):
+    from finetune.publish import gguf_lora
+
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 16, **change}))
+    with pytest.raises(UserError) as err:
+        gguf_lora.check_lora_support(tmp_path, {"model_type": "llama"})
+    assert str(err.value).startswith("format: ") and words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_gguf_lora_alpha_gives_peft_scale_under_llama_cpps_alpha_over_rank():
+    from finetune.publish import gguf_lora
+
+    assert gguf_lora._alpha({"r": 8, "lora_alpha": 16}) / 8 == 16 / 8  # PEFT: alpha / r
+    assert gguf_lora._alpha({"r": 16, "lora_alpha": 16, "use_rslora": True}) / 16 == pytest.approx(16 / 16**0.5)

@@ -87,6 +87,8 @@ def export_run(
     config = run.load_config()
     if config.task != "causal_lm":
         raise UserError(f"format: export supports causal_lm runs, not {config.task}; push the adapter", "format")
+    if fmt == "gguf-lora":
+        _check_lora(run, config)  # refuse before any folder is made
     target = _target(run, fmt, quant, out)
     warnings = (QLORA_WARNING,) if config.method == "qlora" else ()
     for warning in warnings:
@@ -190,18 +192,28 @@ def _write(run: RunDir, config: TrainConfig, fmt: str, quant: str | None, stage:
 
 def _write_lora(run: RunDir, config: TrainConfig, quant: str, stage: Path, say: Progress) -> Path:
     """The run's adapter alone as a llama.cpp LoRA GGUF, for a GGUF of its base model."""
-    from transformers import AutoConfig
+    from finetune.publish import gguf_lora
 
-    from finetune.models import resolve_model_path
+    stage.mkdir()
+    target = stage / f"{_export_name(run)}-lora-{quant}.gguf"
+    gguf_lora.write_lora_gguf(run.path, _base_config(config), target, quant, _export_name(run), say)
+    return target
+
+
+def _check_lora(run: RunDir, config: TrainConfig) -> None:
+    """A one-line UserError when the run's adapter has no llama.cpp LoRA form (or there is no adapter)."""
     from finetune.publish import gguf_lora
 
     if config.method == "full":
         raise UserError("format: gguf-lora needs a LoRA run; a full fine-tune has no adapter (use gguf)", "format")
-    base = AutoConfig.from_pretrained(resolve_model_path(config.model), trust_remote_code=config.trust_remote_code)
-    stage.mkdir()
-    target = stage / f"{_export_name(run)}-lora-{quant}.gguf"
-    gguf_lora.write_lora_gguf(run.path, base.to_dict(), target, quant, _export_name(run), say)
-    return target
+    gguf_lora.check_lora_support(run.path, _base_config(config))
+
+
+def _base_config(config: TrainConfig) -> dict:
+    """The base model's config values (architecture, layers, heads): its config only, never its weights."""
+    from finetune.models import load_model_config
+
+    return load_model_config(config.model, trust_remote_code=config.trust_remote_code).to_dict()
 
 
 def _check_base_supported(config: TrainConfig) -> None:
