@@ -2,6 +2,7 @@
 answers, the LoRA GGUF over the base, and the prompt an Ollama Modelfile builds.
 
     python bench/export_gguf.py [--steps 40] [--out bench/results/export_gguf.md]
+    python bench/export_gguf.py --run HOME/runs/RUN_ID     # measure a finished default run instead of training one
 
 Trains the default run (embedded SmolLM2-135M-Instruct, bundled pirate data, LoRA; `--steps` shortens it) in a fresh
 studio home and exports it merged, as f16 and q8_0 GGUF and as a LoRA GGUF (`tests/llama_cpp_support.py`, the code the
@@ -29,10 +30,23 @@ def _size(path: Path) -> str:
     return human_size(path.stat().st_size)
 
 
+def _steps(run: Path) -> int:
+    """The steps a finished run trained (its status)."""
+    import json
+
+    return int(json.loads((run / "status.json").read_text(encoding="utf-8"))["step"])
+
+
+def _trained(exports: object) -> str:
+    seconds = exports.seconds  # type: ignore[attr-defined]
+    return f"training {seconds['train']:.0f} s" if "train" in seconds else "the run was trained before, with --run"
+
+
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40, help="training steps (the default run has 40)")
     parser.add_argument("--out", default="bench/results/export_gguf.md", help="report file ('' for none)")
+    parser.add_argument("--run", default="", help="a finished default run in its studio home (HOME/runs/RUN_ID)")
     args = parser.parse_args(argv)
 
     from tests import llama_cpp_support as llama
@@ -40,10 +54,14 @@ def main(argv: list[str] | None = None) -> str:
     if not llama.available():
         raise SystemExit(f"export_gguf: {llama.SKIP_REASON}")
     started = time.time()
-    home = Path(tempfile.mkdtemp(prefix="bench-export-"))
-    print(f"studio home: {home}", file=sys.stderr, flush=True)
-    # No step-0 sample answers: they do not change the trained weights and take minutes on a loaded CPU.
-    exports = llama.default_run_exports(home, samples=False, max_steps=args.steps)
+    if args.run:
+        exports = llama.export_all(Path(args.run).absolute())
+        args.steps = _steps(exports.run)
+    else:
+        home = Path(tempfile.mkdtemp(prefix="bench-export-"))
+        print(f"studio home: {home}", file=sys.stderr, flush=True)
+        # No step-0 sample answers: they do not change the trained weights and take minutes on a loaded CPU.
+        exports = llama.default_run_exports(home, samples=False, max_steps=args.steps)
     figures = llama.measure(exports)
     n, hard = len(llama.CHAT_PROMPTS), figures["hard_strings"]
     tokenized = hard - len(figures["tokenization_differs"])
@@ -76,7 +94,7 @@ def main(argv: list[str] | None = None) -> str:
             "",
             f"Default run (embedded SmolLM2-135M-Instruct, bundled pirate data, LoRA), {args.steps} steps; training, "
             f"exports and measuring took {time.time() - started:.0f} s on this machine's CPU "
-            f"(training {exports.seconds['train']:.0f} s). llama-cpp-python {llama.llama_cpp.__version__} (CPU).",
+            f"({_trained(exports)}). llama-cpp-python {llama.llama_cpp.__version__} (CPU).",
             "",
             f"Agreement: top-1 next token of llama.cpp vs the merged model in transformers at {figures['positions']} "
             f"positions of a text the run never saw. Answers: greedy, {llama.ANSWER_TOKENS} tokens at most, to {n} "

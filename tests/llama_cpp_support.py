@@ -165,19 +165,15 @@ def studio_home(home: Path) -> Iterator[None]:
 
 
 def default_run_exports(home: Path, samples: bool = True, **overrides: Any) -> DefaultRunExports:
-    """Train the default run in `home` (TrainConfig defaults, `overrides` applied), export it merged, as f16 and
-    q8_0 GGUF, and as a LoRA GGUF, and write its base model as an f16 GGUF. samples=False skips the sample answers
-    at step 0 (the base model's greedy answers: minutes on a loaded CPU, and nothing the exports depend on)."""
+    """Train the default run in `home` (TrainConfig defaults, `overrides` applied) and export it (`export_all`).
+    samples=False skips the sample answers at step 0 (the base model's greedy answers: minutes on a loaded CPU, and
+    nothing the trained weights depend on)."""
     import time
     from unittest import mock
 
     from finetune.config import TrainConfig
-    from finetune.models import embedded_cache_dir
-    from finetune.publish import gguf_writer
-    from finetune.publish.export import export_run
     from finetune.runs import RunManager
 
-    seconds: dict[str, float] = {}
     with studio_home(home):
         started = time.time()
         no_samples = mock.patch("finetune.data.heldout_prompts", lambda *args, **kwargs: [])
@@ -185,18 +181,32 @@ def default_run_exports(home: Path, samples: bool = True, **overrides: Any) -> D
             state = RunManager().start(TrainConfig(**overrides), owner="tests", background=False)
         if state.status != "completed":
             raise RuntimeError(f"the default run failed: {state.status}: {state.error}")
-        seconds["train"] = time.time() - started
+    return export_all(Path(state.run_dir), {"train": time.time() - started})
+
+
+def export_all(run_dir: Path, seconds: dict[str, float] | None = None) -> DefaultRunExports:
+    """Export a finished run on the embedded model (its studio home: the runs folder's parent) merged, as f16 and
+    q8_0 GGUF, and as a LoRA GGUF, and write its base model as an f16 GGUF."""
+    import time
+
+    from finetune.models import embedded_cache_dir
+    from finetune.publish import gguf_writer
+    from finetune.publish.export import export_run
+
+    seconds = dict(seconds or {})
+    home = run_dir.parent.parent
+    with studio_home(home):
         done = {}
         for fmt, quant in (("merged", None), ("gguf", "f16"), ("gguf", "q8_0"), ("gguf-lora", "f16")):
             started = time.time()
-            done[f"{fmt}-{quant}"] = export_run(state.run_dir, fmt, quant)
+            done[f"{fmt}-{quant}"] = export_run(run_dir, fmt, quant)
             seconds[f"{fmt} {quant or ''}".strip()] = time.time() - started
         base = embedded_cache_dir()
         base_gguf = home / "base-f16.gguf"
         gguf_writer.write_gguf(base, base_gguf, "f16", "base", lambda message: None)
     f16 = done["gguf-f16"]
     return DefaultRunExports(
-        run=Path(state.run_dir),
+        run=run_dir,
         base=base,
         merged=done["merged-None"].folder,
         f16=f16.main,

@@ -19,7 +19,13 @@ import pytest
 
 from tests import llama_cpp_support as llama
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not llama.available(), reason=llama.SKIP_REASON)]
+# The module fixture converts the embedded model, trains 4 short steps and exports four ways, once; its setup counts
+# against the first test's timeout, and on a machine shared by many jobs it took over 10 minutes.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(1800),
+    pytest.mark.skipif(not llama.available(), reason=llama.SKIP_REASON),
+]
 
 # Short (seconds on an idle CPU), with a learning rate high enough that the adapter moves the model measurably.
 SHORT = {
