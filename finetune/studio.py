@@ -24,7 +24,7 @@ from typing import Any
 from finetune.access import DATA_SUFFIXES, AccessPolicy
 from finetune.config import FIELDS, TrainConfig, field_label
 from finetune.errors import ConfigError, UserError
-from finetune.inference import Classification, GenerationSettings
+from finetune.inference import MAX_NEW_TOKENS, Classification, GenerationSettings
 from finetune.progress import TrainingState
 from finetune.rundir import RunDir, find_run
 from finetune.runs import RunManager
@@ -37,7 +37,8 @@ TOKEN_LIMIT = 4096  # characters of a pasted Hub token
 CHAT_MESSAGE_LIMIT = 8000  # characters of one chat message (or the system prompt)
 CHAT_CONVERSATION_LIMIT = 64000  # characters of the whole conversation sent to the model
 CHAT_TURNS_LIMIT = 200  # messages in one conversation
-CHAT_MAX_NEW_TOKENS = 1024
+CHAT_MAX_NEW_TOKENS = MAX_NEW_TOKENS
+PREVIEW_LIMIT = 50  # examples one data preview shows
 DOWNLOAD_KEEP_SECONDS = 3600  # a downloaded YAML file is removed after an hour
 
 
@@ -248,6 +249,8 @@ class Studio:
         """The first examples as the model sees them, with what is masked from the loss."""
         from finetune import data, models
 
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= PREVIEW_LIMIT:
+            raise UserError(f"n: {str(n)[:40]!r} is not a number of examples from 1 to {PREVIEW_LIMIT}", "n")
         config = self.config(values)
         return data.preview(config, models.load_tokenizer(config), n=n)
 
@@ -301,7 +304,7 @@ class Studio:
     ) -> TrainingState:
         """Start a run (output_dir confined to the runs folder): in a background thread for one process, as a
         launched process group for more (`gpus`: which GPUs, e.g. "0,1"; empty: the first `processes`)."""
-        if processes == 1 and not gpus:
+        if _process_count(processes) == 1 and not gpus:
             return self.manager.start(self.config(values), owner=owner, confine=True)
         return self._start_group(values, owner, processes, gpus)
 
@@ -310,7 +313,7 @@ class Studio:
         processes as it was trained with (a launched run is launched again; another count is refused)."""
         run = self._run(run_id)
         self._check_run_allowed(run)
-        if self._was_launched(run) or processes > 1:
+        if self._was_launched(run) or _process_count(processes) > 1:
             return self._resume_group(run, owner, processes, gpus)
         return self.manager.resume(run.path, owner=owner)
 
@@ -638,6 +641,13 @@ class Studio:
         from finetune.process_group import read_group
 
         return bool(read_group(run.path))
+
+
+def _process_count(processes: Any) -> int:
+    """A run's process count from the app or its API: a whole number ≥ 1, else the one-line refusal."""
+    if not isinstance(processes, int) or isinstance(processes, bool) or processes < 1:
+        raise UserError(f"processes: {str(processes)[:40]!r} is not a whole number ≥ 1", "processes")
+    return processes
 
 
 def _empty_numbers(values: dict[str, Any]) -> dict[str, str]:
