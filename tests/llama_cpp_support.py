@@ -218,8 +218,9 @@ def export_all(run_dir: Path, seconds: dict[str, float] | None = None) -> Defaul
     )
 
 
-def measure(exports: DefaultRunExports) -> dict[str, Any]:
-    """Every figure the tests and the bench use, from one load of each file (see the keys)."""
+def measure(exports: DefaultRunExports, prompts: tuple[str, ...] = CHAT_PROMPTS, old_modelfile: bool = True) -> dict:
+    """Every figure the tests and the bench use, from one load of each file (see the keys). `prompts`: the chat
+    prompts answered greedily; old_modelfile: also answer them as the Modelfile without SYSTEM prompted (bench)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -230,7 +231,7 @@ def measure(exports: DefaultRunExports) -> dict[str, Any]:
     stop = tokenizer.eos_token_id
     ids = tokenizer(UNSEEN)["input_ids"]
     expected = hf_logits(merged, ids)
-    chats = [[{"role": "user", "content": prompt}] for prompt in CHAT_PROMPTS]
+    chats = [[{"role": "user", "content": prompt}] for prompt in prompts]
     rendered = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in chats]
     chat_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in rendered]
     answers = [hf_greedy(merged, c, stop) for c in chat_ids]
@@ -258,9 +259,10 @@ def measure(exports: DefaultRunExports) -> dict[str, Any]:
     ollama_answers = [greedy(f16, tokens(f16, prompt), stop) for prompt in prompts]
     result["ollama_answers"] = [tokenizer.decode(a) for a in ollama_answers]
     result["ollama_same_answers"] = sum(got == want for got, want in zip(ollama_answers, answers, strict=True))
-    result["answers_without_system"] = [
-        tokenizer.decode(greedy(f16, tokens(f16, _no_system_prompt(chat)), stop)) for chat in chats
-    ]
+    if old_modelfile:
+        result["answers_without_system"] = [
+            tokenizer.decode(greedy(f16, tokens(f16, _no_system_prompt(chat)), stop)) for chat in chats
+        ]
     return result
 
 
