@@ -113,6 +113,10 @@ class RunManager:
                 self._group = found
         return self._group
 
+    def device_holder(self) -> dict[str, Any]:
+        """Who holds the device lock, as its file says ({} when free): run_id, owner, started_at, pid."""
+        return self._device_lock.holder()
+
     def follow_group(self, run: RunDir) -> None:
         """Report this launched run as the current one (state, stop, wait) until another run starts."""
         self._group = run
