@@ -92,8 +92,9 @@ def main(argv: list[str] | None = None) -> str:
         [
             "# The default run's exports in llama.cpp",
             "",
-            f"Default run (embedded SmolLM2-135M-Instruct, bundled pirate data, LoRA), {args.steps} steps; training, "
-            f"exports and measuring took {time.time() - started:.0f} s on this machine's CPU "
+            f"Default run (embedded SmolLM2-135M-Instruct, bundled pirate data, LoRA), {args.steps} steps; "
+            f"{'exports' if args.run else 'training, exports'} and measuring took {time.time() - started:.0f} s on "
+            "this machine's CPU "
             f"({_trained(exports)}). llama-cpp-python {llama.llama_cpp.__version__} (CPU).",
             "",
             f"Agreement: top-1 next token of llama.cpp vs the merged model in transformers at {figures['positions']} "
