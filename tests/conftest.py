@@ -30,6 +30,20 @@ def tiny_model_dir(tmp_path_factory):
     return build_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
+@pytest.fixture(scope="session")
+def smollm_tokenizer_dir(tmp_path_factory):
+    """SmolLM2's tokenizer (from the embedded model), for tiny models exported as GGUF."""
+    from tests.tiny import save_embedded_tokenizer
+
+    return save_embedded_tokenizer(tmp_path_factory.mktemp("smollm2-tokenizer"))
+
+
+@pytest.fixture(scope="session")
+def tiny_smollm_dir(tmp_path_factory, smollm_tokenizer_dir):
+    """The tiny random Llama with SmolLM2's tokenizer: a GGUF of it is one llama.cpp loads and tokenizes."""
+    return build_llama(tmp_path_factory.mktemp("tiny-smollm"), tokenizer_dir=smollm_tokenizer_dir)
+
+
 @pytest.fixture(autouse=True)
 def studio_home(tmp_path, monkeypatch):
     """Each test gets its own runs root, so runs never leak between tests or into ~/.cache."""

@@ -41,11 +41,12 @@ EVAL_NAME = "support-tickets-eval.jsonl"
 
 
 @pytest.fixture(scope="session")
-def alice(tiny_model_dir, tmp_path_factory):
-    """A run trained the way alice would: everything under her home directory, HOME pointing there."""
+def alice(tiny_smollm_dir, tmp_path_factory):
+    """A run trained the way alice would: everything under her home directory, HOME pointing there. Her model is the
+    tiny Llama with SmolLM2's tokenizer, so the GGUF exports are ones llama.cpp would load."""
     home = tmp_path_factory.mktemp("privacy") / "home" / USER
     model = home / "models" / MODEL_NAME
-    shutil.copytree(tiny_model_dir, model)
+    shutil.copytree(tiny_smollm_dir, model)
     data = home / "clients" / "acme" / DATA_NAME
     data.parent.mkdir(parents=True)
     shutil.copy2(mini_dataset(), data)
