@@ -211,9 +211,8 @@ def test_an_offline_hub_dataset_fails_check_and_start_in_one_line(studio_home):
 
 def test_the_api_proposes_as_the_cli_and_the_start_tab_do(proposals, data, studio_home, tiny_model_dir):
     """/propose (ui/api.py) gives the same settings; through gradio_client, the real client, on a served app."""
-    from gradio_client import Client
-
     from tests.test_ui_browser import free_port
+    from tests.test_ui_support import api_client
     from ui.api import StudioAPI
     from ui.app import build_app, launch
 
@@ -223,7 +222,7 @@ def test_the_api_proposes_as_the_cli_and_the_start_tab_do(proposals, data, studi
     port = free_port()
     launch(demo, port=port, block=False, quiet=True)
     try:
-        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        client = api_client(f"http://127.0.0.1:{port}/")
         served = client.predict({"model": str(tiny_model_dir), "dataset": data["short"]}, "sft", 8.0, 1,
                                 api_name="/propose")  # fmt: skip
     finally:
