@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from finetune import objectives
 from finetune.config import BUNDLED_DATASET, TrainConfig
 from finetune.errors import UserError
 
@@ -637,9 +638,10 @@ def detect_format(columns: list[str], config: TrainConfig) -> DataFormat:
         value = getattr(config, key)
         if value and value not in cols:
             raise UserError(f"{key}: column {value!r} is not in the data; columns: {', '.join(columns)}", field=key)
-    if config.task == "sequence_classification":
+    objective = objectives.of(config)
+    if objective.is_classifier:
         return _detect_classification(columns, config)
-    if config.objective != "sft":
+    if objective.data_kind in PREFERENCE_KINDS:
         return _detect_preference(columns, config)
     messages = config.messages_column or _first(MESSAGES_NAMES, cols)
     if messages and not (config.prompt_column or config.text_column):
@@ -656,9 +658,10 @@ def detect_format(columns: list[str], config: TrainConfig) -> DataFormat:
     if text:
         return DataFormat("text", {"text": text})
     if _first(CHOSEN_NAMES, cols) and _first(REJECTED_NAMES, cols):
+        learners = [o.name for o in objectives.OBJECTIVES.values() if o.data_kind in PREFERENCE_KINDS]
         raise UserError(
-            f"objective: columns {', '.join(columns)} hold preference pairs, which objective: sft cannot learn from; "
-            "set objective: dpo, orpo or kto",
+            f"objective: columns {', '.join(columns)} hold preference pairs, which objective: {objective.name} cannot "
+            f"learn from; set objective: {', '.join(learners[:-1])} or {learners[-1]}",
             field="objective",
         )
     raise UserError(
@@ -697,7 +700,7 @@ def _detect_preference(columns: list[str], config: TrainConfig) -> DataFormat:
                 f"prompt_column: no prompt column found among {', '.join(columns)}; set prompt_column", "prompt_column"
             )
         return DataFormat("preference", {"prompt": prompt, "chosen": chosen, "rejected": rejected})
-    if config.objective == "kto":
+    if objectives.of(config).data_kind == "unpaired":
         completion = config.completion_column or _first(KTO_COMPLETION_NAMES, cols)
         label = config.label_column or _first(LABEL_NAMES, cols)
         if prompt and completion and label:
@@ -712,17 +715,16 @@ def _detect_preference(columns: list[str], config: TrainConfig) -> DataFormat:
 
 def _not_preference_data(columns: list[str], config: TrainConfig) -> str:
     """Why data without pairs cannot train a preference objective, and what to use instead."""
+    objective = objectives.of(config)
     needs = "prompt, chosen and rejected columns"
-    if config.objective == "kto":
+    if objective.data_kind == "unpaired":
         needs += " (or prompt, completion and a true/false label)"
     advice = "set chosen_column and rejected_column if they have other names"
-    if config.dataset.startswith("bundled:"):
-        pairs = BUNDLED_DIR / (config.dataset.split(":", 1)[1] + "-pairs")
-        if pairs.is_dir():
-            advice = f"use dataset: bundled:{pairs.name}, the same set as preference pairs"
+    if config.dataset.startswith("bundled:") and objective.bundled_data not in ("", config.dataset):
+        advice = f"use dataset: {objective.bundled_data}, the same set as preference pairs"
     return (
         f"dataset: {config.dataset} has columns {', '.join(columns)}, not preference data; "
-        f"objective: {config.objective} needs {needs}; {advice}"
+        f"objective: {objective.name} needs {needs}; {advice}"
     )
 
 
@@ -794,7 +796,7 @@ def prepare(config: TrainConfig, tokenizer: Any) -> PreparedData:
     fmt = detect_format(list(train_raw.column_names), config)
     if fmt.kind in PREFERENCE_KINDS:
         return _prepare_preference(config, tokenizer, train_raw, eval_raw, fmt)
-    if config.task == "causal_lm" and fmt.kind == "classification":
+    if not objectives.of(config).is_classifier and fmt.kind == "classification":
         raise UserError("task: this data has labels; set task: sequence_classification", field="task")
     if fmt.kind == "classification":
         return _prepare_classification(config, tokenizer, train_raw, eval_raw, fmt)
@@ -835,7 +837,7 @@ def _prepare_preference(config: TrainConfig, tokenizer: Any, train_raw: Any, eva
     notes = []
     train = shaped(train_raw, "train")
     evaluation = shaped(eval_raw, "eval") if eval_raw is not None else None
-    if config.objective == "kto":
+    if objectives.of(config).data_kind == "unpaired":
         if fmt.kind == "preference":
             notes.append("kto: each pair gives two rows, the chosen answer marked good and the rejected one bad")
             train = _unpaired(train)
@@ -938,7 +940,7 @@ def _prepare_classification(config: TrainConfig, tokenizer: Any, train_raw: Any,
 
 def collator(config: TrainConfig, tokenizer: Any) -> Any:
     """Pads each batch to its longest row (labels with -100)."""
-    if config.task == "sequence_classification":
+    if objectives.of(config).is_classifier:
         from transformers import DataCollatorWithPadding
 
         return DataCollatorWithPadding(tokenizer)
@@ -1010,7 +1012,7 @@ def fingerprint(config: TrainConfig, train_raw: Any = None) -> dict[str, str]:
 
 def heldout_prompts(config: TrainConfig, limit: int = 5) -> list[str]:
     """Prompts answered at step 0 and at each evaluation, so the user sees the tuning take hold."""
-    if config.task != "causal_lm":
+    if objectives.of(config).is_classifier:
         return []
     if config.dataset.startswith("bundled:"):
         path = BUNDLED_DIR / config.dataset.split(":", 1)[1] / "heldout.json"

@@ -156,16 +156,18 @@ def check_model(config: TrainConfig) -> None:
     import transformers
     from transformers.models.auto import modeling_auto
 
+    from finetune import objectives
     from finetune.plan import lora_targets, model_class_for
 
-    model_class = model_class_for(config.task)  # the class the engine will load
+    objective = objectives.of(config)
+    model_class = model_class_for(objective)  # the class the engine will load
     mapping = {
         "AutoModelForSequenceClassification": modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
         "AutoModelForCausalLM": modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
     }[model_class]
     model_type = getattr(model_config, "model_type", "")
     if model_type not in mapping:
-        need = "a classification head" if config.task == "sequence_classification" else "a model that generates text"
+        need = "a classification head" if objective.is_classifier else "a model that generates text"
         raise ConfigError(
             f"task: {config.task} needs {need}; {model_type!r} models have no {model_class.removeprefix('Auto')} "
             "class in transformers; choose the other task or another model",

@@ -13,8 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from finetune import objectives
 from finetune.config import TrainConfig
 from finetune.errors import ConfigError
+from finetune.objectives import Objective
 
 # Our optimizer names → `TrainingArguments.optim`.
 TRAINER_OPTIMIZERS = {
@@ -91,9 +93,11 @@ class RunPlan:
     deepspeed: bool  # DeepSpeed runs the step (its engine loop, or the Trainer with a ds config)
     optimizer: str  # our optimizer name (config.optim); `trainer_optim` maps it
     effective_batch: int  # examples per optimizer step over the whole world
-    objective: str = "sft"  # sft | dpo | orpo | kto
-    reference: str | None = None  # dpo/kto: "adapter-off" (the base under the adapter) or "copy" (a frozen copy)
+    objective: Objective = objectives.OBJECTIVES[objectives.DEFAULT]  # the objectives registry's record
+    reference: str | None = None  # "adapter-off" (the base under the adapter), "copy" (a frozen copy) or None
     liger: bool = False  # Liger's fused kernels patch the model (CUDA + liger-kernel installed)
+    beta: float = 0.1  # the objective's KL / preference weight (the config's, else the objective's default)
+    loss_type: str = ""  # the objective's loss (the config's, else the objective's default; "" without a choice)
 
     @property
     def trainer_optim(self) -> str:
@@ -102,7 +106,8 @@ class RunPlan:
 
     @property
     def is_classifier(self) -> bool:
-        return self.config.task == "sequence_classification"
+        """The run trains a classification head (its objective's record says)."""
+        return self.objective.is_classifier
 
     def torch_dtype(self, name: str | None = None) -> Any:
         """A torch dtype by our name (default: the weight dtype)."""
@@ -152,6 +157,7 @@ def plan_for(config: TrainConfig, device: str | None = None, world_size: int | N
 
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
     precision = resolve_precision(config.precision, device, check_hardware=real)
+    objective = objectives.of(config)
     half = None if precision == "fp32" else _TORCH_DTYPES[precision]
     # Full fine-tuning keeps fp32 master weights (autocast casts on the fly); LoRA adapters train on a 16-bit base;
     # QLoRA's non-quantised weights stay fp32 next to the 4-bit ones.
@@ -161,7 +167,7 @@ def plan_for(config: TrainConfig, device: str | None = None, world_size: int | N
         device=device,
         world_size=max(1, world_size),
         precision=precision,
-        model_class=model_class_for(config.task),
+        model_class=model_class_for(objective),
         weight_dtype=weight,
         compute_dtype=half or "float32",
         autocast_dtype=half,
@@ -170,9 +176,11 @@ def plan_for(config: TrainConfig, device: str | None = None, world_size: int | N
         deepspeed=uses_deepspeed(config),
         optimizer=config.optim,
         effective_batch=config.per_device_train_batch_size * config.gradient_accumulation_steps * max(1, world_size),
-        objective=config.objective,
-        reference=reference_for(config),
+        objective=objective,
+        reference=objective.reference_kind(config),
         liger=uses_liger(config, device),
+        beta=objective.beta(config),
+        loss_type=objective.loss_type(config),
     )
 
 
@@ -188,22 +196,14 @@ def resolve_precision(precision: str, device: str, check_hardware: bool = True) 
     return precision
 
 
-def model_class_for(task: str) -> str:
-    """The transformers Auto class for a task."""
-    return "AutoModelForSequenceClassification" if task == "sequence_classification" else "AutoModelForCausalLM"
+def model_class_for(objective: Objective) -> str:
+    """The transformers Auto class an objective trains."""
+    return "AutoModelForSequenceClassification" if objective.is_classifier else "AutoModelForCausalLM"
 
 
 def uses_deepspeed(config: TrainConfig) -> bool:
     """DeepSpeed runs the step: its own engine loop, or the Trainer with a ZeRO config."""
     return config.backend == "deepspeed" or config.zero_stage > 0
-
-
-def reference_for(config: TrainConfig) -> str | None:
-    """What DPO/KTO compare against: with adapters, the same model with them switched off (no second copy in
-    memory); for full fine-tuning, a frozen copy of the starting weights. SFT and ORPO need no reference."""
-    if config.objective not in ("dpo", "kto"):
-        return None
-    return "copy" if config.method == "full" else "adapter-off"
 
 
 # The causal-LM model families (config.json's model_type) liger-kernel 0.8.5 patches: the text models of its
@@ -268,10 +268,12 @@ def _liger_blocker(config: TrainConfig, device: str) -> str | None:
     """Why Liger cannot run for this config on `device` (None: it can, given the package)."""
     if device != "cuda":
         return "Liger's kernels need a CUDA GPU and this run has none"
-    if config.task != "causal_lm":
+    objective = objectives.of(config)
+    if objective.is_classifier:
         return "Liger's kernels serve causal_lm only (its fused loss replaces the language-model head's)"
-    if config.objective != "sft":
-        return f"the {config.objective} trainer does not use Liger's kernels (only sft does)"
+    if not objective.liger:
+        serves = ", ".join(o.name for o in objectives.OBJECTIVES.values() if o.liger)
+        return f"the {objective.name} trainer does not use Liger's kernels (only {serves} does)"
     if config.backend == "deepspeed":
         return "the DeepSpeed engine loop does not apply Liger's kernels (backend trainer does, with ZeRO too)"
     family = liger_model_type(config.model)
@@ -302,7 +304,7 @@ def lora_plan(config: TrainConfig) -> LoraPlan:
         alpha=config.lora_alpha,
         dropout=config.lora_dropout,
         target_modules=lora_targets(config.lora_target_modules),
-        task_type="SEQ_CLS" if config.task == "sequence_classification" else "CAUSAL_LM",
+        task_type="SEQ_CLS" if objectives.of(config).is_classifier else "CAUSAL_LM",
         use_dora=config.use_dora,
         use_rslora=config.use_rslora,
         init=config.init_lora_weights,

@@ -64,12 +64,15 @@ def preflight(config: TrainConfig) -> None:
 
 
 def preference_ready(config: TrainConfig) -> None:
-    """Preference objectives run on TRL's trainers: refuse them, naming the field, where TRL is not installed."""
+    """Objectives that run on TRL's trainers are refused, naming the field, where TRL is not installed."""
     import importlib.util
 
-    if config.objective != "sft" and importlib.util.find_spec("trl") is None:
+    from finetune import objectives
+
+    if objectives.of(config).needs_trl and importlib.util.find_spec("trl") is None:
         raise ConfigError(
-            f"objective: {config.objective} needs the trl package (pip install trl==1.16.0); or use objective: sft",
+            f"objective: {config.objective} needs the trl package (pip install trl==1.16.0); or use objective: "
+            f"{objectives.DEFAULT}",
             "objective",
         )
 

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from finetune import objectives
 from finetune.access import DATA_SUFFIXES, AccessPolicy
-from finetune.config import FIELDS, TrainConfig, field_label
+from finetune.config import FIELDS, TrainConfig, field_kind, field_label, field_optional
 from finetune.errors import ConfigError, UserError
 from finetune.inference import Classification, GenerationSettings
 from finetune.progress import TrainingState
@@ -59,7 +60,7 @@ class RunSummary:
     owner: str = ""
     model: str = ""  # a short name: the Hub id's or folder's last part, never a server path
     method: str = ""  # full | lora | qlora
-    objective: str = "sft"
+    objective: str = objectives.DEFAULT  # the objectives registry's record name
     resumable: bool = False
     final: bool = False  # the final adapter / model is saved (chat, export and publish use it)
     checkpoint_step: int | None = None  # the newest complete checkpoint
@@ -284,7 +285,7 @@ class Studio:
             model=short_model_name(config.model) if self.policy.public else str(config.model),
             dataset=Path(config.dataset).name if self.policy.public else str(config.dataset),
             method=config.method,
-            objective=plan.objective,
+            objective=plan.objective.name,
             max_steps=int(config.max_steps),
             epochs=float(config.num_train_epochs),
             effective_batch=int(plan.effective_batch),
@@ -483,7 +484,7 @@ class Studio:
             config = self._run(source).load_config()
         except UserError:
             return "chat"  # an unknown run: the chat itself reports it in its own words
-        return "classifier" if config.task == "sequence_classification" else "chat"
+        return "classifier" if objectives.of(config).is_classifier else "chat"
 
     def classify(self, source: str, text: str, text_pair: str = "") -> Classification:
         """Every label's probability for a text (and optional second text) from a sequence-classification run."""
@@ -636,8 +637,11 @@ def _empty_numbers(values: dict[str, Any]) -> dict[str, str]:
     """{field: "Label: empty; give a number"} for number fields left blank (a form sends None)."""
     problems = {}
     for name, value in values.items():
-        kind = FIELDS[name].type if isinstance(FIELDS[name].type, str) else FIELDS[name].type.__name__
-        if kind in NUMBER_TYPES and (value is None or (isinstance(value, str) and not value.strip())):
+        if (
+            field_kind(name) in NUMBER_TYPES
+            and not field_optional(name)
+            and (value is None or (isinstance(value, str) and not value.strip()))
+        ):
             problems[name] = f"{field_label(name)}: empty; give a number"
     return problems
 
@@ -647,9 +651,9 @@ def _summary(run: dict[str, Any]) -> RunSummary:
     folder = RunDir(Path(run["run_dir"]))
     try:
         config = folder.load_config()
-        model, method, objective = short_model_name(config.model), config.method, config.objective
+        model, method, objective = short_model_name(config.model), config.method, objectives.of(config).name
     except Exception:  # a run cut short before its config was written: listed by its name alone
-        model, method, objective = "", "", "sft"
+        model, method, objective = "", "", objectives.DEFAULT
     checkpoint = folder.last_checkpoint()
     return RunSummary(
         run_id=str(run["run_id"]),

@@ -19,23 +19,16 @@ from typing import Any
 
 import gradio as gr
 
-from finetune.config import BUNDLED_DATASET, EMBEDDED_MODEL, FIELD_NAMES, PREFERENCE_OBJECTIVES, field_label
+from finetune import objectives
+from finetune.config import BUNDLED_DATASET, EMBEDDED_MODEL, FIELD_NAMES, field_label
 from finetune.errors import BusyError, UserError
 from finetune.studio import Studio
 from ui.config_tab import ConfigTab
 from ui.formatting import one_line, plain, preview_html
 
-GOALS = {
-    "sft": "Style or instructions: answer like the examples (SFT)",
-    "dpo": "Preferences: learn which of two answers is better (DPO)",
-    "classify": "Classification: predict a label for a text",
-}
-GOAL_SETTINGS = {  # goal → (task, objective) written into the form
-    "sft": ("causal_lm", "sft"),
-    "dpo": ("causal_lm", "dpo"),
-    "classify": ("sequence_classification", "sft"),
-}
-PAIRS_DATASET = "bundled:pirate-pairs"  # the bundled preference pairs (same prompts, pirate answer preferred)
+GOALS = {goal: record.goal_label for goal, record in objectives.GOALS.items()}  # goal -> its words
+# The bundled data sets that suit a goal: a bundled choice follows the goal (pirate answers <-> pirate pairs).
+GOAL_DATA = {record.bundled_data for record in objectives.OBJECTIVES.values() if record.bundled_data}
 DETECTED, CARD, CPU = "gpu", "card", "cpu"
 PREFERRED_CARDS = ("A10G", "L4", "24 GB")  # a common first guess when no GPU is detected
 SUMMARY_FIELDS = (  # what the summary shows; a change to one of these since the proposal is pointed out
@@ -97,10 +90,8 @@ def session_of(request: gr.Request | None) -> str:
 
 
 def goal_of(form: dict[str, Any]) -> str:
-    """The first screen's goal for these settings."""
-    if form.get("task") == "sequence_classification":
-        return "classify"
-    return "dpo" if form.get("objective") in PREFERENCE_OBJECTIVES else "sft"
+    """The first screen's goal for these settings (the objectives registry's record says which it belongs to)."""
+    return objectives.of_values(form).goal
 
 
 def model_label(name: str) -> str:
@@ -276,9 +267,10 @@ class StartTab:
     def choose(self, data: dict, request: gr.Request | None = None) -> dict:
         """A choice changed: write it into the shared form and mark the data and the proposal as pending."""
         form = self.form(data)
-        goal = data.get(self.goal) or "sft"
-        task, objective = GOAL_SETTINGS[goal]
-        if goal == "dpo" and form.get("objective") in PREFERENCE_OBJECTIVES:
+        goal = data.get(self.goal) or goal_of({})
+        record = objectives.GOALS[goal]
+        task, objective = record.task, record.objective
+        if goal_of(form) == goal:
             objective = form["objective"]  # keep orpo / kto chosen in Configure: they are preferences too
         dataset = self._matching_data(goal, data.get(self.data) or form.get("dataset"))
         session = session_of(request)
@@ -440,12 +432,11 @@ class StartTab:
 
     # ----- choices
     def _matching_data(self, goal: str, dataset: str) -> str:
-        """The bundled set that suits the goal when the data is a bundled one (pirate answers ↔ pirate pairs)."""
-        bundled = self.studio.bundled_datasets()
-        if goal == "dpo" and dataset == BUNDLED_DATASET and PAIRS_DATASET in bundled:
-            return PAIRS_DATASET
-        if goal != "dpo" and dataset == PAIRS_DATASET:
-            return BUNDLED_DATASET
+        """The bundled set that suits the goal when the data is another goal's bundled set (pirate answers <->
+        pirate pairs); the default set for a goal without one of its own."""
+        target = objectives.GOALS[goal].bundled_data or BUNDLED_DATASET
+        if dataset in GOAL_DATA and target in self.studio.bundled_datasets():
+            return target
         return dataset
 
     def _model_choices(self, current: str | None) -> list[tuple[str, str]]:

@@ -1,5 +1,6 @@
-"""Train tab: what is about to run, start, stop and resume; the progress bar, the live loss plot (and a preference
-run's rewards), held-out answers then and now, the log tail, and the list of runs by a readable name.
+"""Train tab: what is about to run, start, stop and resume; the progress bar, the live loss plot (and what the run's
+objective logs beside it: a preference run's rewards), held-out answers then and now, the log tail, and the list of
+runs by a readable name.
 
 A `gr.Timer` polls once a second. The tick reads the in-memory training state and, only when something changed
 (a new step, status, message or event), the run's event log; otherwise it changes nothing. Handlers return
@@ -18,6 +19,7 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
+from finetune import objectives
 from finetune.config import FIELD_NAMES, field_label
 from finetune.errors import BusyError, UserError
 from finetune.studio import RunPreview, RunSummary, Studio
@@ -26,10 +28,11 @@ from ui.formatting import (
     RUN_HEADERS,
     log_lines,
     loss_rows,
+    metric_facts,
+    metric_rows,
+    objective_of,
     one_line,
     plain,
-    preference_facts,
-    preference_rows,
     problem_markdown,
     progress_html,
     run_rows,
@@ -40,14 +43,7 @@ from ui.formatting import (
 
 TICK_SECONDS = 1.0
 SERIES = ("train", "eval")
-PREFERENCE_SERIES = ("reward margin", "KL")
 METHOD_WORDS = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA (4-bit base + LoRA)"}
-OBJECTIVE_WORDS = {
-    "sft": "supervised fine-tuning (SFT)",
-    "dpo": "preferences (DPO)",
-    "orpo": "preferences (ORPO)",
-    "kto": "preferences (KTO)",
-}
 CHANGED_SHOWN = 8  # settings changed from the defaults named in the summary (then "and N more")
 
 
@@ -64,10 +60,12 @@ def loss_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 EMPTY_LOSS = loss_frame([])
 
 
-def preference_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """The preference plot's data (reward margin and KL by step), every series present from the start."""
+def metric_frame(rows: list[dict[str, Any]], objective: Any = None) -> pd.DataFrame:
+    """The objective plot's data (a preference run's reward margin and KL, ...) by step; the objective's fixed series
+    are present from the start (a blank point), so the legend drawn first holds them."""
     have = {r["series"] for r in rows}
-    blanks = [{"step": 0, "value": float("nan"), "series": s} for s in PREFERENCE_SERIES if s not in have]
+    fixed = [objective.fact_words(k) for k in objective.plotted if "*" not in k] if objective is not None else []
+    blanks = [{"step": 0, "value": float("nan"), "series": s} for s in fixed if s not in have]
     return pd.DataFrame(rows + blanks, columns=["step", "value", "series"])
 
 
@@ -90,7 +88,7 @@ def plan_markdown(preview: RunPreview, changed: list[str]) -> str:
     lines = [
         f"**Start will train** `{plain(preview.model)}` on `{plain(preview.dataset)}`: "
         f"{METHOD_WORDS.get(preview.method, preview.method)}, "
-        f"{OBJECTIVE_WORDS.get(preview.objective, preview.objective)}.",
+        f"{objectives.label(preview.objective)}.",
         f"{length} of {preview.effective_batch} examples each, up to {preview.max_seq_length} tokens per example, "
         f"on {where}; {memory}.",
     ]
@@ -106,7 +104,7 @@ def changed_settings(values: dict[str, Any], defaults: dict[str, Any]) -> list[s
     """'Label = value' for each setting that differs from the defaults."""
     out = []
     for name in FIELD_NAMES:
-        if name in values and values[name] != defaults.get(name):
+        if name in values and values[name] != defaults.get(name) and {values[name], defaults.get(name)} != {"", None}:
             value = values[name]
             shown = str(value).lower() if isinstance(value, bool) else ("(empty)" if value in ("", None) else value)
             out.append(f"{field_label(name)} = {plain(shown)}")
@@ -226,20 +224,22 @@ class TrainTab:
                 self.problem: "",
                 self.plot: EMPTY_LOSS,
                 self.prefs: "",
-                self.prefs_plot: gr.update(value=preference_frame([]), visible=False),
+                self.prefs_plot: gr.update(value=metric_frame([]), visible=False),
                 self.samples: _samples_frame([], []),
                 self.log: "",
             }
         state = self.run_state(run_id)
         events = self.events(run_id)
-        preference = preference_rows(events)
+        metrics, objective = metric_rows(events), objective_of(events)
         headers, samples = sample_rows(events, active=(state or {}).get("status") in ("pending", "loading", "running"))
         return {
             self.progress: progress_html(state or {"run_id": run_id, "status": "unknown"}),
             self.problem: problem_markdown(state),
             self.plot: loss_frame(loss_rows(events)),
-            self.prefs: preference_facts(events),
-            self.prefs_plot: gr.update(value=preference_frame(preference), visible=bool(preference)),
+            self.prefs: metric_facts(events),
+            self.prefs_plot: gr.update(
+                value=metric_frame(metrics, objective), visible=bool(metrics), title=objective.plot_title
+            ),
             self.samples: _samples_frame(headers, samples),
             self.log: log_lines(events),
         }
@@ -416,7 +416,7 @@ def build(studio: Studio) -> TrainTab:
             )
             tab.prefs = gr.HTML("", elem_id="train-prefs")
             tab.prefs_plot = gr.LinePlot(
-                preference_frame([]),
+                metric_frame([]),
                 x="step",
                 y="value",
                 color="series",

@@ -1,25 +1,24 @@
-"""Training engines. Each exposes `train(config, progress, resume_from) -> "completed" | "stopped"`."""
+"""Training engines. Each exposes `train(config, progress, resume_from) -> "completed" | "stopped"`; the objective's
+record names its engine module (finetune/objectives.py)."""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
-from finetune.config import PREFERENCE_OBJECTIVES, TrainConfig
+from finetune.config import TrainConfig
 from finetune.plan import plan_for
 from finetune.progress import Progress
 
+# The record's engine -> module (imported lazily: all pull in torch); "trainer" runs on the Trainer or, with
+# backend: deepspeed, on the DeepSpeed engine loop.
+ENGINE_MODULES = {"trainer": "finetune.engines.hf_trainer", "preference": "finetune.engines.preference"}
+
 
 def run_engine(config: TrainConfig, progress: Progress, resume_from: Path | None = None) -> str:
-    """Run the engine the plan asks for (imported lazily: all pull in torch): preference objectives on TRL's
-    trainers, SFT on the Trainer or the DeepSpeed loop."""
-    if plan_for(config).objective in PREFERENCE_OBJECTIVES:
-        from finetune.engines import preference
-
-        return preference.train(config, progress, resume_from)
-    if config.backend == "deepspeed":
-        from finetune.engines import deepspeed_engine
-
-        return deepspeed_engine.train(config, progress, resume_from)
-    from finetune.engines import hf_trainer
-
-    return hf_trainer.train(config, progress, resume_from)
+    """Run the engine the plan's objective asks for."""
+    objective = plan_for(config).objective
+    name = ENGINE_MODULES[objective.engine]
+    if objective.engine == "trainer" and config.backend == "deepspeed":
+        name = "finetune.engines.deepspeed_engine"
+    return importlib.import_module(name).train(config, progress, resume_from)

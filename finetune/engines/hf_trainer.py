@@ -221,7 +221,7 @@ class ProgressCallback(TrainerCallback):
             self.progress.update(tokens_seen=self.tokens_seen())  # the last steps' tokens, not yet read on a GPU
 
     def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: D102
-        self.progress.on_log(state.global_step, logs or {})
+        self.progress.on_log(state.global_step, logs or {}, self.prepared.plan.objective)
 
     def on_evaluate(self, args, state, control, model=None, **kwargs):  # noqa: D102
         self._samples(model, state.global_step)

@@ -23,11 +23,9 @@ from finetune.config import TrainConfig
 from finetune.engines.common import Prepared, prepare_run, save_final
 from finetune.engines.hf_trainer import ProgressCallback, StudioTrainer, training_arguments
 from finetune.engines.world import trainer_world_if
+from finetune.objectives import NO_REFERENCE, Objective
 from finetune.plan import RunPlan, uses_deepspeed
 from finetune.progress import Progress
-
-# Our DPO loss names that are a sum of TRL's terms (equal weights).
-DPO_LOSS_TERMS = {"rpo": ["sigmoid", "sft"]}
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # ORPO lives in trl.experimental; its import warning is noise
 
@@ -43,36 +41,18 @@ class _StudioPreference:
         return None
 
 
-def trainer_class(objective: str) -> Any:
-    """TRL's trainer for an objective, with the Studio scheduler."""
-    if objective == "dpo":
-        from trl import DPOTrainer
-
-        return type("StudioDPOTrainer", (_StudioPreference, DPOTrainer), {})
-    if objective == "kto":
-        from trl import KTOTrainer
-
-        return type("StudioKTOTrainer", (_StudioPreference, KTOTrainer), {})
-    if objective == "orpo":
-        from trl.experimental.orpo import ORPOTrainer
-
-        return type("StudioORPOTrainer", (_StudioPreference, ORPOTrainer), {})
-    raise ValueError(f"not a preference objective: {objective!r}")
+def trainer_class(objective: Objective) -> Any:
+    """TRL's trainer for an objective (its record names it), with the Studio scheduler."""
+    trl_class = load_class(objective.trainer)
+    return type(f"Studio{trl_class.__name__}", (_StudioPreference, trl_class), {})
 
 
-def config_class(objective: str) -> Any:
-    """TRL's config class (a `TrainingArguments` subclass) for an objective."""
-    if objective == "dpo":
-        from trl import DPOConfig
+def load_class(path: str) -> Any:
+    """A class named "module:Class" (the objectives registry's way of naming trainers and their configs)."""
+    import importlib
 
-        return DPOConfig
-    if objective == "kto":
-        from trl import KTOConfig
-
-        return KTOConfig
-    from trl.experimental.orpo import ORPOConfig
-
-    return ORPOConfig
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def preference_arguments(config: TrainConfig, plan: RunPlan, output_dir: Path, has_eval: bool) -> Any:
@@ -80,14 +60,14 @@ def preference_arguments(config: TrainConfig, plan: RunPlan, output_dir: Path, h
     settings: beta, the DPO loss and the sequence length (prompt + answer)."""
     args = training_arguments(config, output_dir, plan.precision, has_eval)
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init}
-    values.update(beta=config.beta, max_length=config.max_seq_length)
-    if plan.objective == "dpo":
-        values["loss_type"] = DPO_LOSS_TERMS.get(config.loss_type, [config.loss_type])
-    if plan.objective == "kto":
+    values.update(beta=plan.beta, max_length=config.max_seq_length)
+    if plan.loss_type:
+        values["loss_type"] = plan.objective.trl_loss(plan.loss_type)
+    if plan.objective.sequential_batches:
         # KTO's KL term pairs each prompt with its batch neighbour's answer, precomputed in data order: TRL needs
         # the batches in that order.
         values["train_sampling_strategy"] = "sequential"
-    return config_class(plan.objective)(**values)
+    return load_class(plan.objective.trainer_config)(**values)
 
 
 def reference_model(prepared: Prepared) -> Any:
@@ -126,15 +106,15 @@ def _train(config: TrainConfig, progress: Progress, resume_from: Path | None = N
     plan = prepared.plan
     progress.event(  # what the run compares and reads, for the model card
         "objective",
-        objective=plan.objective,
-        beta=config.beta,
-        loss_type=config.loss_type if plan.objective == "dpo" else None,
+        objective=plan.objective.name,
+        beta=plan.beta,
+        loss_type=plan.loss_type or None,
         reference=plan.reference,
         columns=prepared.data.format.columns,
     )
     args = preference_arguments(config, plan, progress.run.path, prepared.data.eval is not None)
     kwargs: dict[str, Any] = {}
-    if plan.objective in ("dpo", "kto"):
+    if plan.objective.reference != NO_REFERENCE:
         kwargs["ref_model"] = reference_model(prepared)
     trainer = trainer_class(plan.objective)(
         model=prepared.model,

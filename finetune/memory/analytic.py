@@ -11,15 +11,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from finetune import objectives
+
 BLOCK_4BIT = 64  # bitsandbytes 4-bit block size (one absmax per 64 weights)
 BLOCK_NESTED = 256  # double quantisation: one fp32 absmax per 256 first-level constants
 BLOCK_8BIT_OPTIM = 256  # bitsandbytes 8-bit optimizer state block size
 MIN_8BIT_SIZE = 4096  # bitsandbytes keeps fp32 states for tensors smaller than this
 LOGITS_BACKWARD_BYTES = 12  # per token per vocab entry at the start of backward: log-softmax out, its grad, logits grad
-# ORPO (TRL's experimental trainer) at the start of backward, per token per vocab entry of the chosen + rejected batch:
-# logits 4, the chosen half's contiguous copy and its log-softmax 2 + 2, their gradient 2, the logits' gradient 4, the
-# softmax that the log-probs' logsumexp backward makes 4 (the CPU replay: 17.9 B).
-ORPO_LOGITS_BYTES = 18
 TRL_TOKEN_TILE = 4096  # TRL 1.16's chunked log-prob head (DPO, KTO): a [tokens, vocab chunk] tile of this many tokens
 TRL_VOCAB_CHUNK = 32768  # ... by this many vocabulary entries, allocated whole whatever the vocabulary size
 # Tiles alive at once in its backward: Triton folds a tile in place (1); the torch fallback (CPU) makes the gradient
@@ -90,20 +88,16 @@ class Settings:
     lora_dropout: float = 0.05
     quant_type: str = "nf4"
     double_quant: bool = True
-    task: str = "causal_lm"
+    classifier: bool = False  # a classification head: no logits over the vocabulary
     gpus: int = 1
     zero_stage: int = 0
     offload_optimizer: bool = False
     offload_param: bool = False
     deepspeed: bool = False
     loss_kernel: str = "eager"  # how logits and loss are computed: eager (transformers'), liger, trl_chunked
-    objective: str = "sft"  # sft | dpo | orpo | kto
-    reference: str | None = None  # dpo / kto: "adapter-off" or "copy" (a frozen copy of the weights)
-
-    @property
-    def sequences(self) -> int:
-        """Sequences per example: DPO and ORPO put the chosen and the rejected answer in one batch."""
-        return 2 if self.objective in ("dpo", "orpo") else 1
+    sequences: int = 1  # sequences per example (the objective's record: DPO and ORPO put chosen and rejected in one)
+    logits_bytes: int = LOGITS_BACKWARD_BYTES  # per token per vocab entry at the start of backward (the record's)
+    reference: str | None = None  # "adapter-off" or "copy" (a frozen copy of the weights) when the objective has one
 
     @property
     def tokens(self) -> int:
@@ -125,7 +119,7 @@ def settings_for(config: Any, device: str, gpus: int = 1, plan: Any = None) -> S
     """`Settings` for a TrainConfig on a device (cpu runs fp32; cuda runs bf16 unless fp32 is asked); the run plan,
     when given, says the objective, its reference and whether Liger's fused loss runs."""
     half = 0 if (device != "cuda" or config.precision == "fp32") else 2
-    objective = plan.objective if plan is not None else getattr(config, "objective", "sft")
+    objective = plan.objective if plan is not None else objectives.of(config)
     return Settings(
         method=config.method,
         batch=config.per_device_train_batch_size,
@@ -136,27 +130,20 @@ def settings_for(config: Any, device: str, gpus: int = 1, plan: Any = None) -> S
         device=device,
         half=half,
         lora_r=config.lora_r,
-        lora_dropout=config.lora_dropout if objective == "sft" else 0.0,  # TRL's trainers turn dropout off
+        lora_dropout=0.0 if objective.needs_trl else config.lora_dropout,  # TRL's trainers turn dropout off
         quant_type=config.quant_type,
         double_quant=config.double_quant,
-        task=config.task,
+        classifier=objective.is_classifier,
         gpus=max(1, gpus),
         zero_stage=config.zero_stage,
         offload_optimizer=config.offload_optimizer != "none",
         offload_param=config.offload_param != "none",
         deepspeed=config.backend == "deepspeed" or config.zero_stage > 0,
-        loss_kernel=loss_kernel_of(objective, bool(plan is not None and plan.liger)),
-        objective=objective,
+        loss_kernel="liger" if (plan is not None and plan.liger) else objective.loss_kernel,
+        sequences=objective.sequences,
+        logits_bytes=objective.logits_bytes,
         reference=plan.reference if plan is not None else None,
     )
-
-
-def loss_kernel_of(objective: str, liger: bool) -> str:
-    """How the logits and loss are computed: TRL's chunked log-prob head (DPO, KTO), Liger's fused linear
-    cross-entropy (SFT with Liger), else transformers' own (the whole logits). ORPO keeps the whole logits."""
-    if objective in ("dpo", "kto"):
-        return "trl_chunked"
-    return "liger" if (liger and objective == "sft") else "eager"
 
 
 def shape_of(model_config: Any) -> Shape:
@@ -197,7 +184,7 @@ def census(model_config: Any, config: Any, trust_remote_code: bool = False) -> C
     from transformers.pytorch_utils import Conv1D
 
     cfg = copy.deepcopy(model_config)
-    seq_cls = config.task == "sequence_classification"
+    seq_cls = objectives.of(config).is_classifier
     if seq_cls:
         cfg.num_labels = config.num_labels or 2
         if getattr(cfg, "pad_token_id", None) is None:
@@ -521,7 +508,7 @@ def logits_loss_bytes(sh: Shape, c: Census, s: Settings) -> int:
     The one place the loss kernel changes the estimate: `eager` (transformers' own) materialises the logits; `liger`
     holds one chunk of them (`liger_logits_bytes`; the traced path takes this term instead of the replay's logits, as
     a replay cannot run a Triton kernel); `trl_chunked` is TRL's log-prob head, one fixed tile."""
-    if s.task == "sequence_classification":
+    if s.classifier:
         return 0
     if s.loss_kernel == "liger":
         return liger_logits_bytes(sh, c, s)
@@ -533,8 +520,7 @@ def logits_loss_bytes(sh: Shape, c: Census, s: Settings) -> int:
         return tile + 4 * s.tokens * sh.hidden + head_grad + head_copy  # + the fp32 gradient of the hidden states
     if s.loss_kernel != "eager":
         raise ValueError(f"loss kernel {s.loss_kernel!r}: no memory formula yet")
-    per_entry = ORPO_LOGITS_BYTES if s.objective == "orpo" else LOGITS_BACKWARD_BYTES
-    return per_entry * s.tokens * sh.vocab + head_copy  # 12 B per token per vocab entry + a 16-bit head
+    return s.logits_bytes * s.tokens * sh.vocab + head_copy  # 12 B per token per vocab entry + a 16-bit head
 
 
 def liger_chunk_rows(tokens: int, hidden: int, vocab: int) -> int:
@@ -613,7 +599,7 @@ def analyse(sh: Shape, c: Census, s: Settings) -> Analytic:
     if s.checkpointing:
         phases["backward with recomputation"] = static + grads_always + acts + recompute_bytes(sh, c, s)
     phases["optimizer step"] = static + comp["gradients"] + comp["optimizer_temporaries"]
-    if s.method == "full" and s.task != "sequence_classification" and s.loss_kernel == "eager":
+    if s.method == "full" and not s.classifier and s.loss_kernel == "eager":
         head_grad = 4 * c.head_params + s.tokens * sh.vocab * (6 if s.amp else 4)
         phases["backward through the output head"] = static + grads_always + acts + head_grad
     phase = max(phases, key=phases.get)

@@ -132,8 +132,9 @@ def foreach(plan: RunPlan) -> bool:
 
 
 def sequences_per_example(plan: RunPlan) -> int:
-    """DPO and ORPO score a chosen and a rejected answer per example in one batch, as TRL concatenates them."""
-    return 2 if plan.objective in ("dpo", "orpo") else 1
+    """Sequences one example puts in the batch (DPO and ORPO: a chosen and a rejected answer, as TRL concatenates
+    them): the objective's record says."""
+    return plan.objective.sequences
 
 
 def build(model_config: Any, plan: RunPlan) -> torch.nn.Module:
@@ -143,7 +144,7 @@ def build(model_config: Any, plan: RunPlan) -> torch.nn.Module:
 
     model = models.build_model(plan, model_config=model_config)  # PiSSA's SVD and OLoRA's QR run on fake tensors too
     model.train()
-    if plan.objective != "sft":
+    if plan.objective.needs_trl:
         _as_trl_prepares(model, plan)
     if plan.config.gradient_checkpointing:  # Trainer(activation_checkpointing=True): non-reentrant
         models.enable_checkpointing(model)
@@ -168,16 +169,9 @@ def _as_trl_prepares(model: torch.nn.Module, plan: RunPlan, outputs: tuple[str, 
     from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
 
     disable_dropout_in_model(model)
-    if plan.objective in ("dpo", "kto"):
+    if plan.objective.loss_kernel == "trl_chunked":
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        add_fused_lm_head(base, outputs=outputs or FUSED_OUTPUTS[plan.objective])
-
-
-# What TRL 1.16 asks its fused head for (DPO: log-probs + metrics; KTO: log-probs, entropy, mean logits).
-FUSED_OUTPUTS = {
-    "dpo": ("log_probs", "entropy", "mean_logits", "is_top1"),
-    "kto": ("log_probs", "entropy", "mean_logits"),
-}
+        add_fused_lm_head(base, outputs=outputs or plan.objective.fused_outputs)
 
 
 # ----------------------------------------------------------------------------- optimizer + step (as Trainer does)
@@ -213,7 +207,7 @@ def make_batch(plan: RunPlan) -> dict[str, torch.Tensor]:
     if plan.is_classifier:
         return {"input_ids": ids, "labels": torch.zeros((rows,), dtype=torch.long)}
     batch = {"input_ids": ids, "labels": torch.zeros((rows, config.max_seq_length), dtype=torch.long)}
-    if plan.objective == "kto":
+    if plan.objective.kl_pass:
         batch["kl_input_ids"] = torch.zeros_like(ids)
     return batch
 
@@ -227,7 +221,7 @@ def train_step(model, optimizer, batch, plan: RunPlan, counter: LiveBytes | None
     dtype = autocast_dtype(plan)
     amp = torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
     with amp:
-        if plan.objective == "sft":
+        if plan.objective.replay == "lm_loss":
             loss = _sft_loss(model, batch, plan)
         else:
             loss = preference_loss(model, batch, plan, phase, reference)
@@ -259,10 +253,10 @@ def preference_loss(model, batch, plan: RunPlan, phase: Any, reference: Any = No
     reference over both. ORPO: one pass with the whole logits, the chosen half's NLL and every row's log-probs; no
     reference. The reference is the model with its adapters off (LoRA / QLoRA) or `reference` (a frozen copy)."""
     ids, labels = batch["input_ids"], batch["labels"]
-    if plan.objective == "orpo":
+    if plan.objective.replay == "paired_logits":
         return _orpo_loss(model, ids, labels)
     kl = None
-    if plan.objective == "kto":
+    if plan.objective.kl_pass:
         phase("kl")
         with torch.no_grad():
             kl = _sequence_logps(model, batch["kl_input_ids"]).mean()
@@ -274,8 +268,8 @@ def preference_loss(model, batch, plan: RunPlan, phase: Any, reference: Any = No
             kl = (kl - _sequence_logps(ref, batch["kl_input_ids"]).mean()).clamp(min=0)
         ref_logps = _sequence_logps(ref, ids)
     phase("forward_head")
-    beta = plan.config.beta
-    if plan.objective == "dpo":
+    beta = plan.beta
+    if plan.objective.replay == "paired_fused":
         chosen, rejected = (logps - ref_logps).chunk(2, dim=0)
         return -torch.nn.functional.logsigmoid(beta * (chosen - rejected)).mean()
     return (1 - torch.sigmoid(beta * (logps - ref_logps - kl))).mean()  # KTO, every row desirable

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from finetune import objectives
 from finetune.config import TrainConfig
 from finetune.errors import UserError, os_reason
 from finetune.publish.public import FULL_MODEL_FILES, TOKENIZER_FILES, check_no_local_paths, looks_like_path
@@ -82,7 +83,7 @@ def export_run(
     fmt, quant = check_format(fmt, quant)
     run = finished_run(run_dir)
     config = run.load_config()
-    if config.task != "causal_lm":
+    if objectives.of(config).is_classifier:
         raise UserError(f"format: export supports causal_lm runs, not {config.task}; push the adapter", "format")
     target = _target(run, fmt, quant, out)
     warnings = (QLORA_WARNING,) if config.method == "qlora" else ()

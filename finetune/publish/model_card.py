@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from finetune import objectives
 from finetune.config import BUNDLED_DATASET, EMBEDDED_MODEL, TrainConfig
+from finetune.objectives import Objective
 from finetune.plan import model_class_for
 from finetune.publish.public import (
     CANONICAL_NAME,
@@ -89,11 +91,6 @@ class RunSummary:
 
 
 REWARD_KEYS = ("rewards_margin", "rewards_accuracy")  # from finetune.progress's "log" events of preference runs
-OBJECTIVE_NAMES = {
-    "dpo": "DPO (direct preference optimisation)",
-    "orpo": "ORPO (odds-ratio preference optimisation, no reference model)",
-    "kto": "KTO (Kahneman-Tversky optimisation, answers marked good or bad)",
-}
 
 
 def summarize(run_dir: str | Path) -> RunSummary:
@@ -335,7 +332,8 @@ def build_model_card(
         tags.append("merged")
     if gguf_file:
         tags.append("gguf")
-    tags.append("sft" if c.task == "causal_lm" else "text-classification")
+    objective = objectives.of(c)
+    tags.append(objective.card_tag)
     tags = list(dict.fromkeys(tags))
     extra: dict[str, Any] = {}
     if merged and s.base.hub_id:
@@ -346,7 +344,7 @@ def build_model_card(
         license=license,
         datasets=[s.dataset.hub_id] if s.dataset.hub_id else None,
         tags=tags,
-        pipeline_tag="text-generation" if c.task == "causal_lm" else "text-classification",
+        pipeline_tag="text-classification" if objective.is_classifier else "text-generation",
         **extra,
     )
     body = _body(s, repo_id or "OWNER/NAME", merged=merged, license=license, loss_curve=loss_curve)
@@ -387,8 +385,9 @@ def _body(s: RunSummary, repo_id: str, *, merged: bool, license: str | None, los
     }[c.method]
     if merged:
         what = f"{base.description} with a LoRA adapter merged into its weights (a full model)"
-    if c.objective != "sft":
-        what += f", preference-tuned with {c.objective.upper()}"
+    objective = objectives.of(c)
+    if objective.card_phrase:
+        what += f", {objective.card_phrase}"
     title = repo_id.split("/")[-1]
     lines = [
         f"# {title}",
@@ -458,16 +457,21 @@ def _body(s: RunSummary, repo_id: str, *, merged: bool, license: str | None, los
 
 
 def _objective_rows(s: RunSummary) -> list[tuple[str, str]]:
-    """Card rows of a preference run: the objective and its settings, the data columns, the last rewards."""
+    """Card rows of a run with an objective of its own: the objective and its settings, the data columns, the last
+    rewards."""
     c = s.config
-    if c.objective == "sft":
+    objective = objectives.of(c)
+    if not objective.card_name:
         return []
-    text = OBJECTIVE_NAMES.get(c.objective, c.objective) + f", beta {c.beta:g}"
-    if c.objective == "dpo":
-        text += f", loss `{c.loss_type}`"
-    if c.objective in ("dpo", "kto"):
-        reference = "the base model with the adapter off" if c.method != "full" else "a frozen copy of the base model"
-        text += f"; reference: {reference}"
+    text = objective.card_name + f", beta {objective.beta(c):g}"
+    if objective.loss_types:
+        text += f", loss `{objective.loss_type(c)}`"
+    reference = objective.reference_kind(c)
+    if reference is not None:
+        words = (
+            "the base model with the adapter off" if reference == "adapter-off" else "a frozen copy of the base model"
+        )
+        text += f"; reference: {words}"
     columns = s.data_columns or {
         role: getattr(c, f"{role}_column")
         for role in ("prompt", "chosen", "rejected", "completion", "label")
@@ -485,18 +489,26 @@ def _objective_rows(s: RunSummary) -> list[tuple[str, str]]:
 
 
 def _reproduce_command(s: RunSummary) -> str:
-    """The published reproduce command; a preference run also spells out its objective settings."""
+    """The published reproduce command; a run with an objective of its own also spells out its settings."""
     assert s.public is not None
     command = s.public.reproduce_command()
-    c = s.config
-    if c.objective == "sft":
+    objective = objectives.of(s.config)
+    if objective.is_plain:
         return command
-    sets = [f"objective={c.objective}", f"beta={c.beta:g}"]
-    if c.objective == "dpo":
-        sets.append(f"loss_type={c.loss_type}")
+    return command + "".join(f" --set {shlex.quote(item)}" for item in objective_sets(s.config, objective))
+
+
+def objective_sets(c: TrainConfig, objective: Objective) -> list[str]:
+    """`key=value` for the objective and each of its settings (resolved: an empty beta as the value it took)."""
+    resolved = {"beta": f"{objective.beta(c):g}", "loss_type": objective.loss_type(c)}
+    sets = [f"objective={c.objective}"]
+    for key in objective.fields:
+        value = resolved.get(key, getattr(c, key))
+        if key.endswith("_column") or value in ("", None):
+            continue
+        sets.append(f"{key}={value}")
     columns = ("prompt_column", "chosen_column", "rejected_column", "completion_column", "label_column")
-    sets += [f"{key}={getattr(c, key)}" for key in columns if getattr(c, key)]
-    return command + "".join(f" --set {shlex.quote(item)}" for item in sets)
+    return sets + [f"{key}={getattr(c, key)}" for key in columns if getattr(c, key)]
 
 
 def _method_text(c: TrainConfig) -> str:
@@ -640,7 +652,7 @@ def _snippet(s: RunSummary, repo_id: str, *, merged: bool) -> str:
             prompt = " ".join(str(entry[1][0]["prompt"]).split())
             break
     prompt = prompt.replace("\\", "\\\\").replace('"', '\\"')
-    model_cls = model_class_for(c.task)
+    model_cls = model_class_for(objectives.of(c))
     full_model = merged or c.method == "full"
     lines: list[str] = []
     if full_model:
@@ -673,7 +685,7 @@ def _snippet(s: RunSummary, repo_id: str, *, merged: bool) -> str:
             f'model = PeftModel.from_pretrained(base, "{repo_id}")',
             f'tokenizer = AutoTokenizer.from_pretrained("{repo_id}")',
         ]
-    if c.task == "sequence_classification":
+    if objectives.of(c).is_classifier:
         lines += [
             "",
             f'inputs = tokenizer("{prompt}", return_tensors="pt")',
