@@ -4,7 +4,7 @@ For each configuration: build a random-initialised model from a config, save it,
 engine does (`finetune.models.load_model` + `finetune.engines.hf_trainer.training_arguments` + `Trainer`, 3 optimizer
 steps), count live tensor storages with a TorchDispatchMode (`finetune.memory.trace.LiveBytes`: every storage any op
 creates, and every weight, buffer and quantisation constant that exists before), and print the peak beside
-`finetune.memory.estimate(...)`, accelerate's `estimate-memory` figure and the "about 5x the model" rule of thumb.
+`finetune.memory.estimate(plan)`, accelerate's `estimate-memory` figure and the "about 5x the model" rule of thumb.
 
     .venv/bin/python bench/memory_accuracy.py                 # CPU, 16 small configurations, a few minutes
     .venv/bin/python bench/memory_accuracy.py --only llama    # configurations whose name contains "llama"
@@ -32,6 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from finetune.plan import plan_for  # noqa: E402 (after the path set-up above)
 
 MiB = 2**20
 
@@ -275,13 +277,13 @@ def measure(config: Any, device: str, memtracker: bool = False) -> dict[str, int
     from finetune.engines.hf_trainer import training_arguments
     from finetune.memory.trace import LiveBytes, _quant_state_tensors
 
-    if config.objective != "sft":
+    plan = plan_for(config)
+    if plan.objective.engine == "preference":
         return measure_preference(config, device)
-    precision = models.compute_dtype_name(config)
-    model = models.load_model(config)
+    model = models.load_model(plan)
     rows = config.per_device_train_batch_size * config.gradient_accumulation_steps * config.max_steps
     with tempfile.TemporaryDirectory() as out:
-        args = training_arguments(config, Path(out), precision, has_eval=False)
+        args = training_arguments(plan, Path(out), has_eval=False)
         args.logging_strategy = "no"
         trainer = Trainer(
             model=model,
@@ -319,7 +321,7 @@ def preference_rows(config: Any, rows: int) -> list[dict[str, Any]]:
     """Preference rows whose every sequence (prompt + answer) runs past `max_seq_length`: TRL cuts each to exactly
     that length (the worst case, as for SFT). DPO / ORPO pairs; KTO rows with alternating good / bad labels."""
     long = " ".join(["Arr matey, the capital of France be Paris! The quick brown fox jumps over the lazy dog."] * 40)
-    if config.objective == "kto":
+    if plan_for(config).objective.data_kind == "unpaired":
         return [{"prompt": f"Question {i}?\n", "completion": long, "label": i % 2 == 0} for i in range(rows)]
     return [{"prompt": f"Question {i}?\n", "chosen": long, "rejected": long[::-1]} for i in range(rows)]
 
@@ -334,7 +336,6 @@ def measure_preference(config: Any, device: str) -> dict[str, int]:
     from finetune import models
     from finetune.engines import preference
     from finetune.memory.trace import LiveBytes
-    from finetune.plan import plan_for
 
     if not (Path(config.model) / "tokenizer.json").is_file():
         from tests.tiny import build_tokenizer
@@ -342,7 +343,7 @@ def measure_preference(config: Any, device: str) -> dict[str, int]:
         build_tokenizer(Path(config.model))  # byte-level BPE, vocabulary 384: ids fit every bench model
     tokenizer = AutoTokenizer.from_pretrained(config.model)
     plan = plan_for(config)
-    model = models.load_model(config, plan=plan)
+    model = models.load_model(plan)
     reference = None
     if plan.reference == "copy":
         reference = models.load_base(plan)
@@ -350,9 +351,9 @@ def measure_preference(config: Any, device: str) -> dict[str, int]:
         reference.eval()
     rows = config.per_device_train_batch_size * config.gradient_accumulation_steps * config.max_steps
     with tempfile.TemporaryDirectory() as out:
-        args = preference.preference_arguments(config, plan, Path(out), has_eval=False)
+        args = preference.preference_arguments(plan, Path(out), has_eval=False)
         args.logging_strategy, args.save_strategy, args.report_to = "no", "no", []
-        kwargs = {"ref_model": reference} if plan.objective in ("dpo", "kto") else {}
+        kwargs = {"ref_model": reference} if plan.objective.reference != "none" else {}
         trainer = preference.trainer_class(plan.objective)(
             model=model,
             args=args,
@@ -413,7 +414,7 @@ def run_case(case: Case, where: Path, device: str) -> dict[str, Any]:
     model_dir = save_random_model(case, where)
     config = train_config(case, model_dir, device)
     t0 = time.perf_counter()
-    est = memory.estimate(config, device=device)
+    est = memory.estimate(plan_for(config, device))
     est_s = time.perf_counter() - t0
     measured = measure(config, device)
     return {
@@ -515,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
         f"- command: `{command.strip()}`\n"
         f"- measured: peak of live tensor storages over 3 real Trainer steps "
         f"({'torch.cuda.max_memory_allocated' if args.device == 'cuda' else 'TorchDispatchMode counter'}); "
-        f"ours: `finetune.memory.estimate(config, device={args.device!r}).tensor_bytes`\n"
+        f"ours: `finetune.memory.estimate(plan_for(config, {args.device!r})).tensor_bytes`\n"
         f"- batch {CPU_BATCH} ({CPU_BIGVOCAB_BATCH} for bigvocab) unless the name says; "
         f"errors are (estimate - measured) / measured\n\n{table(rows, args.device)}\n\n{headline(rows)}\n"
     )

@@ -221,24 +221,9 @@ def load_tokenizer(config: TrainConfig) -> Any:
 
 
 # ----------------------------------------------------------------------------- model
-def has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def compute_dtype_name(config: TrainConfig) -> str:
-    """The precision actually used on this machine (the run plan decides it)."""
-    from finetune.plan import plan_for
-
-    return plan_for(config).precision
-
-
-def load_model(config: TrainConfig, num_labels: int | None = None, plan: RunPlan | None = None) -> Any:
+def load_model(plan: RunPlan, num_labels: int | None = None) -> Any:
     """The model ready to train: full, LoRA-wrapped or 4-bit QLoRA-wrapped, as the run plan says."""
-    from finetune.plan import plan_for
-
-    return build_model(plan or plan_for(config), num_labels=num_labels)
+    return build_model(plan, num_labels=num_labels)
 
 
 def build_model(plan: RunPlan, num_labels: int | None = None, model_config: Any = None) -> Any:

@@ -10,7 +10,7 @@ say which device), never transformers or peft; `lora_config()` / `quantization_c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from finetune import objectives
@@ -26,6 +26,7 @@ TRAINER_OPTIMIZERS = {
     "sgd": "sgd",
 }
 _TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # bytes per element of each dtype a plan names
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,56 @@ class RunPlan:
 
         return LoraConfig(**self.lora.kwargs())
 
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as JSON-able data (the run's plan.json): every decision, the objective by its record's name; the
+        config itself is the run's config.yaml."""
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "config"}
+        values["objective"] = self.objective.name
+        for name in ("lora", "quantization"):
+            part = values[name]
+            values[name] = None if part is None else {f.name: getattr(part, f.name) for f in fields(part)}
+        if values["lora"] is not None and not isinstance(values["lora"]["target_modules"], str):
+            values["lora"]["target_modules"] = list(values["lora"]["target_modules"])
+        return values
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], config: TrainConfig) -> RunPlan:
+        """A plan read back from `to_dict()` data, for the run whose config is `config`."""
+        known = {f.name for f in fields(cls)} - {"config"}
+        data = {k: v for k, v in values.items() if k in known}
+        data["objective"] = objectives.OBJECTIVES.get(data.get("objective", ""), objectives.of(config))
+        if data.get("lora") is not None:
+            lora = dict(data["lora"])
+            targets = lora["target_modules"]
+            lora["target_modules"] = targets if isinstance(targets, str) else tuple(targets)
+            data["lora"] = LoraPlan(**lora)
+        if data.get("quantization") is not None:
+            data["quantization"] = QuantPlan(**data["quantization"])
+        return cls(config=config, **data)
+
+    def replanned(self, **changes: Any) -> RunPlan:
+        """The plan of this config with some fields changed, on the same device and world (the estimator's what-ifs)."""
+        return plan_for(self.config.replace(**changes), device=self.device, world_size=self.world_size)
+
+    def for_merge(self) -> RunPlan:
+        """How an export merges the adapter into the base: on the CPU, in float32, never on a 4-bit base (a QLoRA
+        run's adapter merges into the full-precision weights)."""
+        return replace(
+            self,
+            device="cpu",
+            precision="fp32",
+            weight_dtype="float32",
+            compute_dtype="float32",
+            autocast_dtype=None,
+            quantization=None,
+            liger=False,
+        )
+
+    def placement(self) -> str:
+        """Where a model loaded with this plan goes on this machine: the plan's GPU when there is one, else the CPU
+        (a run trained on a GPU can still be chatted with here)."""
+        return "cuda" if self.device == "cuda" and _cuda_available() else "cpu"
+
     def quantization_config(self) -> Any:
         """`transformers.BitsAndBytesConfig` for QLoRA (None otherwise)."""
         if self.quantization is None:
@@ -165,7 +216,7 @@ def plan_for(config: TrainConfig, device: str | None = None, world_size: int | N
     return RunPlan(
         config=config,
         device=device,
-        world_size=max(1, world_size),
+        world_size=world_size,  # (the estimator refuses fewer than one process in plain words)
         precision=precision,
         model_class=model_class_for(objective),
         weight_dtype=weight,

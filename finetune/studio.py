@@ -26,6 +26,7 @@ from finetune.access import DATA_SUFFIXES, AccessPolicy
 from finetune.config import FIELDS, TrainConfig, field_kind, field_label, field_optional
 from finetune.errors import ConfigError, UserError
 from finetune.inference import Classification, GenerationSettings
+from finetune.plan import RunPlan
 from finetune.progress import TrainingState
 from finetune.rundir import RunDir, find_run
 from finetune.runs import RunManager
@@ -176,6 +177,13 @@ class Studio:
             raise ConfigError(message, field=field)
         return config
 
+    def plan(self, values: dict[str, Any], device: str | None = None, gpus: int | None = None) -> RunPlan:
+        """The run plan of form values on `device` with `gpus` processes (default: this machine, one process): what
+        the estimate, the commands, the preview and the base model's chat are made from."""
+        from finetune.plan import plan_for
+
+        return plan_for(self.config(values), device=device, world_size=gpus)
+
     @staticmethod
     def config_from_yaml(text: str) -> TrainConfig:
         """A config from YAML text, through the backend's bounded parser (one-line `ConfigError` otherwise)."""
@@ -240,10 +248,10 @@ class Studio:
     def estimate(
         self, values: dict[str, Any], device: str = "cuda", gpus: int = 1, gpu_gib: float | None = None
     ) -> Any:
-        """The memory estimate (breakdown, fit verdict, advice) for these settings."""
+        """The memory estimate (breakdown, fit verdict, advice) for these settings on `gpus` processes of `device`."""
         from finetune import memory
 
-        return memory.estimate(self.config(values), device=device, gpus=gpus, gpu_gib=gpu_gib)
+        return memory.estimate(self.plan(values, device=device, gpus=gpus), gpu_gib=gpu_gib)
 
     def preview_data(self, values: dict[str, Any], n: int = 3) -> dict[str, Any]:
         """The first examples as the model sees them, with what is masked from the loss."""
@@ -260,10 +268,11 @@ class Studio:
         from finetune.launch import launch_commands
         from finetune.runs import unique_run_path
 
-        config = self.config(values)
+        plan = self.plan(values)
+        config = plan.config
         output_dir = None if config.output_dir else Path("runs") / unique_run_path(self.manager.root, config).name
         commands: dict[str, str] = {}
-        for key, command in launch_commands(config, gpus=gpus, nodes=nodes, output_dir=output_dir).items():
+        for key, command in launch_commands(plan, gpus=gpus, nodes=nodes, output_dir=output_dir).items():
             if command not in commands.values():  # without DeepSpeed the multi-node launcher is torchrun's
                 commands[key] = command
         return commands
@@ -271,14 +280,14 @@ class Studio:
     def preview_run(self, values: dict[str, Any], estimate: bool = True) -> RunPreview:
         """What Start would run with these settings on this machine: model, data, method, objective, steps, batch
         and (with `estimate`) the estimated peak memory per device. A `ConfigError` for bad settings."""
-        from finetune.plan import plan_for
-
-        config = self.config(values)
-        plan = plan_for(config)
+        plan = self.plan(values)
+        config = plan.config
         peak, note = None, ""
         if estimate:
+            from finetune import memory
+
             try:
-                peak = int(self.estimate(values, device=plan.device).total_bytes)
+                peak = int(memory.estimate(plan).total_bytes)
             except Exception as exc:  # the model config cannot be read offline, ...: the rest still holds
                 note = next(iter(field_problem(exc).values()))
         return RunPreview(
@@ -451,24 +460,24 @@ class Studio:
         from finetune.inference import adapter_dir, load_for_chat
 
         if source == BASE:
-            config = self.config(base_values or {})
-            key, run_path = f"base:{config.model}", None
+            plan = self.plan(base_values or {})
+            key, run_path = f"base:{plan.config.model}", None
         elif isinstance(source, str) and source.startswith(BASE_OF):
             run = self._run(source[len(BASE_OF) :])
             self._check_run_allowed(run)
-            config, run_path = run.load_config(), None
-            key = f"base:{config.model}"
+            plan, run_path = run.load_plan(), None  # the base as the run loaded it
+            key = f"base:{plan.config.model}"
         else:
             run = self._run(source)
             self._check_run_allowed(run)
-            config, run_path = run.load_config(), run.path
+            plan, run_path = run.load_plan(), run.path  # the run's own plan: its class, dtype, 4-bit base, adapter
             weights = adapter_dir(run.path)
             key = f"{source}:{weights}"  # a newer checkpoint of a running run loads afresh
         with self._chat_lock:
             if key in self._chat_models:
                 self._chat_models.move_to_end(key)
                 return self._chat_models[key]
-            loaded = load_for_chat(config, run_path)
+            loaded = load_for_chat(plan, run_path)
             self._chat_models[key] = loaded
             while len(self._chat_models) > self._chat_cache_size:
                 self._chat_models.popitem(last=False)
@@ -481,10 +490,10 @@ class Studio:
         if not isinstance(source, str) or source == BASE or source.startswith(BASE_OF):
             return "chat"
         try:
-            config = self._run(source).load_config()
+            plan = self._run(source).load_plan()
         except UserError:
             return "chat"  # an unknown run: the chat itself reports it in its own words
-        return "classifier" if objectives.of(config).is_classifier else "chat"
+        return "classifier" if plan.is_classifier else "chat"
 
     def classify(self, source: str, text: str, text_pair: str = "") -> Classification:
         """Every label's probability for a text (and optional second text) from a sequence-classification run."""
@@ -497,11 +506,12 @@ class Studio:
             raise UserError("text: empty; type the text to classify", field="text")
         run = self._run(source)
         self._check_run_allowed(run)
-        config = run.load_config()
+        plan = run.load_plan()
+        config = plan.config
         key = f"classify:{source}:{adapter_dir(run.path)}"  # a newer checkpoint of a running run loads afresh
         with self._chat_lock:
             if key not in self._chat_models:
-                self._chat_models[key] = load_classifier(config, run.path)
+                self._chat_models[key] = load_classifier(plan, run.path)
                 while len(self._chat_models) > self._chat_cache_size:
                     self._chat_models.popitem(last=False)
             self._chat_models.move_to_end(key)
@@ -598,7 +608,7 @@ class Studio:
         estimate, fits, changes); the best memory advice applied when the settings as given do not fit."""
         from finetune.memory import propose
 
-        return propose(self.config(values), device=device, gpus=gpus, gpu_gib=gpu_gib)
+        return propose(self.plan(values, device=device, gpus=gpus), gpu_gib=gpu_gib)
 
     # ---- multi-process
     @staticmethod

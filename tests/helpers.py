@@ -155,12 +155,14 @@ def measured_peak(config: TrainConfig) -> int:
     from finetune import models
     from finetune.engines.hf_trainer import training_arguments
     from finetune.memory.trace import LiveBytes
+    from finetune.plan import plan_for
 
-    model = models.load_model(config)
+    plan = plan_for(config, "cpu")
+    model = models.load_model(plan)
     ids = torch.randint(3, 300, (4, config.max_seq_length), generator=torch.Generator().manual_seed(0))
     rows = [{"input_ids": r, "attention_mask": torch.ones_like(r), "labels": r.clone()} for r in ids]
     with tempfile.TemporaryDirectory() as out:
-        args = training_arguments(config, Path(out), "fp32", has_eval=False)
+        args = training_arguments(plan, Path(out), has_eval=False)
         args.logging_strategy, args.save_strategy = "no", "no"
         trainer = Trainer(model=model, args=args, train_dataset=rows, data_collator=default_data_collator)
         counter = LiveBytes()

@@ -13,6 +13,7 @@ import pytest
 from finetune import memory
 from finetune.config import FIELDS, TrainConfig
 from finetune.data_stats import data_stats
+from finetune.plan import plan_for
 from finetune.studio import Studio
 from tests.helpers import tiny_config, write_jsonl
 
@@ -35,7 +36,7 @@ def short_rows(tmp_path_factory) -> Path:
 
 def fitting_capacity(config: TrainConfig, share: float = 0.6) -> float:
     """GiB that hold `share` of what the run needs on the CPU (so it does not fit as it is)."""
-    return share * memory.estimate(config, device="cpu").total_bytes / memory.GiB
+    return share * memory.estimate(plan_for(config, "cpu")).total_bytes / memory.GiB
 
 
 # ----------------------------------------------------------------------------- the data's token lengths
@@ -71,7 +72,7 @@ def test_cutting_rows_that_are_all_shorter_is_free(tiny_model_dir, short_rows):
     config = tiny_config(
         tiny_model_dir, dataset=str(short_rows), method="full", per_device_train_batch_size=8, max_seq_length=512
     )
-    est = memory.estimate(config, device="cpu", gpu_gib=fitting_capacity(config))
+    est = memory.estimate(plan_for(config, "cpu"), gpu_gib=fitting_capacity(config))
     assert est.fits is False and est.advice
     shorter = [a for a in est.advice if "max_seq_length" in a.changes]
     assert shorter and all(a.keeps_data and "every row still fits" in a.cost for a in shorter)
@@ -82,7 +83,7 @@ def test_cutting_long_rows_is_costed_and_ranked_after_options_that_keep_them(tin
     config = tiny_config(
         tiny_model_dir, dataset=str(long_rows), method="full", per_device_train_batch_size=8, max_seq_length=512
     )
-    est = memory.estimate(config, device="cpu", gpu_gib=fitting_capacity(config))
+    est = memory.estimate(plan_for(config, "cpu"), gpu_gib=fitting_capacity(config))
     assert est.advice and est.advice[0].keeps_data
     cuts = [a for a in est.advice if "max_seq_length" in a.changes]
     for a in cuts:
@@ -106,7 +107,7 @@ def test_a_hub_dataset_is_never_downloaded_for_advice_and_its_cuts_rank_last(tin
         tiny_model_dir, dataset="someone/a-hub-dataset", method="full", per_device_train_batch_size=8,
         max_seq_length=512,
     )  # fmt: skip
-    est = memory.estimate(config, device="cpu", gpu_gib=fitting_capacity(config, 0.3))
+    est = memory.estimate(plan_for(config, "cpu"), gpu_gib=fitting_capacity(config, 0.3))
     assert est.advice
     cuts = [a for a in est.advice if "max_seq_length" in a.changes]
     assert cuts and all(a.data_lost is None and "data length unknown" in a.cost for a in cuts)
@@ -132,9 +133,9 @@ def llama_8b_qlora(long_rows) -> TrainConfig:
 
 def test_8b_qlora_on_a_24gb_card_keeps_2048_tokens_and_batch_8(llama_8b_qlora, capsys):
     card = memory.GPU_CARDS["L4 (24 GB)"]  # 22.0 GiB usable: the tightest 24 GB card
-    memory.estimate(llama_8b_qlora, device="cuda")  # the replay of the settings as given (cached afterwards)
+    memory.estimate(plan_for(llama_8b_qlora, "cuda"))  # the replay of the settings as given (cached afterwards)
     started = time.monotonic()
-    est = memory.estimate(llama_8b_qlora, device="cuda", gpu_gib=card)
+    est = memory.estimate(plan_for(llama_8b_qlora, "cuda"), gpu_gib=card)
     advice_seconds = time.monotonic() - started
     assert est.fits is False and est.advice
     top = est.advice[0]
@@ -185,7 +186,7 @@ def test_proposal_keeps_settings_that_already_fit(tiny_model_dir):
 
 def test_proposal_for_the_8b_turns_checkpointing_on_where_only_it_fits(llama_8b_qlora):
     card = memory.GPU_CARDS["L4 (24 GB)"]
-    proposal = memory.propose(llama_8b_qlora, device="cuda", gpu_gib=card)
+    proposal = memory.propose(plan_for(llama_8b_qlora, "cuda"), gpu_gib=card)
     chosen = TrainConfig.from_dict(proposal.values)
     assert proposal.fits and chosen.gradient_checkpointing and chosen.max_seq_length == 2048
     assert chosen.effective_batch_size == 8 and proposal.estimate.total_bytes <= card * memory.GiB

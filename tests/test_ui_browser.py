@@ -232,11 +232,12 @@ def test_open_the_app(page):
 def test_memory_shows_the_estimators_figure(page, tiny_model_dir):
     from finetune import memory
     from finetune.config import TrainConfig
+    from finetune.plan import plan_for
     from ui.memory_tab import default_card
 
     card = default_card(memory.GPU_CARDS)
     config = TrainConfig.from_dict({**TrainConfig().to_dict(), "model": str(tiny_model_dir)})
-    expected = memory.estimate(config, device="cuda", gpu_gib=memory.GPU_CARDS[card])
+    expected = memory.estimate(plan_for(config, "cuda"), gpu_gib=memory.GPU_CARDS[card])
     tab(page, "Memory")
     fill(page, "mem-model", tiny_model_dir)  # the same field as Configure's: the edit is mirrored there
     page.locator("#mem-estimate").click()

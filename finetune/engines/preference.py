@@ -19,12 +19,11 @@ from typing import Any
 from transformers.trainer_callback import PrinterCallback
 
 from finetune import models
-from finetune.config import TrainConfig
 from finetune.engines.common import Prepared, prepare_run, save_final
 from finetune.engines.hf_trainer import ProgressCallback, StudioTrainer, training_arguments
 from finetune.engines.world import trainer_world_if
 from finetune.objectives import NO_REFERENCE, Objective
-from finetune.plan import RunPlan, uses_deepspeed
+from finetune.plan import RunPlan
 from finetune.progress import Progress
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # ORPO lives in trl.experimental; its import warning is noise
@@ -55,10 +54,11 @@ def load_class(path: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-def preference_arguments(config: TrainConfig, plan: RunPlan, output_dir: Path, has_eval: bool) -> Any:
+def preference_arguments(plan: RunPlan, output_dir: Path, has_eval: bool) -> Any:
     """The SFT run's `TrainingArguments`, every field carried into TRL's config for the objective, plus its own
     settings: beta, the DPO loss and the sequence length (prompt + answer)."""
-    args = training_arguments(config, output_dir, plan.precision, has_eval)
+    config = plan.config
+    args = training_arguments(plan, output_dir, has_eval)
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init}
     values.update(beta=plan.beta, max_length=config.max_seq_length)
     if plan.loss_type:
@@ -89,21 +89,21 @@ def drop_reference_adapter(trainer: Any, plan: RunPlan) -> None:
         model.set_adapter("default")
 
 
-def train(config: TrainConfig, progress: Progress, resume_from: Path | None = None) -> str:
+def train(plan: RunPlan, progress: Progress, resume_from: Path | None = None) -> str:
     """Train to the end (or until stopped); returns the final status: completed or stopped."""
     # DeepSpeed through the Trainer needs a process group: one of size 1 without a launcher, torn down after the run.
-    with trainer_world_if(uses_deepspeed(config)):
-        return _train(config, progress, resume_from)
+    with trainer_world_if(plan.deepspeed):
+        return _train(plan, progress, resume_from)
 
 
-def _train(config: TrainConfig, progress: Progress, resume_from: Path | None = None) -> str:
+def _train(plan: RunPlan, progress: Progress, resume_from: Path | None = None) -> str:
     from transformers import set_seed
 
+    config = plan.config
     set_seed(config.seed)  # before the adapter is built, as for SFT
-    prepared = prepare_run(config, progress)
+    prepared = prepare_run(plan, progress)
     if progress.stop_requested.is_set():
         return "stopped"
-    plan = prepared.plan
     progress.event(  # what the run compares and reads, for the model card
         "objective",
         objective=plan.objective.name,
@@ -112,7 +112,7 @@ def _train(config: TrainConfig, progress: Progress, resume_from: Path | None = N
         reference=plan.reference,
         columns=prepared.data.format.columns,
     )
-    args = preference_arguments(config, plan, progress.run.path, prepared.data.eval is not None)
+    args = preference_arguments(plan, progress.run.path, prepared.data.eval is not None)
     kwargs: dict[str, Any] = {}
     if plan.objective.reference != NO_REFERENCE:
         kwargs["ref_model"] = reference_model(prepared)

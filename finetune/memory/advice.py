@@ -26,6 +26,9 @@ from typing import Any
 
 from finetune.config import TrainConfig
 from finetune.errors import UserError
+from finetune.memory import estimator as core
+from finetune.memory.estimator import Advice
+from finetune.plan import RunPlan
 
 # Estimated extra training time per lever, as a fraction. Sources: checkpointing recomputes the forward pass of each
 # block (one more forward of three passes: +20-35% in published measurements); QLoRA ran at 14.4k vs LoRA's 19.5k
@@ -68,28 +71,6 @@ KINDS = {
 
 
 @dataclass
-class Advice:
-    """One set of changes that makes the run use less memory, keeping the effective batch size."""
-
-    title: str
-    changes: dict[str, Any]
-    new_total_bytes: int
-    cost: str  # what it costs, in words: speed, quality, data
-    fits: bool | None = None
-    kind: str = ""  # the lever when one; "combine" for several
-    slowdown: float = 0.0  # estimated extra training time (0.3 = +30%; negative = faster)
-    data_lost: float | None = 0.0  # share of training tokens cut off (None: the data's lengths are unknown)
-    score: float = 0.0  # the ranking cost in points (lower first)
-    kinds: list[str] = field(default_factory=list)  # every lever it pulls
-    replayed: bool = False  # new_total_bytes comes from a replay of these settings (else: formulas scaled)
-
-    @property
-    def keeps_data(self) -> bool:
-        """No training token is cut off (within 0.1%)."""
-        return self.data_lost is not None and self.data_lost <= 0.001
-
-
-@dataclass
 class Step:
     """One position of one lever: its settings and what it costs."""
 
@@ -114,8 +95,9 @@ class Proposal:
 # ----------------------------------------------------------------------------- the levers
 
 
-def _levers(config: TrainConfig, device: str, gpus: int) -> list[list[Step]]:
+def _levers(plan: RunPlan) -> list[list[Step]]:
     """For each lever, its positions from mildest (the current setting, no change) to most drastic."""
+    config = plan.config
     keep = Step("", {}, 0.0, 0.0, "")
     levers: list[list[Step]] = []
     if not config.gradient_checkpointing:
@@ -130,8 +112,8 @@ def _levers(config: TrainConfig, device: str, gpus: int) -> list[list[Step]]:
             Step("optim8bit", {"optim": "paged_adamw_8bit"}, SPEED_COST["paged"], QUALITY_COST["optim8bit"],
                  "paged 8-bit AdamW"),
         ])  # fmt: skip
-    levers.append([keep, *_methods(config, gpus)])
-    levers.append([keep, *_sharding(config, device, gpus)])
+    levers.append([keep, *_methods(plan)])
+    levers.append([keep, *_sharding(config, plan.device, plan.world_size)])
     levers.append([keep, *_sequence_lengths(config)])
     return [lever for lever in levers if len(lever) > 1]
 
@@ -148,8 +130,9 @@ def _micro_batches(config: TrainConfig) -> list[Step]:
     return out
 
 
-def _methods(config: TrainConfig, gpus: int) -> list[Step]:
+def _methods(plan: RunPlan) -> list[Step]:
     """LoRA rank, LoRA instead of full, QLoRA instead of LoRA (QLoRA needs the Trainer backend, no ZeRO)."""
+    config = plan.config
     out: list[Step] = []
     if config.method in ("lora", "qlora"):
         r, halvings = config.lora_r // 2, 1
@@ -157,7 +140,7 @@ def _methods(config: TrainConfig, gpus: int) -> list[Step]:
             changes = {"lora_r": r, "lora_alpha": max(1, config.lora_alpha * r // config.lora_r)}
             out.append(Step("lora_rank", changes, 0.0, QUALITY_COST["lora_rank_halving"] * halvings, f"LoRA rank {r}"))
             r, halvings = r // 2, halvings + 1
-    qlora_ok = config.backend == "trainer" and config.zero_stage == 0
+    qlora_ok = not plan.deepspeed
     if config.method == "full":
         out.append(Step("lora", {"method": "lora"}, SPEED_COST["lora"], QUALITY_COST["lora"], "LoRA adapters"))
         if qlora_ok:
@@ -195,11 +178,11 @@ def _sequence_lengths(config: TrainConfig) -> list[Step]:
 # ----------------------------------------------------------------------------- the search
 
 
-def _advise(config: TrainConfig, device: str, gpus: int, capacity: int, base: Any) -> list[Advice]:
+def advise(plan: RunPlan, capacity: int, base: Any) -> list[Advice]:
     """Ranked combinations of changes that make the run fit within `capacity` bytes, cheapest honest cost first."""
-    stats = _stats_for(config)
+    stats = _stats_for(plan.config)
     ratio = min(1.25, max(0.8, base.tensor_bytes / max(1, base.analytic_tensor_bytes)))
-    combos = _ranked_combinations(config, device, gpus, stats)
+    combos = _ranked_combinations(plan, stats)
     found: list[tuple[tuple[int, ...], Advice]] = []
     started = time.monotonic()
     for positions, steps, score, lost in combos:
@@ -208,16 +191,17 @@ def _advise(config: TrainConfig, device: str, gpus: int, capacity: int, base: An
         if any(_contains(positions, kept) for kept, _ in found):
             continue  # a milder combination inside this one already fits
         changes = _merged(steps)
-        total = _price(config, changes, device, gpus, ratio)
+        total = _price(plan, changes, ratio)
         if total is None or total > capacity:
             continue
         found.append((positions, _advice(steps, changes, total, capacity, score, lost)))
-    return _confirmed(config, device, gpus, capacity, [a for _, a in found])
+    return _confirmed(plan, capacity, [a for _, a in found])
 
 
-def _ranked_combinations(config: TrainConfig, device: str, gpus: int, stats: Any) -> list[tuple]:
+def _ranked_combinations(plan: RunPlan, stats: Any) -> list[tuple]:
     """Every combination of lever positions with its cost: (positions, steps, score, tokens lost), best first."""
-    levers = _levers(config, device, gpus)
+    config = plan.config
+    levers = _levers(plan)
     out = []
     for positions in itertools.product(*(range(len(lever)) for lever in levers)):
         if not any(positions):
@@ -294,33 +278,27 @@ def _advice(steps: list[Step], changes: dict[str, Any], total: int, capacity: in
     return Advice(title, changes, int(total), "; ".join(parts), total <= capacity, kind, slowdown, lost, score, kinds)
 
 
-def _price(config: TrainConfig, changes: dict[str, Any], device: str, gpus: int, ratio: float) -> int | None:
-    """Total bytes after a change: the formulas, scaled by how far they were from the replay for this config."""
-    from finetune import memory as mem
-
+def _price(plan: RunPlan, changes: dict[str, Any], ratio: float) -> int | None:
+    """Total bytes after a change: the formulas, scaled by how far they were from the replay for this plan."""
     try:
-        new = config.replace(**changes)
+        new = plan.replanned(**changes)
     except UserError:
-        return None
-    if new.errors():
         return None  # a combination the config refuses (e.g. QLoRA with ZeRO)
-    est = mem._estimate_core(new, device, gpus, trace_it=False)
-    tensors = int(est.analytic_tensor_bytes * (ratio if mem._traceable(new) else 1.0))
-    return tensors + sum(mem._overheads(tensors, new).values()) if device == "cuda" else tensors
+    est = core.estimate_core(new, trace_it=False)
+    tensors = int(est.analytic_tensor_bytes * (ratio if core.traceable(new) else 1.0))
+    return tensors + sum(core.cuda_overheads(tensors, new).values()) if new.device == "cuda" else tensors
 
 
-def _confirmed(config: TrainConfig, device: str, gpus: int, capacity: int, advice: list[Advice]) -> list[Advice]:
+def _confirmed(plan: RunPlan, capacity: int, advice: list[Advice]) -> list[Advice]:
     """Replay suggestions in rank order until one is confirmed to fit (its figure becomes the exact one); drop the
     ones the replay shows do not fit. Suggestions after the first confirmed one keep their formula figure."""
-    from finetune import memory as mem
-
     out: list[Advice] = []
-    replays = 0 if _billions(config) <= REPLAY_MAX_BILLIONS else 2  # a large model's replay takes 15-30 s here
+    replays = 0 if _billions(plan) <= REPLAY_MAX_BILLIONS else 2  # a large model's replay takes 15-30 s here
     for a in advice:
-        new = config.replace(**a.changes)
-        if replays < 2 and mem._traceable(new) and not any(x.fits for x in out):
+        new = plan.replanned(**a.changes)
+        if replays < 2 and core.traceable(new) and not any(x.fits for x in out):
             replays += 1
-            est = mem._estimate_core(new, device, gpus)
+            est = core.estimate_core(new)
             a.new_total_bytes, a.fits, a.replayed = est.total_bytes, est.total_bytes <= capacity, True
             if not a.fits:
                 continue
@@ -342,39 +320,49 @@ def _stats_for(config: TrainConfig) -> Any:
 # ----------------------------------------------------------------------------- the first screen's proposal
 
 
-def propose(config: TrainConfig, device: str = "cuda", gpus: int = 1, gpu_gib: float | None = None) -> Proposal:
-    """A configuration like `config` that fits `gpu_gib` (the best advice applied), with the reasons in words."""
-    from finetune import memory as mem
-
+def propose(plan: RunPlan, gpu_gib: float | None = None) -> Proposal:
+    """A configuration like the plan's that fits `gpu_gib` on its device (the best advice applied), with the reasons
+    in words."""
+    config = plan.config
     stats = _stats_for(config)
-    start = _fit_to_data(config, stats)
-    est = mem.estimate(start, device=device, gpus=gpus, gpu_gib=gpu_gib)
-    chosen, advice = start, None
+    start = _fit_to_data(plan, stats)
+    est, chosen, advice = _estimate(start, gpu_gib), start, None
     if est.fits is False and est.advice:
         advice = est.advice[0]
-        chosen = start.replace(**advice.changes)
-        est = mem.estimate(chosen, device=device, gpus=gpus, gpu_gib=gpu_gib)
+        chosen = start.replanned(**advice.changes)
+        est = _estimate(chosen, gpu_gib)
     asked = config.to_dict()
-    values = chosen.to_dict()
+    values = chosen.config.to_dict()
     changes = {k: v for k, v in values.items() if asked.get(k) != v}
     reasons = _reasons(config, chosen, est, stats, advice, gpu_gib)
     return Proposal(values, reasons, est, est.fits, changes)
 
 
-def _fit_to_data(config: TrainConfig, stats: Any) -> TrainConfig:
+def _estimate(plan: RunPlan, gpu_gib: float | None) -> Any:
+    """The estimate of `plan` with its verdict for `gpu_gib` and, when it does not fit, the advice."""
+    est = core.estimate_core(plan)
+    capacity = core.with_verdict(est, gpu_gib)
+    if capacity is not None and not est.fits:
+        est.advice = advise(plan, capacity, est)
+    return est
+
+
+def _fit_to_data(plan: RunPlan, stats: Any) -> RunPlan:
     """max_seq_length lowered to the smallest power of two (>= MIN_SEQ) that keeps every row whole: free memory."""
+    config = plan.config
     if stats is None or not stats.lengths or config.packing:
-        return config
+        return plan
     enough = max(MIN_SEQ, 1 << max(0, stats.max - 1).bit_length())
-    return config.replace(max_seq_length=enough) if enough < config.max_seq_length else config
+    return plan.replanned(max_seq_length=enough) if enough < config.max_seq_length else plan
 
 
 def _reasons(
-    asked: TrainConfig, chosen: TrainConfig, est: Any, stats: Any, advice: Advice | None, gpu_gib: float | None
+    asked: TrainConfig, plan: RunPlan, est: Any, stats: Any, advice: Advice | None, gpu_gib: float | None
 ) -> list[str]:
     """Two or three sentences on why: the method, the batch and checkpointing, the data's length. (The fit verdict
     itself is the estimate's: the UI shows it beside these.)"""
-    out = [_method_sentence(chosen, est)]
+    chosen = plan.config
+    out = [_method_sentence(plan, est)]
     batch = f"batch {chosen.per_device_train_batch_size} × {chosen.gradient_accumulation_steps} accumulation"
     if advice is not None:
         checkpointing = chosen.gradient_checkpointing and not asked.gradient_checkpointing
@@ -399,28 +387,26 @@ def _reasons(
     return out
 
 
-def _method_sentence(config: TrainConfig, est: Any) -> str:
+def _method_sentence(plan: RunPlan, est: Any) -> str:
     """Why the method: the base model's size in memory, as trained."""
-    from finetune import memory as mem
-
+    config = plan.config
     weights = est.sizes.get("weights", 0) + est.sizes.get("quant_constants", 0)
-    params = _billions(config)
+    params = _billions(plan)
     if config.method == "qlora":
         full16 = 2 * params * 1e9 if params else 0
         than = f" instead of {full16 / 1e9:.0f} GB" if full16 else ""
         size = _size_name(params)
         return f"QLoRA keeps the {size} base in 4 bits: {weights / 1e9:.1f} GB{than}, and trains small adapters."
     if config.method == "lora":
-        return f"LoRA trains small adapters on the frozen {_size_name(params)} base ({mem._size(weights)} of weights)."
+        size = core.size_text(weights)
+        return f"LoRA trains small adapters on the frozen {_size_name(params)} base ({size} of weights)."
     return f"Full fine-tuning updates every weight of the {_size_name(params)} model: the most memory, the most change."
 
 
-def _billions(config: TrainConfig) -> float:
+def _billions(plan: RunPlan) -> float:
     """The model's parameter count in billions (from the census the estimate already made), 0 when unknown."""
-    from finetune import memory as mem
-
     try:
-        return mem._census(config, mem.model_config_of(config)).total / 1e9
+        return core.census_of(plan).total / 1e9
     except Exception:  # noqa: BLE001 - only for the wording
         return 0.0
 
@@ -435,28 +421,27 @@ def _size_name(billions: float) -> str:
 # ----------------------------------------------------------------------------- after an out-of-memory error
 
 
-def advice_text(config: TrainConfig, gpus: int = 1) -> str:
-    """A short paragraph for an out-of-memory failure: how much the run needs and what to change first."""
-    from finetune import memory as mem
-
-    device, capacity = _this_device()
+def advice_text(plan: RunPlan) -> str:
+    """A short paragraph for an out-of-memory failure of a run of `plan`: how much it needs and what to change
+    first."""
+    capacity = _device_memory(plan.device)
     try:
-        est = mem._estimate_core(config, device, gpus)
+        est = core.estimate_core(plan)
     except Exception as exc:  # noqa: BLE001 - never hide the OOM behind an estimator problem
         return f"Out of memory. (The memory estimate could not be computed: {exc}.) Try gradient_checkpointing: true."
-    where = f"this {'GPU' if device == 'cuda' else 'machine'}"
-    need = f"This run needs about {mem._size(est.total_bytes)} at the {est.peak_phase}"
+    where = f"this {'GPU' if plan.device == 'cuda' else 'machine'}"
+    need = f"This run needs about {core.size_text(est.total_bytes)} at the {est.peak_phase}"
     if capacity:
-        need += f"; {where} has {mem._size(capacity)}"
+        need += f"; {where} has {core.size_text(capacity)}"
     target = capacity if capacity and est.total_bytes > capacity else int(0.75 * est.total_bytes)
-    advice = _advise(config, device, gpus, target, est)
+    advice = advise(plan, target, est)
     if not advice:
         return f"Out of memory. {need}. Reduce max_seq_length or per_device_train_batch_size."
     first = advice[0]
     lines = [
         f"Out of memory. {need}.",
-        f"Change first: {first.title.lower()} ({_changes(first.changes)}), about {mem._size(first.new_total_bytes)}; "
-        f"cost: {first.cost}.",
+        f"Change first: {first.title.lower()} ({_changes(first.changes)}), about "
+        f"{core.size_text(first.new_total_bytes)}; cost: {first.cost}.",
     ]
     if len(advice) > 1:
         lines.append(
@@ -471,15 +456,15 @@ def _changes(changes: dict[str, Any]) -> str:
     return ", ".join(f"{k}: {str(v).lower() if isinstance(v, bool) else v}" for k, v in changes.items())
 
 
-def _this_device() -> tuple[str, int | None]:
-    """The device a failed run used: the first GPU if any (with its memory), else the CPU (with RAM)."""
+def _device_memory(device: str) -> int | None:
+    """Bytes of the device a failed run used: its GPU's memory, or this machine's RAM for a CPU run."""
     import os
 
     import torch
 
-    if torch.cuda.is_available():
-        return "cuda", int(torch.cuda.get_device_properties(0).total_memory)
+    if device == "cuda" and torch.cuda.is_available():
+        return int(torch.cuda.get_device_properties(0).total_memory)
     try:
-        return "cpu", int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
-        return "cpu", None
+        return None

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from finetune import objectives
+from finetune.plan import DTYPE_BYTES
 
 BLOCK_4BIT = 64  # bitsandbytes 4-bit block size (one absmax per 64 weights)
 BLOCK_NESTED = 256  # double quantisation: one fp32 absmax per 256 first-level constants
@@ -84,6 +84,7 @@ class Settings:
     optim: str = "adamw_torch"
     device: str = "cuda"
     half: int = 2  # bytes of the 16-bit dtype in use (0 = fp32 run)
+    weight_bytes: int = 4  # bytes per base weight as the plan loads them (a LoRA base is 16-bit under amp)
     lora_r: int = 8
     lora_dropout: float = 0.05
     quant_type: str = "nf4"
@@ -109,40 +110,35 @@ class Settings:
         """Autocast to 16 bits is on."""
         return self.half > 0
 
-    @property
-    def weight_bytes(self) -> int:
-        """Bytes per base weight: LoRA puts a 16-bit base under amp; full and QLoRA keep fp32."""
-        return 2 if (self.amp and self.method == "lora") else 4
 
-
-def settings_for(config: Any, device: str, gpus: int = 1, plan: Any = None) -> Settings:
-    """`Settings` for a TrainConfig on a device (cpu runs fp32; cuda runs bf16 unless fp32 is asked); the run plan,
-    when given, says the objective, its reference and whether Liger's fused loss runs."""
-    half = 0 if (device != "cuda" or config.precision == "fp32") else 2
-    objective = plan.objective if plan is not None else objectives.of(config)
+def settings_for(plan: Any) -> Settings:
+    """`Settings` for a run plan: its device and world, its precision, dtypes, DeepSpeed use and objective as the plan
+    decided them (nothing is decided here)."""
+    config, objective = plan.config, plan.objective
     return Settings(
         method=config.method,
         batch=config.per_device_train_batch_size,
         seq=config.max_seq_length,
         accumulation=config.gradient_accumulation_steps,
         checkpointing=config.gradient_checkpointing,
-        optim=config.optim,
-        device=device,
-        half=half,
+        optim=plan.optimizer,
+        device=plan.device,
+        half=0 if plan.autocast_dtype is None else DTYPE_BYTES[plan.autocast_dtype],
+        weight_bytes=DTYPE_BYTES[plan.weight_dtype],
         lora_r=config.lora_r,
         lora_dropout=0.0 if objective.needs_trl else config.lora_dropout,  # TRL's trainers turn dropout off
         quant_type=config.quant_type,
         double_quant=config.double_quant,
         classifier=objective.is_classifier,
-        gpus=max(1, gpus),
+        gpus=plan.world_size,
         zero_stage=config.zero_stage,
         offload_optimizer=config.offload_optimizer != "none",
         offload_param=config.offload_param != "none",
-        deepspeed=config.backend == "deepspeed" or config.zero_stage > 0,
-        loss_kernel="liger" if (plan is not None and plan.liger) else objective.loss_kernel,
+        deepspeed=plan.deepspeed,
+        loss_kernel="liger" if plan.liger else objective.loss_kernel,
         sequences=objective.sequences,
         logits_bytes=objective.logits_bytes,
-        reference=plan.reference if plan is not None else None,
+        reference=plan.reference,
     )
 
 
@@ -175,23 +171,22 @@ def shape_of(model_config: Any) -> Shape:
 # ----------------------------------------------------------------------------- parameter census (meta model)
 
 
-def census(model_config: Any, config: Any, trust_remote_code: bool = False) -> Census:
-    """Count parameters as the engine builds the model (meta device: instant, no memory)."""
+def census(model_config: Any, plan: Any) -> Census:
+    """Count parameters as the engine builds the plan's model (meta device: instant, no memory)."""
     import copy
 
     import torch
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
     from transformers.pytorch_utils import Conv1D
 
+    config = plan.config
     cfg = copy.deepcopy(model_config)
-    seq_cls = objectives.of(config).is_classifier
+    seq_cls = plan.is_classifier
     if seq_cls:
         cfg.num_labels = config.num_labels or 2
         if getattr(cfg, "pad_token_id", None) is None:
             cfg.pad_token_id = 0
-    auto = AutoModelForSequenceClassification if seq_cls else AutoModelForCausalLM
     with torch.device("meta"):  # (accelerate's init_empty_weights would leave tied embeddings untied)
-        model = auto.from_config(cfg, trust_remote_code=trust_remote_code, dtype=torch.float32)
+        model = plan.auto_class().from_config(cfg, trust_remote_code=config.trust_remote_code, dtype=torch.float32)
     out = Census(total=sum(p.numel() for p in model.parameters()))
     skip = _not_quantized(model)
     linear = (torch.nn.Linear, Conv1D)
@@ -211,10 +206,8 @@ def census(model_config: Any, config: Any, trust_remote_code: bool = False) -> C
         return out
     from peft import LoraConfig, get_peft_model
 
-    from finetune.plan import lora_plan
-
     # The plan's adapter settings; counting needs no PiSSA / OLoRA start (values only, and none on the meta device).
-    lc = LoraConfig(**{**lora_plan(config).kwargs(), "init_lora_weights": True})
+    lc = LoraConfig(**{**plan.lora.kwargs(), "init_lora_weights": True})
     with torch.device("meta"):
         peft_model = get_peft_model(model, lc)
     out.trainable = [p.numel() for p in peft_model.parameters() if p.requires_grad]
@@ -257,7 +250,7 @@ def _skipped(name: str, skip: list[str]) -> bool:
 
 def _no_decay(name: str) -> bool:
     """Trainer's no-weight-decay group: biases and norms."""
-    from finetune.memory.trace import _no_decay as rule
+    from finetune.memory.trace import no_decay as rule
 
     return rule(name)
 

@@ -179,8 +179,8 @@ def _as_trl_prepares(model: torch.nn.Module, plan: RunPlan, outputs: tuple[str, 
 
 def build_optimizer(model: torch.nn.Module, plan: RunPlan) -> torch.optim.Optimizer:
     """Trainer's optimizer for the plan: decay / no-decay groups, torch AdamW, bitsandbytes 8-bit AdamW or SGD."""
-    decay = [p for n, p in model.named_parameters() if p.requires_grad and not _no_decay(n)]
-    rest = [p for n, p in model.named_parameters() if p.requires_grad and _no_decay(n)]
+    decay = [p for n, p in model.named_parameters() if p.requires_grad and not no_decay(n)]
+    rest = [p for n, p in model.named_parameters() if p.requires_grad and no_decay(n)]
     groups = [{"params": decay, "weight_decay": plan.config.weight_decay}, {"params": rest, "weight_decay": 0.0}]
     if plan.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=1e-4, foreach=foreach(plan))
@@ -191,7 +191,7 @@ def build_optimizer(model: torch.nn.Module, plan: RunPlan) -> torch.optim.Optimi
     return torch.optim.AdamW(groups, lr=1e-4, foreach=foreach(plan))
 
 
-def _no_decay(name: str) -> bool:
+def no_decay(name: str) -> bool:
     """Trainer's no-weight-decay rule: biases and norms."""
     import re
 

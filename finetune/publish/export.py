@@ -22,7 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from finetune import objectives
 from finetune.config import TrainConfig
 from finetune.errors import UserError, os_reason
 from finetune.publish.public import FULL_MODEL_FILES, TOKENIZER_FILES, check_no_local_paths, looks_like_path
@@ -83,7 +82,7 @@ def export_run(
     fmt, quant = check_format(fmt, quant)
     run = finished_run(run_dir)
     config = run.load_config()
-    if objectives.of(config).is_classifier:
+    if run.load_plan().is_classifier:  # the run's own plan says what it trained
         raise UserError(f"format: export supports causal_lm runs, not {config.task}; push the adapter", "format")
     target = _target(run, fmt, quant, out)
     warnings = (QLORA_WARNING,) if config.method == "qlora" else ()
@@ -217,9 +216,8 @@ def _merge_adapter(run: RunDir, config: TrainConfig, stage: Path) -> None:
     from peft import PeftModel
 
     from finetune.models import load_base
-    from finetune.plan import plan_for
 
-    plan = plan_for(config.replace(method="lora") if config.method == "qlora" else config, device="cpu")
+    plan = run.load_plan().for_merge()  # the run's base as it trained, merged in float32 on the CPU, never 4-bit
     base = load_base(plan)
     saved_dtype = _saved_dtype(config)
     with torch.no_grad():

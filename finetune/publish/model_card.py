@@ -16,10 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from finetune import objectives
 from finetune.config import BUNDLED_DATASET, EMBEDDED_MODEL, TrainConfig
-from finetune.objectives import Objective
-from finetune.plan import model_class_for
+from finetune.plan import RunPlan
 from finetune.publish.public import (
     CANONICAL_NAME,
     EMBEDDED_HUB_ID,
@@ -64,6 +62,7 @@ class RunSummary:
     config: TrainConfig
     config_text: str
     status: dict[str, Any]
+    plan: RunPlan  # the plan the run trained with (its plan.json): objective, model class, reference
     logs: list[tuple[int, float]] = field(default_factory=list)  # (step, training loss)
     evals: list[tuple[int, float]] = field(default_factory=list)  # (step, eval loss)
     samples_before: tuple[int, list[dict]] | None = None  # (step, [{prompt, answer}])
@@ -98,7 +97,9 @@ def summarize(run_dir: str | Path) -> RunSummary:
     run = RunDir(Path(run_dir))
     config_text = run.config_path.read_text(encoding="utf-8")
     config = TrainConfig.from_yaml(config_text)
-    summary = RunSummary(run=run, config=config, config_text=config_text, status=run.read_status())
+    summary = RunSummary(
+        run=run, config=config, config_text=config_text, status=run.read_status(), plan=run.load_plan()
+    )
     for event in run.read_events(("log", "eval", "samples", "objective")):
         if event.get("type") == "objective" and isinstance(event.get("columns"), dict):
             summary.data_columns = {str(k): str(v) for k, v in event["columns"].items()}
@@ -332,7 +333,7 @@ def build_model_card(
         tags.append("merged")
     if gguf_file:
         tags.append("gguf")
-    objective = objectives.of(c)
+    objective = s.plan.objective
     tags.append(objective.card_tag)
     tags = list(dict.fromkeys(tags))
     extra: dict[str, Any] = {}
@@ -385,7 +386,7 @@ def _body(s: RunSummary, repo_id: str, *, merged: bool, license: str | None, los
     }[c.method]
     if merged:
         what = f"{base.description} with a LoRA adapter merged into its weights (a full model)"
-    objective = objectives.of(c)
+    objective = s.plan.objective
     if objective.card_phrase:
         what += f", {objective.card_phrase}"
     title = repo_id.split("/")[-1]
@@ -459,14 +460,14 @@ def _body(s: RunSummary, repo_id: str, *, merged: bool, license: str | None, los
 def _objective_rows(s: RunSummary) -> list[tuple[str, str]]:
     """Card rows of a run with an objective of its own: the objective and its settings, the data columns, the last
     rewards."""
-    c = s.config
-    objective = objectives.of(c)
+    c, plan = s.config, s.plan
+    objective = plan.objective
     if not objective.card_name:
         return []
-    text = objective.card_name + f", beta {objective.beta(c):g}"
-    if objective.loss_types:
-        text += f", loss `{objective.loss_type(c)}`"
-    reference = objective.reference_kind(c)
+    text = objective.card_name + f", beta {plan.beta:g}"
+    if plan.loss_type:
+        text += f", loss `{plan.loss_type}`"
+    reference = plan.reference
     if reference is not None:
         words = (
             "the base model with the adapter off" if reference == "adapter-off" else "a frozen copy of the base model"
@@ -492,15 +493,15 @@ def _reproduce_command(s: RunSummary) -> str:
     """The published reproduce command; a run with an objective of its own also spells out its settings."""
     assert s.public is not None
     command = s.public.reproduce_command()
-    objective = objectives.of(s.config)
-    if objective.is_plain:
+    if s.plan.objective.is_plain:
         return command
-    return command + "".join(f" --set {shlex.quote(item)}" for item in objective_sets(s.config, objective))
+    return command + "".join(f" --set {shlex.quote(item)}" for item in objective_sets(s.plan))
 
 
-def objective_sets(c: TrainConfig, objective: Objective) -> list[str]:
+def objective_sets(plan: RunPlan) -> list[str]:
     """`key=value` for the objective and each of its settings (resolved: an empty beta as the value it took)."""
-    resolved = {"beta": f"{objective.beta(c):g}", "loss_type": objective.loss_type(c)}
+    c, objective = plan.config, plan.objective
+    resolved = {"beta": f"{plan.beta:g}", "loss_type": plan.loss_type}
     sets = [f"objective={c.objective}"]
     for key in objective.fields:
         value = resolved.get(key, getattr(c, key))
@@ -652,7 +653,7 @@ def _snippet(s: RunSummary, repo_id: str, *, merged: bool) -> str:
             prompt = " ".join(str(entry[1][0]["prompt"]).split())
             break
     prompt = prompt.replace("\\", "\\\\").replace('"', '\\"')
-    model_cls = model_class_for(objectives.of(c))
+    model_cls = s.plan.model_class
     full_model = merged or c.method == "full"
     lines: list[str] = []
     if full_model:
@@ -685,7 +686,7 @@ def _snippet(s: RunSummary, repo_id: str, *, merged: bool) -> str:
             f'model = PeftModel.from_pretrained(base, "{repo_id}")',
             f'tokenizer = AutoTokenizer.from_pretrained("{repo_id}")',
         ]
-    if objectives.of(c).is_classifier:
+    if s.plan.is_classifier:
         lines += [
             "",
             f'inputs = tokenizer("{prompt}", return_tensors="pt")',
