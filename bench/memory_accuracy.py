@@ -380,6 +380,53 @@ def measure_preference(config: Any, device: str) -> dict[str, int]:
     return result
 
 
+def measure_grpo(config: Any, device: str, prompts: list[str]) -> dict[str, int]:
+    """Train optimizer steps of learning from rewards as the engine does (`finetune.engines.grpo`: TRL's GRPOTrainer
+    with the run's arguments, sampling included); the peak of live tensor bytes. A reward that is 1 for every answer
+    keeps the step's work what it is whatever the answers say."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    from finetune import models
+    from finetune.engines import grpo, preference
+    from finetune.memory.trace import LiveBytes
+
+    tokenizer = AutoTokenizer.from_pretrained(config.model)
+    plan = plan_for(config)
+    model = models.load_model(plan)
+    rows = [{"prompt": [{"role": "user", "content": text}]} for text in prompts]
+
+    def constant(prompts: list, completions: list, **_: Any) -> list[float]:
+        return [1.0] * len(completions)
+
+    with tempfile.TemporaryDirectory() as out:
+        args = grpo.grpo_arguments(plan, Path(out), has_eval=False)
+        args.logging_strategy, args.save_strategy, args.report_to = "no", "no", []
+        trainer_class = type("MeasuredGRPO", (preference.StudioTRL, preference.load_class(plan.objective.trainer)), {})
+        trainer = trainer_class(
+            model=model, reward_funcs=[constant], args=args, train_dataset=Dataset.from_list(rows),
+            processing_class=tokenizer,
+        )  # fmt: skip
+        preference.drop_reference_adapter(trainer, plan)
+        counter = LiveBytes()
+        for t in [*trainer.model.parameters(), *trainer.model.buffers()]:
+            counter.track(t)
+        if trainer.ref_model is not None:
+            for t in [*trainer.ref_model.parameters(), *trainer.ref_model.buffers()]:
+                counter.track(t)
+        counter.reset("train")
+        with counter:
+            trainer.train()
+        result = {"peak": counter.peak}
+        trainer.model = trainer.model_wrapped = trainer.optimizer = trainer.lr_scheduler = trainer.ref_model = None
+    del model, trainer
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
 def _memtracker_peak(trainer: Any) -> int:
     """Peak bytes of a Trainer run by torch.distributed._tools.mem_tracker.MemTracker (stats reset every step)."""
     from torch.distributed._tools.mem_tracker import MemTracker

@@ -57,6 +57,12 @@ MAX_YAML_DEPTH = 3  # the mapping, a list value (lora_target_modules), nothing d
 MAX_TEXT_CHARS = 4096  # one text field: a Hub id, a path, a column name
 MAX_INT = 2**31 - 1  # whole-number fields end up in C ints (torch, numpy, the Trainer)
 MAX_SEED = 2**32 - 1  # numpy's seed range
+# Text fields a YAML file may also give as a list (kept as comma-separated text): what each item must be.
+LIST_FIELDS = {
+    "lora_target_modules": (str, "give layer names as text, e.g. [q_proj, v_proj]"),
+    "rewards": (str, "give rewards as text, e.g. [number_match, 'max_length:64']"),
+    "reward_weights": ((int, float), "give one number per reward, e.g. [1, 0.5]"),
+}
 
 
 def _f(default: Any, help: str, group: str, **rules: Any) -> Any:
@@ -130,14 +136,16 @@ class TrainConfig:
         objectives.DEFAULT,
         "sft: learn to give the answers in the data (supervised fine-tuning). dpo: learn which of two answers is "
         "better (prompt, chosen, rejected). orpo: SFT and preference in one loss, no reference model. kto: learn from "
-        "single answers marked good or bad (prompt, completion, label).",
+        "single answers marked good or bad (prompt, completion, label). grpo: learn from rewards: the model samples "
+        "answers to each prompt and the rewards score them (prompt; rewards).",
         "Objective",
         choices=objectives.CHOICES,
     )
     beta: float | None = _f(
         None,
-        "Preference strength; empty = the objective's usual value (0.1). dpo/kto: how far the tuned model may move "
-        "from the reference (higher stays closer). orpo: weight of the preference term beside the SFT loss.",
+        "KL / preference strength; empty = the objective's usual value (dpo, orpo, kto: 0.1; grpo: 0, TRL's default: "
+        "no KL term and no reference model). dpo/kto/grpo: how far the tuned model may move from the reference "
+        "(higher stays closer). orpo: weight of the preference term beside the SFT loss.",
         "Objective",
         min=0.0,
         max=100.0,
@@ -145,12 +153,41 @@ class TrainConfig:
     )
     loss_type: str = _f(
         "",
-        "DPO loss; empty = rpo. rpo: DPO plus the SFT loss on the chosen answer, which keeps the model fluent while it "
-        "learns the preference. sigmoid: the original DPO (use a small learning rate: it can drift into nonsense). "
-        "ipo: a squared loss that does not over-fit clean pairs. hinge: SLiC's margin loss. robust: tolerates some "
-        "pairs labelled the wrong way round.",
+        "DPO or GRPO loss; empty = the objective's default (dpo: rpo, grpo: dapo). DPO: rpo adds the SFT loss on the "
+        "chosen answer, which keeps the model fluent while it learns the preference; sigmoid is the original DPO (use "
+        "a small learning rate: it can drift into nonsense); ipo, a squared loss that does not over-fit clean pairs; "
+        "hinge, SLiC's margin loss; robust tolerates some pairs labelled the wrong way round. GRPO (TRL's names): dapo "
+        "averages over every token of the step (no length bias); grpo per answer's length; dr_grpo by a constant; "
+        "bnpo over the micro batch's tokens; cispo, sapo, luspo and vespo are the papers' variants.",
         "Objective",
         choices=LOSS_TYPES,
+    )
+    rewards: str = _f(
+        "",
+        "grpo: what scores each sampled answer, comma-separated: number_match (the last number equals the answer "
+        "column's), exact_match, regex:PATTERN, contains:TEXT, max_length:N (1 up to N tokens, 0 at 2N), "
+        "python:FILE:FUNCTION (TRL's signature f(prompts, completions, **columns) -> list of numbers).",
+        "Objective",
+    )
+    reward_weights: str = _f(
+        "", "grpo: one weight per reward, comma-separated (1,0.5); empty = every reward weighs 1.", "Objective"
+    )
+    num_generations: int = _f(
+        4,
+        "grpo: answers sampled per prompt and compared with each other; it must divide the completions of a step "
+        "(per_device_train_batch_size × gradient_accumulation_steps).",
+        "Objective",
+        min=2,
+    )
+    max_completion_length: int = _f(
+        128, "grpo: longest sampled answer, in tokens (memory grows with it).", "Objective", min=1
+    )
+    temperature: float = _f(
+        1.0,
+        "grpo: sampling temperature of the answers (higher: more varied answers to learn from).",
+        "Objective",
+        min=0.01,
+        max=10.0,
     )
 
     # --- Method
@@ -402,8 +439,13 @@ LABELS = {
     "max_seq_length": "Longest example (tokens)",
     "packing": "Pack short examples together",
     "objective": "Training goal",
-    "beta": "Preference strength (beta)",
-    "loss_type": "DPO loss",
+    "beta": "KL / preference strength (beta)",
+    "loss_type": "Loss (DPO / GRPO)",
+    "rewards": "Rewards",
+    "reward_weights": "Reward weights",
+    "num_generations": "Answers per prompt",
+    "max_completion_length": "Longest answer (tokens)",
+    "temperature": "Sampling temperature",
     "method": "Method",
     "lora_r": "LoRA rank",
     "lora_alpha": "LoRA alpha",
@@ -551,10 +593,10 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
     # str
     if value is None:
         return ""
-    if isinstance(value, (list, tuple)) and name == "lora_target_modules":
-        if len(value) > 1000 or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{name}: give layer names as text, e.g. [q_proj, v_proj]", field=name)
-        value = ",".join(value)
+    if isinstance(value, (list, tuple)) and name in LIST_FIELDS:
+        if len(value) > 1000 or not all(isinstance(v, LIST_FIELDS[name][0]) and not isinstance(v, bool) for v in value):
+            raise ConfigError(f"{name}: {LIST_FIELDS[name][1]}", field=name)
+        value = ",".join(str(v) for v in value)
     if isinstance(value, (int, float)) and not isinstance(value, bool) and name in ("dataset_split", "eval_split"):
         return str(value)
     if not isinstance(value, str):

@@ -42,6 +42,8 @@ REJECTED_NAMES = ("rejected", "dispreferred", "rejected_response")
 PREFERENCE_PROMPT_NAMES = ("prompt", "question", "instruction", "input")
 KTO_COMPLETION_NAMES = ("completion", "response", "answer", "output")
 PREFERENCE_KINDS = ("preference", "unpaired")  # prompt/chosen/rejected pairs; prompt/completion/label (kto)
+PROMPTS_KIND = "prompts"  # prompts alone (learning from rewards): every other column goes to the reward functions
+TRL_KINDS = (*PREFERENCE_KINDS, PROMPTS_KIND)  # rows TRL's trainers read in their own shape
 ROLE_ALIASES = {"human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant"}
 
 
@@ -352,7 +354,7 @@ def _arrow_uniform(values: list[Any]) -> bool:
 # ----------------------------------------------------------------------------- checking values
 def _check_columns(tables: list[_Table], fmt: DataFormat, config: TrainConfig) -> list[dict[str, list[Any]]]:
     """Every row of every used column checked; returns the normalised columns of each table."""
-    if fmt.kind in PREFERENCE_KINDS:
+    if fmt.kind in TRL_KINDS:
         return [_check_preference_table(table, fmt) for table in tables]
     out: list[dict[str, list[Any]]] = [{} for _ in tables]
     for role, column in fmt.columns.items():
@@ -643,6 +645,8 @@ def detect_format(columns: list[str], config: TrainConfig) -> DataFormat:
         return _detect_classification(columns, config)
     if objective.data_kind in PREFERENCE_KINDS:
         return _detect_preference(columns, config)
+    if objective.data_kind == PROMPTS_KIND:
+        return _detect_prompts(columns, config)
     messages = config.messages_column or _first(MESSAGES_NAMES, cols)
     if messages and not (config.prompt_column or config.text_column):
         return DataFormat("messages", {"messages": messages})
@@ -711,6 +715,18 @@ def _detect_preference(columns: list[str], config: TrainConfig) -> DataFormat:
             f"{key}: no column with the {what} answer found among {', '.join(columns)}; set {key}", field=key
         )
     raise UserError(_not_preference_data(columns, config), field="dataset")
+
+
+def _detect_prompts(columns: list[str], config: TrainConfig) -> DataFormat:
+    """A prompt column (text or a conversation) for learning from rewards; the rest goes to the reward functions."""
+    prompt = config.prompt_column or _first(PREFERENCE_PROMPT_NAMES, set(columns))
+    if not prompt:
+        raise UserError(
+            f"prompt_column: no prompt column among {', '.join(columns)}; objective: {config.objective} samples "
+            "answers to prompts: name the column with prompt_column (text or chat messages)",
+            field="prompt_column",
+        )
+    return DataFormat(PROMPTS_KIND, {"prompt": prompt})
 
 
 def _not_preference_data(columns: list[str], config: TrainConfig) -> str:
@@ -796,6 +812,8 @@ def prepare(config: TrainConfig, tokenizer: Any) -> PreparedData:
     fmt = detect_format(list(train_raw.column_names), config)
     if fmt.kind in PREFERENCE_KINDS:
         return _prepare_preference(config, tokenizer, train_raw, eval_raw, fmt)
+    if fmt.kind == PROMPTS_KIND:
+        return _prepare_prompts(config, tokenizer, train_raw, eval_raw, fmt)
     if not objectives.of(config).is_classifier and fmt.kind == "classification":
         raise UserError("task: this data has labels; set task: sequence_classification", field="task")
     if fmt.kind == "classification":
@@ -846,6 +864,41 @@ def _prepare_preference(config: TrainConfig, tokenizer: Any, train_raw: Any, eva
         # so that batches are not all good then all bad (and a resume sees the same order).
         train = train.shuffle(seed=config.seed).flatten_indices()
     return PreparedData(train, evaluation, fmt, notes=notes)
+
+
+def _prepare_prompts(config: TrainConfig, tokenizer: Any, train_raw: Any, eval_raw: Any, fmt: DataFormat) -> Any:
+    """Rows for learning from rewards in TRL's shape: `prompt` (a conversation when the model has a chat template),
+    every other column as it is (the reward functions read them), and the data row each came from (for errors).
+    Prompts longer than max_seq_length tokens are skipped, with a note."""
+    from finetune.rewards import ROW_COLUMN
+
+    column = fmt.columns["prompt"]
+    notes: list[str] = []
+
+    def shaped(raw: Any, name: str) -> Any:
+        def one(row: dict[str, Any], index: int) -> dict[str, Any]:
+            prompt = trl_row({"prompt": row[column]}, DataFormat(PROMPTS_KIND, {"prompt": "prompt"}), tokenizer)
+            return {**{k: v for k, v in row.items() if k != column}, **prompt, ROW_COLUMN: index + 1}
+
+        rows = raw.map(one, with_indices=True, remove_columns=[column], desc=f"shaping {name} prompts")
+        kept = rows.filter(lambda row: _prompt_tokens(row["prompt"], tokenizer) <= config.max_seq_length)
+        if len(kept) < len(rows):
+            notes.append(f"{len(rows) - len(kept)} {name} prompts are longer than max_seq_length and were skipped")
+        if len(kept) == 0:
+            raise UserError(
+                f"max_seq_length: every {name} prompt is longer than {config.max_seq_length} tokens; raise it",
+                "max_seq_length",
+            )
+        return kept
+
+    evaluation = shaped(eval_raw, "eval") if eval_raw is not None else None
+    return PreparedData(shaped(train_raw, "train"), evaluation, fmt, notes=notes)
+
+
+def _prompt_tokens(prompt: Any, tokenizer: Any) -> int:
+    """Tokens of a prompt as the model reads it before its answer (chat markup included)."""
+    text = render_preference({"prompt": prompt}, tokenizer)["prompt"]
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def _unpaired(pairs: Any) -> Any:
@@ -956,7 +1009,7 @@ def preview(config: TrainConfig, tokenizer: Any, n: int = 3) -> dict[str, Any]:
     fmt = detect_format(list(train_raw.column_names), config)
     examples = []
     for row in train_raw.select(range(min(n, len(train_raw)))):
-        if fmt.kind in PREFERENCE_KINDS:
+        if fmt.kind in TRL_KINDS:
             examples.append(_preference_example(row, fmt, tokenizer))
             continue
         if fmt.kind == "classification":
@@ -1026,7 +1079,7 @@ def heldout_prompts(config: TrainConfig, limit: int = 5) -> list[str]:
     fmt = detect_format(list(source.column_names), config)
     prompts: list[str] = []
     for row in source.select(range(min(limit, len(source)))):
-        if fmt.kind in PREFERENCE_KINDS:
+        if fmt.kind in TRL_KINDS:
             users = [m["content"] for m in as_conversation(row[fmt.columns["prompt"]], "prompt") if m["role"] == "user"]
             prompts += users[-1:]
         elif fmt.kind == "prompt_completion":

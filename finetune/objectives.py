@@ -42,9 +42,10 @@ class Objective:
     card_phrase: str  # how the card's first line says it was trained ("" for the plain objectives)
     goal: str  # the Start tab's goal this objective belongs to (orpo and kto are preferences, like dpo)
     goal_label: str  # the Start tab's words for that goal (on the record that stands for it)
-    data_kind: str  # what its rows are: lm (chat, prompt/completion, text) | preference | unpaired | classification
+    data_kind: str  # what its rows are: lm (chat, prompt/completion, text) | preference | unpaired | prompts |
+    # classification
     columns: tuple[str, ...]  # the data roles it reads
-    engine: str = "trainer"  # module that runs it: trainer (Trainer or the DeepSpeed loop) | preference
+    engine: str = "trainer"  # module that runs it: trainer (Trainer or the DeepSpeed loop) | preference | grpo
     trainer: str = "transformers:Trainer"  # "module:Class" of the trainer
     trainer_config: str = "transformers:TrainingArguments"  # "module:Class" of its arguments
     fields: tuple[str, ...] = ()  # the objective-specific config fields that apply to it
@@ -53,9 +54,14 @@ class Objective:
     loss_kernel: str = "eager"  # how logits and loss are computed: eager (whole logits) | trl_chunked (fused head)
     fused_outputs: tuple[str, ...] = ()  # what TRL asks its fused log-prob head for (trl_chunked)
     sequential_batches: bool = False  # TRL reads the batches in data order (KTO's KL pairs neighbours)
+    # What the Start tab writes into fields still at their defaults when this goal is chosen (a short CPU demo).
+    goal_defaults: tuple[tuple[str, Any], ...] = ()
     # Estimator terms: how the replay shapes one step (`finetune.memory.trace`) and what the formulas add.
-    replay: str = "lm_loss"  # lm_loss (transformers' own) | paired_fused | paired_logits | unpaired_fused
+    # lm_loss (transformers' own) | paired_fused | paired_logits | unpaired_fused | scored_fused (answers only)
+    replay: str = "lm_loss"
     kl_pass: bool = False  # a no-grad policy pass over mismatched prompt/answer pairs first (KTO's KL estimate)
+    generation: bool = False  # each step first samples answers: the KV cache of the generation batch (GRPO)
+    disables_dropout: bool = False  # its TRL trainer turns dropout off (TRL's default for the preference trainers)
     # Bytes per token per vocabulary entry held by the logits and their loss at the start of backward: 12 for
     # transformers' cross-entropy (log-softmax out, its grad, the logits' grad); ORPO (TRL's experimental trainer)
     # keeps 18: logits 4, the chosen half's contiguous copy and its log-softmax 2 + 2, their gradient 2, the logits'
@@ -87,6 +93,10 @@ class Objective:
     def is_plain(self) -> bool:
         """Plain supervised training: no objective row on the card, no title tag."""
         return not self.short
+
+    def row_tokens(self, config: Any) -> int:
+        """Tokens in one row of a training batch at most: the example, and the sampled answer after the prompt."""
+        return config.max_seq_length + (config.max_completion_length if self.generation else 0)
 
     def beta(self, config: Any) -> float:
         """The beta a run of `config` uses: its own, or this objective's default when left empty."""
@@ -147,6 +157,8 @@ class Objective:
                 out.append(("loss_type", f"{loss!r} is not a {name} loss; choose one of: {', '.join(self.loss_types)}"))
             else:
                 out.append(("loss_type", f"applies to objective: {_with_loss_choice()}; leave it empty for {name}"))
+        if self.data_kind == "prompts":
+            out += _reward_problems(config)
         if self.reference_kind(config) == "adapter-off" and config.init_lora_weights in ("pissa", "olora"):
             out.append(
                 (
@@ -156,6 +168,34 @@ class Objective:
                 )
             )
         return out
+
+
+def _reward_problems(config: Any) -> list[tuple[str, str]]:
+    """Learning from rewards: the rewards read, one weight per reward, and each prompt's answers in one batch."""
+    from finetune import rewards
+    from finetune.errors import UserError
+
+    out = []
+    try:
+        specs = rewards.parse(config.rewards)
+        rewards.weights(config.reward_weights, len(specs))
+    except UserError as exc:
+        message = str(exc)
+        out.append((exc.field or "rewards", message.split(": ", 1)[1] if ": " in message else message))
+    batch = config.per_device_train_batch_size * config.gradient_accumulation_steps
+    if batch % config.num_generations:
+        fits = [n for n in range(2, batch + 1) if batch % n == 0]
+        hint = f"num_generations {', '.join(map(str, fits))}" if fits else "a larger batch"
+        out.append(
+            (
+                "num_generations",
+                f"{config.num_generations} answers per prompt do not divide the {batch} completions of a step "
+                f"(per_device_train_batch_size {config.per_device_train_batch_size} × gradient_accumulation_steps "
+                f"{config.gradient_accumulation_steps}); each prompt's answers are compared within one step: use a "
+                f"batch that is a multiple of {config.num_generations}, or {hint}",
+            )
+        )
+    return out
 
 
 def _substitute(pattern: str, key: str, template: str) -> str:
@@ -195,6 +235,7 @@ _PREFERENCE_FACTS = (
 _PREFERENCE = {
     "engine": "preference",
     "needs_trl": True,
+    "disables_dropout": True,
     "task": CAUSAL_LM,
     "goal": "dpo",
     "metrics": _PREFERENCE_METRICS,
@@ -208,6 +249,9 @@ _PREFERENCE = {
 # TRL DPOConfig.loss_type names; "rpo" is TRL's ["sigmoid", "sft"]: DPO plus the NLL of the chosen answer. Plain DPO
 # (sigmoid) at a LoRA-sized learning rate turned SmolLM2 into nonsense within 20 steps; rpo kept it fluent.
 DPO_LOSSES = ("rpo", "sigmoid", "ipo", "hinge", "robust")
+
+# TRL GRPOConfig.loss_type names (dapo is TRL's default: token-level, normalised over the whole accumulated batch).
+GRPO_LOSSES = ("dapo", "grpo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 
 _RECORDS = (
     Objective(
@@ -294,6 +338,60 @@ _RECORDS = (
         **_PREFERENCE,
     ),
     Objective(
+        name="grpo",
+        objective="grpo",
+        task=CAUSAL_LM,
+        label="rewards (GRPO)",
+        short="GRPO",
+        card_name="GRPO (group relative policy optimisation: answers sampled and scored by rewards)",
+        card_tag="grpo",
+        card_phrase="trained with rewards (GRPO)",
+        goal="grpo",
+        goal_label="Rewards: answers you can check (GRPO)",
+        goal_defaults=(("rewards", "number_match"), ("max_completion_length", 32)),
+        data_kind="prompts",
+        columns=("prompt",),
+        engine="grpo",
+        trainer="trl:GRPOTrainer",
+        trainer_config="trl:GRPOConfig",
+        fields=(
+            "rewards",
+            "reward_weights",
+            "num_generations",
+            "max_completion_length",
+            "temperature",
+            "beta",
+            "loss_type",
+        ),  # fmt: skip
+        reference=REFERENCE_WHEN_BETA,
+        default_beta=0.0,  # TRL's default: no KL term, no reference in memory
+        loss_types=GRPO_LOSSES,
+        default_loss="dapo",  # TRL's default
+        loss_kernel="trl_chunked",
+        fused_outputs=("log_probs", "entropy"),
+        replay="scored_fused",
+        generation=True,
+        # GRPOConfig.disable_dropout defaults to False: dropout stays on
+        needs_trl=True,
+        bundled_data="bundled:arithmetic",
+        metrics=(
+            ("reward", "reward"),
+            ("reward_std", "reward_std"),
+            ("completions/mean_length", "completion_length"),
+            ("rewards/*/mean", "rewards/*"),
+            ("kl", "kl"),
+        ),
+        facts=(
+            ("reward", "mean reward"),
+            ("reward_std", "reward spread"),
+            ("rewards/*", "reward: *"),
+            ("completion_length", "completion tokens"),
+            ("kl", "KL"),
+        ),
+        plotted=("reward", "rewards/*", "kl"),
+        plot_title="Rewards: the mean reward of each step, each reward function's mean, and KL",
+    ),
+    Objective(
         name="classification",
         objective="sft",
         task=SEQUENCE_CLASSIFICATION,
@@ -315,6 +413,8 @@ OBJECTIVES: dict[str, Objective] = {record.name: record for record in _RECORDS}
 # The `objective` config values, in the order the form offers them.
 CHOICES: tuple[str, ...] = tuple(dict.fromkeys(r.objective for r in _RECORDS))
 DEFAULT = "sft"
+# The fields a goal of the Start tab may fill in (`Objective.goal_defaults`).
+GOAL_FIELDS: tuple[str, ...] = tuple(dict.fromkeys(k for r in _RECORDS for k, _ in r.goal_defaults))
 # Every objective-specific field: a field here applies only where the chosen record lists it (the form hides it).
 SPECIFIC_FIELDS: tuple[str, ...] = tuple(dict.fromkeys(f for r in _RECORDS for f in r.fields))
 # The Start tab's goals, each with the record that stands for it (the one with the goal's words).

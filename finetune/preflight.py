@@ -47,7 +47,9 @@ def preflight(config: TrainConfig) -> None:
     if config.dataset.startswith("bundled:") or path.suffix.lower() in FILE_TYPES or path.exists():
         # Local data is small enough to read now: a bad file is refused before any run directory exists.
         train_raw, _ = data.load_raw(config)
-        data.detect_format(list(train_raw.column_names), config)
+        fmt = data.detect_format(list(train_raw.column_names), config)
+        if fmt.kind == data.PROMPTS_KIND:
+            rewards_ready(config, list(train_raw.column_names))
     if config.model != EMBEDDED_MODEL or models.embedded_cache_dir().is_dir():
         from finetune.engines.common import check_sequence_length
 
@@ -61,6 +63,16 @@ def preflight(config: TrainConfig) -> None:
     gpu_only(config)
     preference_ready(config)
     plan.uses_liger(config, strict=True)  # liger_kernel: on where Liger cannot run is refused now
+
+
+def rewards_ready(config: TrainConfig, columns: list[str]) -> None:
+    """Learning from rewards: the columns the built-in rewards compare with are in the data, and each python: reward's
+    file exists, runs and defines its function (the file runs once here)."""
+    from finetune import rewards
+
+    specs = rewards.parse(config.rewards)
+    rewards.check_columns(specs, columns)
+    rewards.check_files(specs)
 
 
 def preference_ready(config: TrainConfig) -> None:

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from finetune import memory
-from finetune.memory import estimator
 from finetune.config import TrainConfig
+from finetune.memory import estimator
 from finetune.plan import plan_for
 
 ROOT = Path(__file__).resolve().parent.parent

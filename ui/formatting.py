@@ -188,6 +188,23 @@ def metric_rows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+COMPLETION_HEADERS = ["Prompt", "Sampled answer", "Rewards"]
+
+
+def completion_rows(events: list[dict[str, Any]]) -> tuple[int | None, list[list[str]]]:
+    """(step, rows) of the newest "completions" event (a run learning from rewards): each sampled answer with its
+    prompt and what each reward gave it; (None, []) for runs without."""
+    latest = next((e for e in reversed(events) if e.get("type") == "completions"), None)
+    if latest is None:
+        return None, []
+    rows = []
+    for item in latest.get("completions") or []:
+        scores = item.get("rewards") or {}
+        shown = " · ".join(f"{name} {number(value, 3)}" for name, value in scores.items())
+        rows.append([str(item.get("prompt", "")), str(item.get("completion", "")) or "(empty answer)", shown])
+    return int(latest.get("step") or 0), rows
+
+
 def loss_rows(events: list[dict[str, Any]], max_points: int = 600) -> list[dict[str, Any]]:
     """Points for the loss plot: {step, loss, series} for train ("log") and eval events. A long run's train curve
     is thinned to about `max_points` (every k-th point and the last), which keeps each refresh small."""

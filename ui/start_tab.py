@@ -276,6 +276,10 @@ class StartTab:
         session = session_of(request)
         chosen = {"model": data.get(self.model) or form.get("model"), "dataset": dataset, "task": task}
         chosen["objective"] = objective
+        defaults = self.studio.default_values()
+        for name, value in record.goal_defaults:  # what suits the goal, where the form still holds the default
+            if form.get(name) in (defaults.get(name), "", None):
+                chosen[name] = value
         return {
             **{self.config.fields[n]: v for n, v in chosen.items()},
             **self._kept({**form, **chosen}),
@@ -541,7 +545,7 @@ def wire(tab: StartTab, config: ConfigTab, train: Any, tabs: Any, start_tab: Any
     # One proposal and one data reading at a time per app: a queued request already stale is skipped at once.
     proposing = {"api_visibility": "private", "show_progress": "minimal", "concurrency_id": "start-propose"}
     reading = {"api_visibility": "private", "show_progress": "minimal", "concurrency_id": "start-data"}
-    form_out = [config.fields[n] for n in ("model", "dataset", "task", "objective")]
+    form_out = [config.fields[n] for n in ("model", "dataset", "task", "objective", *objectives.GOAL_FIELDS)]
     kept = [config.saved] if config.saved is not None else []
     proposal_out = [*config.fields.values(), tab.proposal, tab.summary, tab.proposed, *kept]
     pending = [*form_out, *kept, tab.data, tab.data_ticket, tab.proposal_ticket, tab.data_info, tab.proposal]

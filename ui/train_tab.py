@@ -25,7 +25,9 @@ from finetune.errors import BusyError, UserError
 from finetune.studio import RunPreview, RunSummary, Studio
 from ui.config_tab import ConfigTab, form_stamp, warn
 from ui.formatting import (
+    COMPLETION_HEADERS,
     RUN_HEADERS,
+    completion_rows,
     log_lines,
     loss_rows,
     metric_facts,
@@ -153,6 +155,7 @@ class TrainTab:
     plot: Any = None
     prefs: Any = None
     prefs_plot: Any = None
+    completions: Any = None
     samples: Any = None
     log: Any = None
     runs_table: Any = None
@@ -225,6 +228,7 @@ class TrainTab:
                 self.plot: EMPTY_LOSS,
                 self.prefs: "",
                 self.prefs_plot: gr.update(value=metric_frame([]), visible=False),
+                self.completions: completions_update(None, []),
                 self.samples: _samples_frame([], []),
                 self.log: "",
             }
@@ -240,6 +244,7 @@ class TrainTab:
             self.prefs_plot: gr.update(
                 value=metric_frame(metrics, objective), visible=bool(metrics), title=objective.plot_title
             ),
+            self.completions: completions_update(*completion_rows(events)),
             self.samples: _samples_frame(headers, samples),
             self.log: log_lines(events),
         }
@@ -353,6 +358,12 @@ class TrainTab:
         }
 
 
+def completions_update(step: int | None, rows: list[list[str]]) -> dict:
+    """The sampled answers of a run learning from rewards, newest step first shown; hidden for other runs."""
+    label = f"Sampled answers at step {step}, with their rewards" if step is not None else "Sampled answers"
+    return gr.update(value=pd.DataFrame(rows, columns=COMPLETION_HEADERS), visible=bool(rows), label=label)
+
+
 def _samples_frame(headers: list[str], rows: list[list[str]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=headers or ["Held-out prompt", "Answer before training", "Answer now"])
 
@@ -434,6 +445,16 @@ def build(studio: Studio) -> TrainTab:
             tab.log = gr.Textbox(
                 label="Log (latest)", lines=14, max_lines=14, interactive=False, elem_id="train-log", autoscroll=True
             )
+    tab.completions = gr.Dataframe(
+        pd.DataFrame(columns=COMPLETION_HEADERS),
+        label="Sampled answers",
+        interactive=False,
+        wrap=True,
+        visible=False,
+        elem_id="train-completions",
+        elem_classes=["fs-table"],
+        column_widths=["30%", "45%", "25%"],
+    )
     tab.samples = gr.Dataframe(
         _samples_frame([], []),
         label="Held-out prompts: before training and now",
@@ -481,6 +502,7 @@ def wire(tab: TrainTab, config: ConfigTab, demo: gr.Blocks, train_tab: Any = Non
         tab.plot,
         tab.prefs,
         tab.prefs_plot,
+        tab.completions,
         tab.samples,
         tab.log,
         tab.runs_table,

@@ -11,7 +11,11 @@ from finetune.progress import Progress
 
 # The record's engine -> module (imported lazily: all pull in torch); "trainer" runs on the Trainer or, with
 # backend: deepspeed, on the DeepSpeed engine loop.
-ENGINE_MODULES = {"trainer": "finetune.engines.hf_trainer", "preference": "finetune.engines.preference"}
+ENGINE_MODULES = {
+    "trainer": "finetune.engines.hf_trainer",
+    "preference": "finetune.engines.preference",
+    "grpo": "finetune.engines.grpo",
+}
 
 
 def run_engine(plan: RunPlan, progress: Progress, resume_from: Path | None = None) -> str:

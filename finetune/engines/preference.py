@@ -29,8 +29,9 @@ from finetune.progress import Progress
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # ORPO lives in trl.experimental; its import warning is noise
 
 
-class _StudioPreference:
-    """What our Trainer does differently, mixed into TRL's trainers: the run's scheduler, no draft card."""
+class StudioTRL:
+    """What our Trainer does differently, mixed into TRL's trainers (preference and GRPO): the run's scheduler, no
+    draft card."""
 
     create_scheduler = StudioTrainer.create_scheduler
 
@@ -43,7 +44,7 @@ class _StudioPreference:
 def trainer_class(objective: Objective) -> Any:
     """TRL's trainer for an objective (its record names it), with the Studio scheduler."""
     trl_class = load_class(objective.trainer)
-    return type(f"Studio{trl_class.__name__}", (_StudioPreference, trl_class), {})
+    return type(f"Studio{trl_class.__name__}", (StudioTRL, trl_class), {})
 
 
 def load_class(path: str) -> Any:

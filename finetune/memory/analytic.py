@@ -23,6 +23,7 @@ TRL_VOCAB_CHUNK = 32768  # ... by this many vocabulary entries, allocated whole 
 # Tiles alive at once in its backward: Triton folds a tile in place (1); the torch fallback (CPU) makes the gradient
 # and softmax temporaries of a whole tile, 2.8 tiles in the CPU replay of TRL 1.16 (bench/memory_accuracy.py dpo).
 TRL_TILES_ALIVE = {"cuda": 1.0, "cpu": 2.8}
+GENERATION_PHASE = "sampling the answers (KV cache)"
 LIGER_CHUNK_MEM_CONST = 1  # liger-kernel 0.8.5's default budget for its fused linear cross-entropy chunks
 
 
@@ -99,11 +100,18 @@ class Settings:
     sequences: int = 1  # sequences per example (the objective's record: DPO and ORPO put chosen and rejected in one)
     logits_bytes: int = LOGITS_BACKWARD_BYTES  # per token per vocab entry at the start of backward (the record's)
     reference: str | None = None  # "adapter-off" or "copy" (a frozen copy of the weights) when the objective has one
+    completion: int = 0  # tokens of each sampled answer (GRPO), scored by the loss; 0: every token is scored
+    generation_rows: int = 0  # answers sampled at once per process before a step (GRPO's generation batch)
 
     @property
     def tokens(self) -> int:
         """Tokens in one micro batch (every row full length: the worst case)."""
         return self.batch * self.seq * self.sequences
+
+    @property
+    def scored_tokens(self) -> int:
+        """Tokens the loss scores: the sampled answers only (GRPO), else every token."""
+        return self.batch * self.completion * self.sequences if self.completion else self.tokens
 
     @property
     def amp(self) -> bool:
@@ -118,7 +126,7 @@ def settings_for(plan: Any) -> Settings:
     return Settings(
         method=config.method,
         batch=config.per_device_train_batch_size,
-        seq=config.max_seq_length,
+        seq=objective.row_tokens(config),
         accumulation=config.gradient_accumulation_steps,
         checkpointing=config.gradient_checkpointing,
         optim=plan.optimizer,
@@ -126,7 +134,7 @@ def settings_for(plan: Any) -> Settings:
         half=0 if plan.autocast_dtype is None else DTYPE_BYTES[plan.autocast_dtype],
         weight_bytes=DTYPE_BYTES[plan.weight_dtype],
         lora_r=config.lora_r,
-        lora_dropout=0.0 if objective.needs_trl else config.lora_dropout,  # TRL's trainers turn dropout off
+        lora_dropout=0.0 if objective.disables_dropout else config.lora_dropout,  # TRL's preference trainers: off
         quant_type=config.quant_type,
         double_quant=config.double_quant,
         classifier=objective.is_classifier,
@@ -139,6 +147,10 @@ def settings_for(plan: Any) -> Settings:
         sequences=objective.sequences,
         logits_bytes=objective.logits_bytes,
         reference=plan.reference,
+        completion=config.max_completion_length if objective.generation else 0,
+        generation_rows=config.per_device_train_batch_size * config.gradient_accumulation_steps
+        if objective.generation
+        else 0,
     )
 
 
@@ -508,7 +520,7 @@ def logits_loss_bytes(sh: Shape, c: Census, s: Settings) -> int:
     head_copy = 2 * c.head_params if (s.amp and s.weight_bytes == 4) else 0
     if s.loss_kernel == "trl_chunked":
         compute = 2 if s.amp else 4
-        tile = int(min(s.tokens, TRL_TOKEN_TILE) * TRL_VOCAB_CHUNK * compute * TRL_TILES_ALIVE[s.device])
+        tile = int(min(s.scored_tokens, TRL_TOKEN_TILE) * TRL_VOCAB_CHUNK * compute * TRL_TILES_ALIVE[s.device])
         head_grad = 4 * c.head_params if c.head_trainable else 0  # accumulated in fp32 by the backward
         return tile + 4 * s.tokens * sh.hidden + head_grad + head_copy  # + the fp32 gradient of the hidden states
     if s.loss_kernel != "eager":
@@ -531,6 +543,16 @@ def liger_logits_bytes(sh: Shape, c: Census, s: Settings) -> int:
     rows = liger_chunk_rows(s.tokens, sh.hidden, sh.vocab)
     head_grad = c.head_params * (4 if s.method == "full" else 2) if c.head_trainable else 0
     return rows * sh.vocab * io + s.tokens * sh.hidden * io + 4 * s.tokens + head_grad
+
+
+def generation_bytes(sh: Shape, c: Census, s: Settings) -> int:
+    """Sampling the answers before a step (GRPO): the KV cache of the whole generation batch (keys and values of every
+    layer for prompt + answer, in the dtype the layers compute in: the weights' under no autocast), plus the last
+    position's logits, their processed copy and the sampling probabilities in fp32."""
+    if not s.generation_rows:
+        return 0
+    kv_per_token = 2 * sh.layers * sh.kv_dim * s.weight_bytes
+    return s.generation_rows * (s.seq * kv_per_token + 3 * 4 * sh.vocab)
 
 
 def recompute_bytes(sh: Shape, c: Census, s: Settings) -> int:
@@ -574,8 +596,10 @@ def analyse(sh: Shape, c: Census, s: Settings) -> Analytic:
         "logits_loss": logits_loss_bytes(sh, c, s),
         "optimizer_temporaries": optimizer_temporaries_bytes(c, s),
     }
-    if s.reference == "copy":  # full fine-tuning's DPO / KTO reference: a frozen copy of the starting weights
+    if s.reference == "copy":  # full fine-tuning's reference (DPO, KTO, GRPO): a frozen copy of the starting weights
         comp["reference_model"] = weights_bytes(c, s)
+    if s.generation_rows:
+        comp["generation_cache"] = generation_bytes(sh, c, s)
     if s.deepspeed:
         comp.update(zero_split(c, s))
     if s.gpus > 1 and not s.deepspeed:
@@ -592,6 +616,8 @@ def analyse(sh: Shape, c: Census, s: Settings) -> Analytic:
     if s.checkpointing:
         phases["backward with recomputation"] = static + grads_always + acts + recompute_bytes(sh, c, s)
     phases["optimizer step"] = static + comp["gradients"] + comp["optimizer_temporaries"]
+    if s.generation_rows:  # before the step's forward, after the last step's gradients were freed
+        phases[GENERATION_PHASE] = static + comp["generation_cache"]
     if s.method == "full" and not s.classifier and s.loss_kernel == "eager":
         head_grad = 4 * c.head_params + s.tokens * sh.vocab * (6 if s.amp else 4)
         phases["backward through the output head"] = static + grads_always + acts + head_grad

@@ -77,6 +77,7 @@ COMPARED_WITH_CPU = {
 COMPONENT_ORDER = (
     "weights", "reference_model", "quant_constants", "lora", "master_weights", "optimizer", "gradients", "ddp_buckets",
     "activations", "logits_loss", "reference_forward", "backward_temporaries", "optimizer_temporaries",
+    "generation_cache",
 )  # fmt: skip
 PHASE_NAMES = {
     "forward": "end of the forward pass",
@@ -89,6 +90,7 @@ PHASE_NAMES = {
     "optimizer": "optimizer step",
     "kl": "KL pass (KTO, no gradients)",
     "reference": "reference pass (no gradients)",
+    "generation": "sampling the answers (KV cache)",
 }
 
 
@@ -224,7 +226,8 @@ def estimate_core(plan: RunPlan, trace_it: bool = True) -> MemoryEstimate:
             "Liger's fused linear cross-entropy holds the logits one chunk at a time (its formula: a Triton "
             "kernel cannot be replayed)"
         )
-    traced = _traced(plan, model_config, census, notes, liger) if trace_it and traceable(plan) else None
+    generation = analytic.components.get("generation_cache", 0)
+    traced = _traced(plan, model_config, census, notes, liger, generation) if trace_it and traceable(plan) else None
     if traced is not None:
         tensor_bytes, split, phase = traced
         method = "traced"
@@ -420,10 +423,12 @@ CACHE_SIZE = 256  # entries per cache (the UI re-estimates the same few configs)
 
 
 def _traced(
-    plan: RunPlan, model_config: Any, census: Any, notes: list[str], liger: int | None = None
+    plan: RunPlan, model_config: Any, census: Any, notes: list[str], liger: int | None = None, generation: int = 0
 ) -> tuple[int, dict[str, int], str] | None:
     """Replay the step on fake tensors: (peak bytes, live bytes by component at the peak, phase); None on failure.
-    `liger`: the bytes of Liger's fused loss, which take the place of the replayed logits."""
+    `liger`: the bytes of Liger's fused loss, which take the place of the replayed logits. `generation`: the bytes of
+    sampling the answers before the step (GRPO; `generate` is not replayed): a phase of its own on top of the state
+    the replay holds before its forward pass."""
     from finetune.memory import analytic as ma
     from finetune.memory import trace as mt
 
@@ -443,6 +448,9 @@ def _traced(
             splits["optimizer"]["optimizer_temporaries"] = splits["optimizer"].get("optimizer_temporaries", 0) + extra
         if liger is not None:
             _with_liger_head(peaks, splits, liger)
+        if generation and "setup" in peaks:
+            peaks["generation"] = peaks["setup"] + generation
+            splits["generation"] = {**splits["setup"], "generation_cache": generation}
         phase = max(peaks, key=peaks.get)
         _bounded(_TRACE_CACHE)[key] = (peaks[phase], _merge_split(splits[phase]), phase)
     peak, split, phase = _TRACE_CACHE[key]
@@ -484,11 +492,15 @@ def _merge_split(split: dict[str, int]) -> dict[str, int]:
 
 def _analytic_split(a: Any) -> dict[str, int]:
     """What the formulas say is live at their peak phase."""
+    from finetune.memory import analytic as ma
+
     c = a.components
-    live = {
-        k: c.get(k, 0) for k in ("weights", "quant_constants", "lora", "optimizer", "master_weights", "ddp_buckets")
-    }
+    static = ("weights", "reference_model", "quant_constants", "lora", "optimizer", "master_weights", "ddp_buckets")
+    live = {k: c.get(k, 0) for k in static}
     phase = a.peak_phase
+    if phase == ma.GENERATION_PHASE:
+        live["generation_cache"] = c["generation_cache"]
+        return live
     if phase == "optimizer step":
         live["gradients"] = c["gradients"]
         live["optimizer_temporaries"] = c["optimizer_temporaries"]

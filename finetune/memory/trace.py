@@ -164,11 +164,12 @@ def reference_copy(model_config: Any, plan: RunPlan) -> torch.nn.Module:
 
 
 def _as_trl_prepares(model: torch.nn.Module, plan: RunPlan, outputs: tuple[str, ...] | None = None) -> None:
-    """What TRL's DPO / KTO / ORPO trainers do to the model before training: dropout off (their default), and for
-    DPO and KTO the chunked log-prob head that never holds the whole logits."""
+    """What TRL's trainers do to the model before training: dropout off (the preference trainers' default), and for
+    DPO, KTO and GRPO the chunked log-prob head that never holds the whole logits."""
     from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
 
-    disable_dropout_in_model(model)
+    if plan.objective.disables_dropout:
+        disable_dropout_in_model(model)
     if plan.objective.loss_kernel == "trl_chunked":
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         add_fused_lm_head(base, outputs=outputs or plan.objective.fused_outputs)
@@ -203,10 +204,13 @@ def make_batch(plan: RunPlan) -> dict[str, torch.Tensor]:
     rows are chosen + rejected (two sequences per example), KTO adds the mismatched KL sequences."""
     config = plan.config
     rows = config.per_device_train_batch_size * sequences_per_example(plan)
-    ids = torch.zeros((rows, config.max_seq_length), dtype=torch.long)
+    length = plan.objective.row_tokens(config)
+    ids = torch.zeros((rows, length), dtype=torch.long)
     if plan.is_classifier:
         return {"input_ids": ids, "labels": torch.zeros((rows,), dtype=torch.long)}
-    batch = {"input_ids": ids, "labels": torch.zeros((rows, config.max_seq_length), dtype=torch.long)}
+    batch = {"input_ids": ids, "labels": torch.zeros((rows, length), dtype=torch.long)}
+    if plan.objective.generation:  # only the sampled answer is scored, not the prompt before it
+        batch["labels"][:, : config.max_seq_length] = -100
     if plan.objective.kl_pass:
         batch["kl_input_ids"] = torch.zeros_like(ids)
     return batch
@@ -255,6 +259,8 @@ def preference_loss(model, batch, plan: RunPlan, phase: Any, reference: Any = No
     ids, labels = batch["input_ids"], batch["labels"]
     if plan.objective.replay == "paired_logits":
         return _orpo_loss(model, ids, labels)
+    if plan.objective.replay == "scored_fused":
+        return _scored_loss(model, ids, labels, plan, phase, reference)
     kl = None
     if plan.objective.kl_pass:
         phase("kl")
@@ -273,6 +279,25 @@ def preference_loss(model, batch, plan: RunPlan, phase: Any, reference: Any = No
         chosen, rejected = (logps - ref_logps).chunk(2, dim=0)
         return -torch.nn.functional.logsigmoid(beta * (chosen - rejected)).mean()
     return (1 - torch.sigmoid(beta * (logps - ref_logps - kl))).mean()  # KTO, every row desirable
+
+
+def _scored_loss(model, ids: torch.Tensor, labels: torch.Tensor, plan: RunPlan, phase: Any, reference: Any) -> Any:
+    """GRPO's step as TRL 1.16 runs it: with beta > 0 the reference first scores the sampled answers without
+    gradients (adapters off, or the frozen copy), then the policy scores them through the fused head (the prompt
+    positions are not projected); a policy-gradient loss of the same graph, with the KL term."""
+    ref_logps = None
+    if plan.reference is not None:
+        phase("reference")
+        with torch.no_grad(), _reference_of(model, reference) as ref:
+            ref_logps = ref(input_ids=ids, labels=labels, fused_lm_head=True, use_cache=False).log_probs
+        phase("forward")
+    logps = model(input_ids=ids, labels=labels, fused_lm_head=True, use_cache=False).log_probs
+    phase("forward_head")
+    loss = -torch.exp(logps - logps.detach()).mean()
+    if ref_logps is not None:
+        delta = ref_logps - logps
+        loss = loss + plan.beta * (torch.exp(delta) - delta - 1).mean()
+    return loss
 
 
 def _sequence_logps(model, ids: torch.Tensor) -> torch.Tensor:

@@ -495,17 +495,18 @@ def _reproduce_command(s: RunSummary) -> str:
     command = s.public.reproduce_command()
     if s.plan.objective.is_plain:
         return command
-    return command + "".join(f" --set {shlex.quote(item)}" for item in objective_sets(s.plan))
+    return command + "".join(f" --set {shlex.quote(item)}" for item in objective_sets(s.plan, s.public))
 
 
-def objective_sets(plan: RunPlan) -> list[str]:
-    """`key=value` for the objective and each of its settings (resolved: an empty beta as the value it took)."""
+def objective_sets(plan: RunPlan, public: PublicConfig) -> list[str]:
+    """`key=value` for the objective and each of its settings as published (resolved: an empty beta as the value it
+    took); a setting the reader fills in is already in the reproduce command."""
     c, objective = plan.config, plan.objective
     resolved = {"beta": f"{plan.beta:g}", "loss_type": plan.loss_type}
     sets = [f"objective={c.objective}"]
     for key in objective.fields:
-        value = resolved.get(key, getattr(c, key))
-        if key.endswith("_column") or value in ("", None):
+        value = resolved.get(key, public.values.get(key))
+        if key.endswith("_column") or value in ("", None) or public.ref(key) is not None:
             continue
         sets.append(f"{key}={value}")
     columns = ("prompt_column", "chosen_column", "rejected_column", "completion_column", "label_column")
