@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
 def cmd_train(args: Any) -> int:
     from finetune import process_group
 
+    process_group.watch_supervisor()  # a rank of a launched group ends with its supervisor
     if not process_group.joined():
         return _train(args)
     # A rank of several: a process group with a bounded collective timeout first, torn down at the end.
@@ -165,11 +166,13 @@ def _train(args: Any) -> int:
 
 # --------------------------------------------------------------------------- chat
 def cmd_chat(args: Any) -> int:
-    from finetune.inference import GenerationSettings, load_for_chat, stream_reply
+    from finetune.inference import MAX_NEW_TOKENS, GenerationSettings, load_for_chat, stream_reply
     from finetune.paths import runs_root
     from finetune.plan import plan_for
     from finetune.rundir import find_run
 
+    if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:  # before minutes of model loading
+        raise UserError(f"--max-new-tokens: {args.max_new_tokens} is out of range; use 1 to {MAX_NEW_TOKENS}")
     run = find_run(args.run_dir, runs_root(), field="run_dir") if args.run_dir else None
     plan = run.load_plan() if run else plan_for(load_config(args.config, args.set))  # a run: as it trained
     model, tokenizer = load_for_chat(plan, run.path if run else None)

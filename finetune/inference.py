@@ -14,6 +14,7 @@ from finetune.errors import UserError
 
 if TYPE_CHECKING:
     from finetune.plan import RunPlan
+MAX_NEW_TOKENS = 1024  # the longest reply chat generates (the app and the CLI alike)
 
 
 @dataclass

@@ -45,7 +45,7 @@ class Objective:
     data_kind: str  # what its rows are: lm (chat, prompt/completion, text) | preference | unpaired | prompts |
     # classification
     columns: tuple[str, ...]  # the data roles it reads
-    engine: str = "trainer"  # module that runs it: trainer (Trainer or the DeepSpeed loop) | preference | grpo
+    engine: str = "hf_trainer"  # the module under finetune/engines/ that runs it (hf_trainer | preference | grpo)
     trainer: str = "transformers:Trainer"  # "module:Class" of the trainer
     trainer_config: str = "transformers:TrainingArguments"  # "module:Class" of its arguments
     fields: tuple[str, ...] = ()  # the objective-specific config fields that apply to it

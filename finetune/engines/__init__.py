@@ -9,18 +9,9 @@ from pathlib import Path
 from finetune.plan import RunPlan
 from finetune.progress import Progress
 
-# The record's engine -> module (imported lazily: all pull in torch); "trainer" runs on the Trainer or, with
-# backend: deepspeed, on the DeepSpeed engine loop.
-ENGINE_MODULES = {
-    "trainer": "finetune.engines.hf_trainer",
-    "preference": "finetune.engines.preference",
-    "grpo": "finetune.engines.grpo",
-}
-
 
 def run_engine(plan: RunPlan, progress: Progress, resume_from: Path | None = None) -> str:
-    """Run the engine the plan's objective asks for."""
-    name = ENGINE_MODULES[plan.objective.engine]
-    if plan.objective.engine == "trainer" and plan.config.backend == "deepspeed":
-        name = "finetune.engines.deepspeed_engine"
-    return importlib.import_module(name).train(plan, progress, resume_from)
+    """Run the engine the plan's objective names (imported lazily: all pull in torch); `backend: deepspeed` runs the
+    explicit DeepSpeed loop instead (the config allows it only for objectives that loop can run)."""
+    name = "deepspeed_engine" if plan.config.backend == "deepspeed" else plan.objective.engine
+    return importlib.import_module(f"finetune.engines.{name}").train(plan, progress, resume_from)
