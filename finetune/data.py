@@ -44,6 +44,7 @@ KTO_COMPLETION_NAMES = ("completion", "response", "answer", "output")
 PREFERENCE_KINDS = ("preference", "unpaired")  # prompt/chosen/rejected pairs; prompt/completion/label (kto)
 PROMPTS_KIND = "prompts"  # prompts alone (learning from rewards): every other column goes to the reward functions
 TRL_KINDS = (*PREFERENCE_KINDS, PROMPTS_KIND)  # rows TRL's trainers read in their own shape
+PREVIEW_COLUMNS = 4  # a prompt's other columns shown in the preview
 ROLE_ALIASES = {"human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant"}
 
 
@@ -1017,7 +1018,11 @@ def preview(config: TrainConfig, tokenizer: Any, n: int = 3) -> dict[str, Any]:
     examples = []
     for row in train_raw.select(range(min(n, len(train_raw)))):
         if fmt.kind in TRL_KINDS:
-            examples.append(_preference_example(row, fmt, tokenizer))
+            example = _preference_example(row, fmt, tokenizer)
+            if fmt.kind == PROMPTS_KIND:  # what the rewards read besides the prompt
+                others = [(k, v) for k, v in row.items() if k not in fmt.columns.values()]
+                example["columns"] = {k: str(v)[:80] for k, v in others[:PREVIEW_COLUMNS]}
+            examples.append(example)
             continue
         if fmt.kind == "classification":
             pair = row.get(fmt.columns.get("text_pair", ""), "")

@@ -134,6 +134,15 @@ class Objective:
                 return _substitute(pattern, key, words)
         return None
 
+    def facts_of(self, values: dict[str, Any]) -> list[tuple[str, str, float]]:
+        """(key, words, value) for each of this objective's metrics among `values` (a "log" event), in the record's
+        order; a percentage key's value as a fraction."""
+        out = []
+        for pattern, _ in self.facts:
+            for key in sorted(k for k in values if fnmatch.fnmatchcase(k, pattern) and _float(values[k]) is not None):
+                out.append((key, self.fact_words(key) or key, float(values[key])))
+        return out
+
     def is_plotted(self, key: str) -> bool:
         """Whether an event key is drawn in this objective's plot."""
         return any(fnmatch.fnmatchcase(key, pattern) for pattern in self.plotted)

@@ -6,7 +6,6 @@ tabs stay short and these are easy to test.
 
 from __future__ import annotations
 
-import fnmatch
 import html
 import time
 from typing import Any
@@ -166,13 +165,10 @@ def metric_facts(events: list[dict[str, Any]]) -> str:
 
 def _facts(event: dict[str, Any], objective: objectives.Objective) -> list[tuple[str, str]]:
     """(words, value) for each of the objective's metrics an event carries, in the record's order."""
-    out = []
-    for pattern, _ in objective.facts:
-        for key in sorted(k for k in event if fnmatch.fnmatchcase(k, pattern) and event[k] is not None):
-            value = float(event[key])
-            shown = f"{100 * value:.0f}%" if key in objective.percent else number(value, 3)
-            out.append((objective.fact_words(key) or key, shown))
-    return out
+    return [
+        (words, f"{100 * value:.0f}%" if key in objective.percent else number(value, 3))
+        for key, words, value in objective.facts_of(event)
+    ]
 
 
 def metric_rows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -311,6 +307,14 @@ def preview_html(preview: dict[str, Any]) -> str:
         f"<p><b>Format:</b> {esc(preview.get('format', '?'))} · <b>{preview.get('rows', 0)}</b> training rows · "
         f"<b>{preview.get('eval_rows', 0)}</b> evaluation rows</p>"
     )
+    if any(ex.get("columns") is not None for ex in examples):  # prompts alone: learning from rewards
+        head += (
+            '<p class="fs-legend"><span class="fs-masked">grey text</span> is the prompt as the model reads it; the '
+            "model samples answers to it, which the rewards score (they also read the row's other columns, listed "
+            "under it).</p>"
+        )
+        rows = "".join(_preference_example_html(i, ex) for i, ex in enumerate(examples, start=1))
+        return f'<div class="fs-preview">{head}{rows}</div>'
     if any(ex.get("sides") for ex in examples):
         head += (
             '<p class="fs-legend"><span class="fs-masked">grey text</span> is the prompt and chat markup; the model '
@@ -361,6 +365,10 @@ def _preference_example_html(number: int, example: dict[str, Any]) -> str:
             f'<div class="fs-side-head">{title}</div>'
             f'<pre class="fs-example-text"><span class="{style}">{esc(side.get("text", ""))}</span></pre>'
         )
+    columns = example.get("columns") or {}
+    if columns:
+        shown = " · ".join(f"{esc(name)}: {esc(value)}" for name, value in columns.items())
+        sides.append(f'<div class="fs-side-head">{shown}</div>')
     return f'<div class="fs-example"><div class="fs-example-head">{head}</div>{"".join(sides)}</div>'
 
 

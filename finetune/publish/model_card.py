@@ -33,6 +33,7 @@ from finetune.publish.public import (
 from finetune.rundir import RunDir
 
 __all__ = ["EMBEDDED_HUB_ID", "LAUNCH_COMMAND", "build_model_card", "plot_loss_curve", "summarize"]
+LOG_FIELDS = ("step", "loss", "learning_rate", "grad_norm", "epoch", "time")  # what every "log" event carries
 LOSS_CURVE = "loss_curve.png"
 # Licenses we know without asking the Hub (prefix of the Hub id → license id).
 KNOWN_LICENSES = (("HuggingFaceTB/SmolLM2-", "apache-2.0"), ("HuggingFaceTB/SmolLM-", "apache-2.0"))
@@ -71,7 +72,7 @@ class RunSummary:
     dataset: DatasetInfo | None = None
     public: PublicConfig | None = None  # the config as published (no local paths)
     data_columns: dict[str, str] = field(default_factory=dict)  # role -> column, as the run read its data
-    rewards: dict[str, float] = field(default_factory=dict)  # preference runs: the last logged reward metrics
+    metrics: dict[str, float] = field(default_factory=dict)  # the objective's metrics at the last logged step
 
     @property
     def final_loss(self) -> float | None:
@@ -87,9 +88,6 @@ class RunSummary:
     @property
     def best_eval_loss(self) -> tuple[int, float] | None:
         return min(self.evals, key=lambda p: p[1]) if self.evals else None
-
-
-REWARD_KEYS = ("rewards_margin", "rewards_accuracy")  # from finetune.progress's "log" events of preference runs
 
 
 def summarize(run_dir: str | Path) -> RunSummary:
@@ -110,7 +108,7 @@ def summarize(run_dir: str | Path) -> RunSummary:
         kind = event.get("type")
         if kind == "log" and _is_number(event.get("loss")):
             summary.logs.append((int(step), float(event["loss"])))
-            summary.rewards.update({k: float(event[k]) for k in REWARD_KEYS if _is_number(event.get(k))})
+            summary.metrics = {k: float(v) for k, v in event.items() if _is_number(v) and k not in LOG_FIELDS}
         elif kind == "log" and _is_number(event.get("eval_loss")):
             summary.evals.append((int(step), float(event["eval_loss"])))
         elif kind == "eval" and _is_number(event.get("eval_loss")):
@@ -479,13 +477,12 @@ def _objective_rows(s: RunSummary) -> list[tuple[str, str]]:
         if getattr(c, f"{role}_column")
     }
     rows = [("Objective", text), ("Data columns", ", ".join(f"{r} = `{n}`" for r, n in columns.items()) or "detected")]
-    if s.rewards:
-        rows.append(
-            (
-                "Final reward margin / preference accuracy",
-                f"{_fmt(s.rewards.get('rewards_margin'))} / {_fmt(s.rewards.get('rewards_accuracy'))}",
-            )
-        )
+    final = [
+        f"{words} {100 * value:.0f}%" if key in objective.percent else f"{words} {value:.4g}"
+        for key, words, value in objective.facts_of(s.metrics)
+    ]
+    if final:
+        rows.append(("Final logged step", ", ".join(final)))
     return rows
 
 
