@@ -259,7 +259,7 @@ def load_base(plan: RunPlan, num_labels: int | None = None, path: str | None = N
         if importlib.util.find_spec("bitsandbytes") is None:
             raise UserError("method: qlora needs the bitsandbytes package; install it or use method: lora", "method")
         kwargs["quantization_config"] = plan.quantization_config()
-        kwargs["device_map"] = {"": 0 if plan.device == "cuda" else "cpu"}
+        kwargs["device_map"] = {"": 0 if plan.placement() == "cuda" else "cpu"}  # (chat may run elsewhere)
     if plan.is_classifier:
         kwargs["num_labels"] = labels_of(plan, num_labels)
     model = from_pretrained(plan.auto_class(), path or resolve_model_path(config.model), **kwargs)
