@@ -7,6 +7,7 @@ the run where it can be known, else as the run's error naming the reward and the
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -66,7 +67,7 @@ def mean(values: list[float]) -> float:
 
 @pytest.fixture(scope="module")
 def learned(tiny_model_dir, tmp_path_factory):
-    """One 16-step LoRA run rewarded by contains:d, with a python: reward (weight 0) that records how it is called."""
+    """One 12-step LoRA run rewarded by contains:d, with a python: reward (weight 0) that records how it is called."""
     folder = tmp_path_factory.mktemp("grpo")
     (folder / "recorder.py").write_text(RECORDER, encoding="utf-8")
     calls = folder / "calls.jsonl"
@@ -74,7 +75,7 @@ def learned(tiny_model_dir, tmp_path_factory):
     patch.setenv("REWARD_CALLS", str(calls))
     patch.setenv("FINETUNE_STUDIO_HOME", str(folder / "home"))
     rewards = f"{LEARNABLE},python:{folder / 'recorder.py'}:record"
-    config = grpo_config(tiny_model_dir, prompts_file(folder), rewards=rewards, reward_weights="1,0", max_steps=16)
+    config = grpo_config(tiny_model_dir, prompts_file(folder), rewards=rewards, reward_weights="1,0", max_steps=12)
     try:
         yield train(config), calls
     finally:
@@ -85,7 +86,7 @@ def learned(tiny_model_dir, tmp_path_factory):
 def test_the_mean_reward_rises_under_a_learnable_reward(learned):
     run, _ = learned
     logs = run.read_events(("log",))
-    assert [e["step"] for e in logs] == list(range(1, 17))
+    assert [e["step"] for e in logs] == list(range(1, 13))
     for event in logs:
         assert {"reward", "reward_std", "completion_length", "rewards/contains", "rewards/record"} <= set(event), event
     rewarded = [e["rewards/contains"] for e in logs]
@@ -98,7 +99,7 @@ def test_the_mean_reward_rises_under_a_learnable_reward(learned):
 def test_a_python_reward_is_called_with_the_completions_and_the_answer_column(learned):
     _, calls = learned
     seen = [json.loads(line) for line in calls.read_text(encoding="utf-8").splitlines()]
-    assert len(seen) == 16  # once per step (one generation batch a step)
+    assert len(seen) == 12  # once per step (one generation batch a step)
     answers = {str(i + 1) for i in range(16)}
     for call in seen:
         assert len(call["completions"]) == len(call["answer"]) == len(call["prompts"]) == 8
@@ -113,7 +114,7 @@ def test_a_python_reward_is_called_with_the_completions_and_the_answer_column(le
 def test_the_live_view_gets_scored_completions_and_the_run_records_its_plan(learned):
     run, _ = learned
     shown = run.read_events(("completions",))
-    assert [e["step"] for e in shown] == list(range(1, 17))
+    assert [e["step"] for e in shown] == list(range(1, 13))
     last = shown[-1]["completions"]
     assert 1 <= len(last) <= 4 and set(last[0]) == {"prompt", "completion", "rewards"}
     assert set(last[0]["rewards"]) == {"contains", "record"} and last[0]["prompt"].startswith("What is")
@@ -178,6 +179,22 @@ def test_qlora_and_full_fine_tuning_train(tiny_model_dir, tmp_path, overrides):
         assert (run.path / "model.safetensors").is_file()
     else:
         assert objective["reference"] is None and (run.path / "adapter_model.safetensors").is_file()
+
+
+def test_a_launched_two_process_run_trains_and_records_its_world(tiny_model_dir, tmp_path, studio_home):
+    """`launch --nproc 2`: two ranks on gloo share each step's answers (every prompt's group in one step), rank 0
+    writes the run, and its plan.json records both processes."""
+    config = grpo_config(tiny_model_dir, prompts_file(tmp_path), per_device_train_batch_size=4, max_steps=2)
+    config.save(tmp_path / "run.yaml")
+    command = [sys.executable, "-m", "finetune", "launch", "--config", str(tmp_path / "run.yaml"), "--nproc", "2"]
+    env = {**os.environ, "FINETUNE_STUDIO_HOME": str(studio_home), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([*command, "--follow"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    run = RunDir(Path(done.stdout.splitlines()[0].strip()))
+    logs = run.read_events(("log",))
+    assert [e["step"] for e in logs] == [1, 2] and all("rewards/contains" in e for e in logs), logs
+    plan = json.loads((run.path / "plan.json").read_text(encoding="utf-8"))
+    assert plan["world_size"] == 2 and plan["effective_batch"] == 8 and plan["objective"] == "grpo"
 
 
 def test_the_command_line_takes_comma_separated_rewards(tiny_model_dir, tmp_path, studio_home):
@@ -267,9 +284,9 @@ def test_the_train_tab_shows_the_reward_curve_and_scored_answers(learned, studio
     plot = page["prefs_plot"]
     assert plot["visible"] and plot["title"].startswith("Rewards:")
     series = plot["value"].dropna().groupby("series")["step"].count().to_dict()  # (KL: a blank, beta is 0)
-    assert series == {"mean reward": 16, "reward: contains": 16, "reward: record": 16}, series
+    assert series == {"mean reward": 12, "reward: contains": 12, "reward: record": 12}, series
     answers = page["completions"]
-    assert answers["visible"] and answers["label"] == "Sampled answers at step 16, with their rewards"
+    assert answers["visible"] and answers["label"] == "Sampled answers at step 12, with their rewards"
     assert list(answers["value"].columns) == ["Prompt", "Sampled answer", "Rewards"] and len(answers["value"]) >= 1
     assert "contains " in answers["value"].iloc[0]["Rewards"] and "record 0" in answers["value"].iloc[0]["Rewards"]
     labels = [label for label, _ in ui.train.runs_outputs(studio.runs())[ui.train.run_pick]["choices"]]
@@ -299,7 +316,7 @@ def test_the_rewards_goal_on_the_start_tab_takes_the_arithmetic_set(studio_home)
 
 # ----------------------------------------------------------------------------- the memory estimate
 def test_the_estimate_follows_a_measured_grpo_step_and_names_what_sampling_adds(tiny_model_dir):
-    """Two real GRPO steps (sampling included) through the engine's TRL trainer, live storages counted: the
+    """A real GRPO step (sampling included) through the engine's TRL trainer, live storages counted: the
     estimate is within 15%; it names the KV cache of a step's answers, and the frozen reference only when beta > 0."""
     from transformers import AutoTokenizer
 
@@ -314,7 +331,7 @@ def test_the_estimate_follows_a_measured_grpo_step_and_names_what_sampling_adds(
              for p in prompts]  # fmt: skip
     longest = max(len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts)
     values = {"model": str(tiny_model_dir), "objective": "grpo", "rewards": "max_length:4", "eval_split": ""}
-    values.update(max_seq_length=longest, max_completion_length=24, per_device_train_batch_size=8, max_steps=2)
+    values.update(max_seq_length=longest, max_completion_length=24, per_device_train_batch_size=8, max_steps=1)
     config = TrainConfig(save_steps=1000, warmup_steps=0, **values)
     measured = measure_grpo(config, "cpu", prompts)["peak"]
     estimate = memory.estimate(plan_for(config, "cpu"))
