@@ -519,7 +519,7 @@ def test_a_dpo_run_from_the_form_shows_its_rewards(page, server, files):
     shot(page, "12-train-dpo")
 
 
-def test_a_grpo_run_from_the_form_shows_its_reward_curve(page, server, files):
+def test_a_grpo_run_from_the_form_shows_its_reward_curve(page, server, files, tiny_model_dir):
     """Goal rewards in the form (objective grpo, contains:d on tiny prompts), a few steps: the Train tab shows the
     mean reward and each reward's curve, and the last step's sampled answers with their rewards."""
     prompts = files["train"].parent / "prompts.jsonl"
@@ -531,6 +531,7 @@ def test_a_grpo_run_from_the_form_shows_its_reward_curve(page, server, files):
     expect(page.locator("#cfg-chosen_column")).to_be_hidden()
     fill(page, "cfg-rewards", "contains:d")
     fill(page, "cfg-max_completion_length", 8)
+    fill(page, "cfg-model", tiny_model_dir)
     fill(page, "cfg-dataset", prompts)
     fill(page, "cfg-eval_split", "")
     set_field(page, "Optimisation", "max_steps", 3)
