@@ -75,7 +75,6 @@ class Objective:
     liger: bool = False  # Liger's fused kernels serve it
     deepspeed_loop: bool = False  # backend: deepspeed (our explicit loop) can run it
     needs_trl: bool = False
-    evaluates_loss: bool = True  # the eval split's loss means something here
     bundled_data: str = ""  # the bundled data set that suits it ("" none)
     metrics: tuple[tuple[str, str], ...] = ()  # TRL log key -> our "log" event key (`*` matches one name part)
     facts: tuple[tuple[str, str], ...] = ()  # event key -> words, for the latest values line (`*` as above)
@@ -161,7 +160,8 @@ class Objective:
                 ("backend", f"{name} runs through TRL's trainer; use backend: trainer (zero_stage 1-3 still works)")
             )
         loss = config.loss_type or ""
-        if loss and loss not in self.loss_types and not (not self.loss_types and loss == LEGACY_LOSS):
+        legacy = not self.loss_types and loss == LEGACY_LOSS
+        if loss and loss not in self.loss_types and not legacy:
             if self.loss_types:
                 out.append(("loss_type", f"{loss!r} is not a {name} loss; choose one of: {', '.join(self.loss_types)}"))
             else:

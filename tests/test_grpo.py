@@ -19,7 +19,7 @@ from finetune.config import TrainConfig
 from finetune.errors import ConfigError
 from finetune.rundir import RunDir
 from finetune.runs import RunManager
-from tests.helpers import assert_resumed_exactly, events_size, hold_at_step, raw_events, tiny_config, write_jsonl
+from tests.helpers import raw_events, stop_then_resume, tiny_config, write_jsonl
 from tests.test_input_validation import assert_refused_before_a_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,18 +144,7 @@ def test_a_stopped_grpo_run_resumes_exactly(tiny_model_dir, tmp_path, monkeypatc
     config = grpo_config(tiny_model_dir, prompts_file(tmp_path), save_steps=2)
     reference = {e["step"]: e for e in raw_events(train(config).path)}
 
-    manager = RunManager()
-    held = hold_at_step(monkeypatch, 2)
-    manager.start(config)
-    assert held.wait(120), manager.state()
-    assert manager.stop()
-    stopped = manager.wait(120)
-    assert stopped.status == "stopped" and stopped.step == 2, (stopped.status, stopped.error)
-    run = RunDir(Path(stopped.run_dir))
-    mark = events_size(run.path)
-    resumed = manager.resume(run.path, background=False)
-    assert resumed.status == "completed" and resumed.step == 4, (resumed.status, resumed.error)
-    before, after = assert_resumed_exactly(run.path, mark, checkpoint_step=2, max_steps=4)
+    before, after = stop_then_resume(monkeypatch, config, step=2)
     for event in before + after:
         want = reference[event["step"]]
         for key in ("reward", "rewards/contains", "completion_length"):

@@ -18,13 +18,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from transformers.trainer_callback import PrinterCallback
-
 from finetune import rewards
-from finetune.engines.common import prepare_run, save_final
 from finetune.engines.hf_trainer import ProgressCallback, training_arguments
-from finetune.engines.preference import StudioTRL, drop_reference_adapter, load_class
-from finetune.engines.world import trainer_world_if
+from finetune.engines.preference import StudioTRL, in_world, load_class, prepare_trl_run, run_to_the_end
 from finetune.plan import RunPlan
 from finetune.progress import Progress
 
@@ -99,20 +95,14 @@ def grpo_arguments(plan: RunPlan, output_dir: Path, has_eval: bool) -> Any:
 
 def train(plan: RunPlan, progress: Progress, resume_from: Path | None = None) -> str:
     """Train to the end (or until stopped); returns the final status: completed or stopped."""
-    # DeepSpeed through the Trainer needs a process group: one of size 1 without a launcher, torn down after the run.
-    with trainer_world_if(plan.deepspeed):
-        return _train(plan, progress, resume_from)
+    return in_world(plan, lambda: _train(plan, progress, resume_from))
 
 
 def _train(plan: RunPlan, progress: Progress, resume_from: Path | None = None) -> str:
-    from transformers import set_seed
-
-    config = plan.config
-    set_seed(config.seed)  # before the adapter is built, as for SFT
-    prepared = prepare_run(plan, progress)
-    if progress.stop_requested.is_set():
+    prepared = prepare_trl_run(plan, progress)
+    if prepared is None:
         return "stopped"
-    specs = rewards.parse(config.rewards)
+    specs = rewards.parse(plan.config.rewards)
     progress.event(  # what the run rewards and reads, for the live view and the model card
         "objective",
         objective=plan.objective.name,
@@ -135,19 +125,4 @@ def _train(plan: RunPlan, progress: Progress, resume_from: Path | None = None) -
         callbacks=[ProgressCallback(progress, prepared)],
     )
     trainer.studio_progress = progress
-    drop_reference_adapter(trainer, plan)
-    trainer.remove_callback(PrinterCallback)  # our progress (terminal bar, UI) replaces its raw dict prints
-    try:
-        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-        if progress.stop_requested.is_set():
-            return "stopped"
-        if prepared.data.eval is not None and trainer.state.global_step % config.eval_steps:
-            trainer.evaluate()  # the last evaluation (and sample answers) at the final step
-        save_final(trainer.model, prepared.tokenizer, progress, trainer=trainer, plan=plan)
-        return "completed"
-    finally:
-        # Drop references so the models' memory can be released before the next run in this process.
-        trainer.model = trainer.model_wrapped = None
-        trainer.optimizer = trainer.lr_scheduler = None
-        trainer.ref_model = None
-        prepared.model = None
+    return run_to_the_end(trainer, prepared, progress, resume_from)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,18 +93,28 @@ def drop_reference_adapter(trainer: Any, plan: RunPlan) -> None:
 
 def train(plan: RunPlan, progress: Progress, resume_from: Path | None = None) -> str:
     """Train to the end (or until stopped); returns the final status: completed or stopped."""
-    # DeepSpeed through the Trainer needs a process group: one of size 1 without a launcher, torn down after the run.
+    return in_world(plan, lambda: _train(plan, progress, resume_from))
+
+
+def in_world(plan: RunPlan, run: Callable[[], str]) -> str:
+    """`run()` in the process group DeepSpeed through the Trainer needs (one of size 1 without a launcher, torn down
+    after the run); as it is without DeepSpeed."""
     with trainer_world_if(plan.deepspeed):
-        return _train(plan, progress, resume_from)
+        return run()
+
+
+def prepare_trl_run(plan: RunPlan, progress: Progress) -> Prepared | None:
+    """The SFT path's model, tokenizer and data for a TRL trainer (None: stopped while loading)."""
+    from transformers import set_seed
+
+    set_seed(plan.config.seed)  # before the adapter is built, as for SFT
+    prepared = prepare_run(plan, progress)
+    return None if progress.stop_requested.is_set() else prepared
 
 
 def _train(plan: RunPlan, progress: Progress, resume_from: Path | None = None) -> str:
-    from transformers import set_seed
-
-    config = plan.config
-    set_seed(config.seed)  # before the adapter is built, as for SFT
-    prepared = prepare_run(plan, progress)
-    if progress.stop_requested.is_set():
+    prepared = prepare_trl_run(plan, progress)
+    if prepared is None:
         return "stopped"
     progress.event(  # what the run compares and reads, for the model card
         "objective",
@@ -126,6 +137,14 @@ def _train(plan: RunPlan, progress: Progress, resume_from: Path | None = None) -
         callbacks=[ProgressCallback(progress, prepared)],
         **kwargs,
     )
+    return run_to_the_end(trainer, prepared, progress, resume_from)
+
+
+def run_to_the_end(trainer: Any, prepared: Prepared, progress: Progress, resume_from: Path | None) -> str:
+    """Train a TRL trainer to the end (or until stopped) with the SFT path's progress and final save; "completed" or
+    "stopped". One adapter is trained and saved (TRL's "ref" copy dropped, as the plan says); the models are let go
+    afterwards, so their memory can be released before the next run in this process."""
+    plan, config = prepared.plan, prepared.plan.config
     drop_reference_adapter(trainer, plan)
     trainer.remove_callback(PrinterCallback)  # our progress (terminal bar, UI) replaces its raw dict prints
     try:
@@ -137,7 +156,6 @@ def _train(plan: RunPlan, progress: Progress, resume_from: Path | None = None) -
         save_final(trainer.model, prepared.tokenizer, progress, trainer=trainer, plan=plan)
         return "completed"
     finally:
-        # Drop references so both models' memory can be released before the next run in this process.
         trainer.model = trainer.model_wrapped = None
         trainer.optimizer = trainer.lr_scheduler = None
         if hasattr(trainer, "ref_model"):
