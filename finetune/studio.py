@@ -668,8 +668,16 @@ class Studio:
         )
 
     # ----------------------------------------------------------------- export
+    @staticmethod
+    def export_formats() -> tuple[str, ...]:
+        """The export formats, in the order a picker offers them (merged, gguf, gguf-lora)."""
+        from finetune.publish.export import FORMATS
+
+        return FORMATS
+
     def export(self, run_id: str, fmt: str, quant: str | None = None, progress: Any = None) -> Any:
-        """Export a finished run under its exports/ folder (merged model, or GGUF + Modelfile); an ExportResult."""
+        """Export a finished run under its exports/ folder (merged model, GGUF + Modelfile, or the adapter as a
+        llama.cpp LoRA GGUF); an ExportResult."""
         from finetune.publish import export
 
         run = self._run(run_id)

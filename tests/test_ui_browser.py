@@ -31,10 +31,13 @@ from tests.test_ui_support import (
     CHROMIUM,
     CHROMIUM_ARGS,
     GOOD_TOKEN,
+    STATE_S,
     RunGate,
+    browser_expect,
     greedy_reply,
     human,
     letters,
+    open_app,
     pushed_files_hold_no_secret,
     standin_hub,
 )
@@ -49,7 +52,7 @@ pytestmark = [
     pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is missing (apt-get install chromium)"),
 ]
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip package playwright is not installed")
-expect = sync_api.expect
+expect = browser_expect()  # Playwright's expect, with a generous default ceiling instead of 5 s
 
 
 def free_port() -> int:
@@ -125,8 +128,7 @@ def page(server):
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.set_default_timeout(30_000)
-        page.goto(server["url"])
+        open_app(page, server["url"])
         yield page
         browser.close()
 
@@ -192,7 +194,7 @@ def finished_reply(server, timeout_s: float = 120) -> dict:
         raise AssertionError(f"no chat reply finished within {timeout_s} s") from None
 
 
-def expect_reply(page, chatbot_id: str, text: str, timeout_s: float = 30) -> str:
+def expect_reply(page, chatbot_id: str, text: str, timeout_s: float = STATE_S) -> str:
     """Wait until the last reply of a chatbot shows `text` (its letters and digits: Markdown and spacing aside), then
     assert it does; returns what the page shows."""
     want = letters(text)
@@ -242,7 +244,7 @@ def test_memory_shows_the_estimators_figure(page, tiny_model_dir):
     fill(page, "mem-model", tiny_model_dir)  # the same field as Configure's: the edit is mirrored there
     page.locator("#mem-estimate").click()
     verdict = page.locator("#mem-verdict")
-    expect(verdict).to_contain_text(f"Fits on {card}", timeout=60_000)
+    expect(verdict).to_contain_text(f"Fits on {card}")
     expect(verdict).to_contain_text(f"Needs about {human(expected.total_bytes)}")
     expect(page.locator("#mem-table")).to_contain_text(re.compile(r"activations.*\d+ (MiB|KiB)", re.S))
     shot(page, "02-memory-estimate")
@@ -315,7 +317,7 @@ def test_configure_loads_tiny_data_and_previews_it(page, files):
     expect(page.locator("#cfg-summary")).to_contain_text("All settings are valid")
     page.locator("#cfg-preview").click()
     preview = page.locator("#cfg-preview-box")
-    expect(preview).to_contain_text("48 training rows", timeout=60_000)
+    expect(preview).to_contain_text("48 training rows")
     expect(preview).to_contain_text("4 evaluation rows")
     expect(preview.locator(".fs-example .fs-trained").first).to_contain_text("Arr, matey!")
     preview.scroll_into_view_if_needed()
@@ -329,15 +331,15 @@ def test_configure_loads_tiny_data_and_previews_it(page, files):
 def test_train_starts_and_progress_advances(page, server, tiny_model_dir):
     tab(page, "Train")
     plan = page.locator("#train-plan")  # what Start will run, before Start
-    expect(plan).to_contain_text("Start will train", timeout=60_000)
+    expect(plan).to_contain_text("Start will train")
     expect(plan).to_contain_text(str(tiny_model_dir))
     expect(plan).to_contain_text(f"{STEPS} steps")
     expect(plan).to_contain_text("at the peak")
     page.locator("#train-start").click()
-    expect(page.locator("#train-message")).to_contain_text("Started run", timeout=30_000)
+    expect(page.locator("#train-message")).to_contain_text("Started run")
     server["gate"].wait_held()  # the run is at step HOLD and waits there
     progress = page.locator("#train-progress .fs-progress")
-    expect(progress).to_have_attribute("data-step", str(HOLD), timeout=30_000)
+    expect(progress).to_have_attribute("data-step", str(HOLD))
     expect(progress).to_have_attribute("data-status", "running")
     expect(page.locator("#train-plot")).not_to_contain_text("No data")
     runs = page.locator("#train-runs-table")  # the live step, by a readable name
@@ -352,10 +354,10 @@ def test_a_reload_mid_run_reattaches(page, server):
     run_id = server["studio"].state().run_id
     assert server["studio"].state().status == "running"  # still held at HOLD: certainly mid-run
     try:
-        page.reload()
+        open_app(page)  # reload, and wait until the app is there again
         tab(page, "Train")
         progress = page.locator("#train-progress .fs-progress")
-        expect(progress).to_contain_text(run_id, timeout=30_000)
+        expect(progress).to_contain_text(run_id)
         expect(progress).to_have_attribute("data-status", "running")
         expect(progress).to_have_attribute("data-step", str(HOLD))
         expect(page.locator("#train-stop")).to_be_enabled()
@@ -440,16 +442,16 @@ def test_publish_pushes_the_trained_run_through_a_password_field(page, server):
     run_id, run_dir = run_of(server)
     hub = server["hub"]
     tab(page, "Publish")
-    expect(page.locator("#pub-run input")).to_have_value(re.compile(re.escape(run_id)), timeout=30_000)
+    expect(page.locator("#pub-run input")).to_have_value(re.compile(re.escape(run_id)))
     page.locator("#pub-push").click()
-    expect(page.locator("#pub-result")).to_contain_text("repo", timeout=30_000)  # no repo id given: one-line error
+    expect(page.locator("#pub-result")).to_contain_text("repo")  # no repo id given: one-line error
     assert hub.repos == {}
     token = page.locator("#pub-token").locator("input, textarea").first
     assert token.get_attribute("type") == "password"  # the token is never shown
     fill(page, "pub-repo", "alice/pirate-lora")
     token.fill(GOOD_TOKEN)
     page.locator("#pub-push").click()
-    expect(page.locator("#pub-result")).to_contain_text(f"Pushed the adapter of {run_id}", timeout=60_000)
+    expect(page.locator("#pub-result")).to_contain_text(f"Pushed the adapter of {run_id}")
     expect(token).to_have_value("")  # cleared after the push
     repo = hub.repos["alice/pirate-lora"]
     assert repo.private
@@ -468,8 +470,7 @@ def test_a_narrow_screen_keeps_every_tab_reachable(page, server):
     words letter by letter."""
     narrow = page.context.browser.new_page(viewport={"width": 420, "height": 900})
     try:
-        narrow.set_default_timeout(30_000)
-        narrow.goto(server["url"])
+        open_app(narrow, server["url"])
         for name in ("Start", "Memory", "Configure", "Train", "Chat", "Publish"):
             expect(narrow.get_by_role("tab", name=name, exact=True)).to_be_visible()
         narrow.get_by_role("tab", name="Publish", exact=True).click()
@@ -508,9 +509,9 @@ def test_a_dpo_run_from_the_form_shows_its_rewards(page, server, files):
     fill(page, "cfg-eval_split", "")
     set_field(page, "Optimisation", "max_steps", 4)
     tab(page, "Train")
-    expect(page.locator("#train-plan")).to_contain_text("preferences (DPO)", timeout=60_000)
+    expect(page.locator("#train-plan")).to_contain_text("preferences (DPO)")
     page.locator("#train-start").click()
-    expect(page.locator("#train-message")).to_contain_text("Started run", timeout=30_000)
+    expect(page.locator("#train-message")).to_contain_text("Started run")
     progress = page.locator("#train-progress .fs-progress")
     expect(progress).to_have_attribute("data-status", "completed", timeout=120_000)
     expect(page.locator("#train-prefs")).to_contain_text("reward margin")
@@ -564,7 +565,7 @@ def test_a_two_process_run_starts_from_the_train_tab(page, server, files):
     tab(page, "Train")
     choose(page, "train-processes", "2")
     page.locator("#train-start").click()
-    expect(page.locator("#train-message")).to_contain_text("Started run", timeout=60_000)
+    expect(page.locator("#train-message")).to_contain_text("Started run")
     run_id = re.search(r"Started run\W*([\w.-]+)", page.locator("#train-message").inner_text()).group(1)
     # The box may still show the previous test's finished run for a moment: wait for this run's own end.
     progress = page.locator("#train-progress .fs-progress", has=page.locator(".fs-run", has_text=run_id))

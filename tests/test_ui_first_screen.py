@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_ui_support import CHROMIUM, CHROMIUM_ARGS, greedy_reply, letters
+from tests.test_ui_support import CHROMIUM, CHROMIUM_ARGS, browser_expect, greedy_reply, letters, open_app
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts" / "first-screen"
 STEPS = 12  # set in Configure after the proposal: a short run, and an expert edit the summary must show
@@ -77,16 +77,13 @@ def page(server):
     with sync_api.sync_playwright() as p:
         chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = chromium.new_page(viewport={"width": 1280, "height": 900})
-        page.set_default_timeout(30_000)
-        page.goto(server["url"])
+        open_app(page, server["url"])
         yield page
         chromium.close()
 
 
 def expect(locator):
-    from playwright.sync_api import expect as playwright_expect
-
-    return playwright_expect(locator)
+    return browser_expect()(locator)
 
 
 def shot(page, name: str) -> None:

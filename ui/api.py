@@ -254,19 +254,20 @@ class StudioAPI:
         request: gr.Request = None,
         oauth_token: gr.OAuthToken | None = None,
     ) -> str:
-        """Export a finished run into its exports/ folder: "merged" (a standalone Transformers model) or "gguf"
-        (llama.cpp / Ollama, with a Modelfile).
+        """Export a finished run into its exports/ folder: "merged" (a standalone Transformers model), "gguf"
+        (llama.cpp / Ollama, with a Modelfile) or "gguf-lora" (the LoRA adapter alone, for llama.cpp's --lora).
 
         Args:
             run: the run id.
-            format: "merged" or "gguf".
+            format: "merged", "gguf" or "gguf-lora".
             quant: GGUF weights: "f16" or "q8_0".
 
         Returns:
             What was written, in one line.
         """
         with refusals():
-            result = self._for(request, oauth_token).export(run, format, quant if format == "gguf" else None)
+            gguf_quant = quant if str(format).startswith("gguf") else None
+            result = self._for(request, oauth_token).export(run, format, gguf_quant)
             written = f"exports/{result.folder.name}/" + (result.main.name if result.main != result.folder else "")
             return f"wrote {written} ({result.size}) in run {run}"
 

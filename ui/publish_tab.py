@@ -88,14 +88,17 @@ class PublishTab:
             return "⚠ Pick a finished run first (train one in the *Train* tab)."
         try:
             stages = lambda message: progress(None, desc=message)  # noqa: E731
-            result = self.studio.export(run_id, fmt, quant if fmt == "gguf" else None, progress=stages)
+            result = self.studio.export(run_id, fmt, quant if fmt.startswith("gguf") else None, progress=stages)
         except UserError as exc:
             warn(str(exc))
             return f"⚠ {plain(str(exc))}"
         except Exception as exc:  # never a server path or traceback on the page
             return f"⚠ The export failed ({type(exc).__name__}); nothing was written."
         written = f"exports/{result.folder.name}/" + (result.main.name if result.main != result.folder else "")
-        extra = " with an Ollama `Modelfile` beside it" if fmt == "gguf" else ""
+        extra = {
+            "gguf": " with an Ollama `Modelfile` beside it",
+            "gguf-lora": " (load it over a GGUF of the base model: `llama-cli -m BASE.gguf --lora FILE`)",
+        }.get(fmt, "")
         warning = "".join(f"\n\n⚠ {plain(w)}" for w in result.warnings)
         return f"✓ Wrote `{written}` ({result.size}) in run `{run_id}`{extra}.{warning}"
 
@@ -163,10 +166,13 @@ def build(studio: Studio) -> PublishTab:
         gr.Markdown(
             "Writes into the run's `exports/` folder: **merged** is a standalone Transformers model (adapter merged "
             "in, for vLLM or `from_pretrained`); **gguf** is one file with the weights, tokenizer and chat template "
-            "for llama.cpp / LM Studio, with an Ollama `Modelfile` beside it."
+            "for llama.cpp / LM Studio, with an Ollama `Modelfile` beside it; **gguf-lora** is the LoRA adapter alone "
+            "as a llama.cpp LoRA file, applied over a GGUF of the base model (`llama-cli --lora`)."
         )
         with gr.Row():
-            tab.export_format = gr.Radio(["merged", "gguf"], value="gguf", label="Format", elem_id="pub-export-format")
+            tab.export_format = gr.Radio(
+                list(Studio.export_formats()), value="gguf", label="Format", elem_id="pub-export-format"
+            )
             tab.export_quant = gr.Radio(
                 ["f16", "q8_0"],
                 value="q8_0",

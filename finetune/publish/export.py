@@ -1,7 +1,8 @@
-"""Export a finished run to run outside Python: a merged Transformers model, or one GGUF file plus an Ollama Modelfile.
+"""Export a finished run to run outside Python: a merged Transformers model, one GGUF file plus an Ollama Modelfile,
+or the LoRA adapter alone as a llama.cpp LoRA GGUF.
 
-    export_run(run_dir, "merged" | "gguf", quant="f16" | "q8_0", out=None, progress=None) -> ExportResult
-    python -m finetune export RUN_DIR --format merged|gguf [--quant f16|q8_0] [--out PATH]
+    export_run(run_dir, "merged" | "gguf" | "gguf-lora", quant="f16" | "q8_0", out=None, progress=None) -> ExportResult
+    python -m finetune export RUN_DIR --format merged|gguf|gguf-lora [--quant f16|q8_0] [--out PATH]
 
 LoRA adapters are merged onto the base in its saved precision; a QLoRA adapter is merged onto the full-precision base
 (never 4-bit), with a warning that this is not exactly the model training evaluated. A full fine-tune's run directory
@@ -10,7 +11,7 @@ place at the end, so a failed export (a full disk, a file-size limit, a folder i
 the final name and says why in one line; such folders left by an export that was killed are removed by the next one.
 Export writes only under `--out` (a path without '..' or symbolic links), or under the run's `exports/` folder, never
 into the run's own files; damaged weights are refused before any work. Its output is scanned for local paths like a
-Hub push.
+Hub push, and its files are readable like any file the user creates (some writers make 0600 files).
 torch / transformers / peft / gguf are imported inside the functions.
 """
 
@@ -34,7 +35,8 @@ from finetune.pids import own_start, same_process
 from finetune.publish.public import FULL_MODEL_FILES, TOKENIZER_FILES, check_no_local_paths, looks_like_path
 from finetune.rundir import RunDir
 
-FORMATS = ("merged", "gguf")
+FORMATS = ("merged", "gguf", "gguf-lora")
+GGUF_FORMATS = ("gguf", "gguf-lora")
 QUANTS = ("f16", "q8_0")
 EXPORTS_FOLDER = "exports"
 STAGE_PREFIX = ".export-"  # the hidden folder an export is written in before it is renamed into place
@@ -94,6 +96,8 @@ def export_run(
     if run.load_plan().is_classifier:  # the run's own plan says what it trained
         raise UserError(f"format: export supports causal_lm runs, not {config.task}; push the adapter", "format")
     check_weights_readable(run)
+    if fmt == "gguf-lora":
+        _check_lora(run, config)  # refuse before any folder is made
     target = _target(run, fmt, quant, out)
     warnings = (QLORA_WARNING,) if config.method == "qlora" else ()
     for warning in warnings:
@@ -106,14 +110,14 @@ def export_run(
 
 
 def check_format(fmt: str, quant: str | None) -> tuple[str, str | None]:
-    """The format and quantisation, checked: (merged, None) or (gguf, f16|q8_0)."""
+    """The format and quantisation, checked: (merged, None) or (gguf | gguf-lora, f16|q8_0)."""
     fmt = str(fmt or "").strip().lower()  # a number through the API is refused by name like any other value
     if fmt not in FORMATS:
         raise UserError(f"format: expected one of {', '.join(FORMATS)}, got {fmt!r}", "format")
     quant = str(quant or "").strip().lower() or None
     if fmt == "merged" and quant:
         raise UserError("quant: only for --format gguf (a merged model keeps its own precision)", "quant")
-    if fmt == "gguf":
+    if fmt in GGUF_FORMATS:
         quant = quant or "f16"
         if quant not in QUANTS:
             raise UserError(f"quant: expected one of {', '.join(QUANTS)}, got {quant!r}", "quant")
@@ -154,7 +158,7 @@ def _target(run: RunDir, fmt: str, quant: str | None, out: str | Path | None) ->
         if target.resolve().is_relative_to(run.path.resolve()) and EXPORTS_FOLDER not in target.parts:
             raise UserError(f"out: not among the run's own files; use its {EXPORTS_FOLDER}/ folder or elsewhere", "out")
     else:
-        target = run.path / EXPORTS_FOLDER / (fmt if fmt == "merged" else f"gguf-{quant}")
+        target = run.path / EXPORTS_FOLDER / (fmt if fmt == "merged" else f"{fmt}-{quant}")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -188,6 +192,7 @@ def _write_staged(run: RunDir, config: TrainConfig, fmt: str, quant: str | None,
         write_json(tmp / STAGE_OWNER, {"pid": os.getpid(), "started": own_start()})
         stage = tmp / target.name
         main = _write(run, config, fmt, quant, stage, say)
+        _readable_like_new_files(stage)
         check_no_local_paths(stage, config, run)
         _replace(stage, target)
     except UserError:
@@ -243,7 +248,9 @@ def _write(run: RunDir, config: TrainConfig, fmt: str, quant: str | None, stage:
     if fmt == "merged":
         write_merged(run, config, stage, say)
         return stage
-    from finetune.publish import gguf_writer
+    if fmt == "gguf-lora":
+        return _write_lora(run, config, quant or "f16", stage, say)
+    from finetune.publish import gguf_writer, modelfile
 
     stage.mkdir()
     with tempfile.TemporaryDirectory(prefix=".merged-", dir=stage.parent) as tmp:
@@ -258,8 +265,34 @@ def _write(run: RunDir, config: TrainConfig, fmt: str, quant: str | None, stage:
         gguf_file = stage / f"{name}-{quant}.gguf"
         gguf_writer.write_gguf(merged, gguf_file, quant or "f16", name, say)
         say("Writing the Ollama Modelfile…")
-        (stage / "Modelfile").write_text(gguf_writer.modelfile_text(merged, gguf_file.name), encoding="utf-8")
+        (stage / "Modelfile").write_text(modelfile.modelfile_text(merged, gguf_file.name), encoding="utf-8")
     return gguf_file
+
+
+def _write_lora(run: RunDir, config: TrainConfig, quant: str, stage: Path, say: Progress) -> Path:
+    """The run's adapter alone as a llama.cpp LoRA GGUF, for a GGUF of its base model."""
+    from finetune.publish import gguf_lora
+
+    stage.mkdir()
+    target = stage / f"{_export_name(run)}-lora-{quant}.gguf"
+    gguf_lora.write_lora_gguf(run.path, _base_config(config), target, quant, _export_name(run), say)
+    return target
+
+
+def _check_lora(run: RunDir, config: TrainConfig) -> None:
+    """A one-line UserError when the run's adapter has no llama.cpp LoRA form (or there is no adapter)."""
+    from finetune.publish import gguf_lora
+
+    if config.method == "full":
+        raise UserError("format: gguf-lora needs a LoRA run; a full fine-tune has no adapter (use gguf)", "format")
+    gguf_lora.check_lora_support(run.path, _base_config(config))
+
+
+def _base_config(config: TrainConfig) -> dict:
+    """The base model's config values (architecture, layers, heads): its config only, never its weights."""
+    from finetune.models import load_model_config
+
+    return load_model_config(config.model, trust_remote_code=config.trust_remote_code).to_dict()
 
 
 def _check_base_supported(config: TrainConfig) -> None:
@@ -320,6 +353,17 @@ def _saved_dtype(config: TrainConfig) -> object | None:
     return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else None
 
 
+def _readable_like_new_files(folder: Path) -> None:
+    """Give every file the mode a newly created file gets (0644 under the usual umask): safetensors writes 0600."""
+    probe = folder / ".mode-probe"  # read the umask by creating a file (os.umask would change it for all threads)
+    probe.touch()
+    mode = probe.stat().st_mode & 0o666
+    probe.unlink()
+    for path in folder.rglob("*"):
+        if path.is_file():
+            path.chmod(mode)
+
+
 def _copy_files(source: Path, stage: Path, patterns: tuple[str, ...]) -> None:
     """Copy (never link: the export must stand alone) the top-level files matching `patterns`."""
     for pattern in patterns:
@@ -342,22 +386,25 @@ def _drop_local_name(path: Path) -> None:
 
 
 def register_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add `export RUN_DIR --format merged|gguf [--quant f16|q8_0] [--out PATH]` to the CLI."""
+    """Add `export RUN_DIR --format merged|gguf|gguf-lora [--quant f16|q8_0] [--out PATH]` to the CLI."""
     parser = subparsers.add_parser(
         "export",
-        help="export a finished run as a merged model or a GGUF file with an Ollama Modelfile",
+        help="export a finished run as a merged model, a GGUF file with an Ollama Modelfile, or a LoRA GGUF",
         description=(
             "Export a finished run to run outside Python: --format merged writes a standalone Transformers model "
             "(adapter merged in); --format gguf writes one .gguf file (weights, tokenizer, chat template) for "
-            "llama.cpp, Ollama and LM Studio, with an Ollama Modelfile beside it. Written under --out, or under the "
-            f"run's {EXPORTS_FOLDER}/ folder."
+            "llama.cpp, Ollama and LM Studio, with an Ollama Modelfile beside it; --format gguf-lora writes the LoRA "
+            "adapter alone as a llama.cpp LoRA GGUF (llama-cli -m BASE.gguf --lora FILE). Written under --out, or "
+            f"under the run's {EXPORTS_FOLDER}/ folder."
         ),
     )
     parser.add_argument("run_dir", metavar="RUN_DIR", help="run directory, or the name of a run under the runs root")
-    parser.add_argument("--format", default="merged", metavar="FORMAT", help="merged (default) or gguf")
-    parser.add_argument("--quant", metavar="QUANT", help="gguf weight type: f16 (default) or q8_0")
+    parser.add_argument("--format", default="merged", metavar="FORMAT", help="merged (default), gguf or gguf-lora")
+    parser.add_argument("--quant", metavar="QUANT", help="gguf / gguf-lora weight type: f16 (default) or q8_0")
     parser.add_argument(
-        "--out", metavar="PATH", help=f"folder to create (default: RUN_DIR/{EXPORTS_FOLDER}/merged or gguf-QUANT)"
+        "--out",
+        metavar="PATH",
+        help=f"folder to create (default: RUN_DIR/{EXPORTS_FOLDER}/merged, gguf-QUANT or gguf-lora-QUANT)",
     )
     parser.set_defaults(func=_cli_export)
     return parser
