@@ -1,4 +1,5 @@
-"""Command line: python -m finetune {train,estimate,chat,push,export,launch-command}. Bad input: one line, exit 2."""
+"""Command line: python -m finetune {train,propose,estimate,chat,push,export,launch-command}. Bad input: one line,
+exit 2."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from finetune import objectives
 from finetune.cli_args import add_config_args, load_config
 from finetune.config import parse_set_option
 from finetune.errors import UserError
@@ -73,6 +75,26 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--max-new-tokens", type=int, default=128)
     chat.add_argument("--prompt", help="answer this one prompt and exit")
     chat.set_defaults(func=cmd_chat)
+
+    propose = sub.add_parser(
+        "propose",
+        help="propose settings that fit a GPU for a model, data and goal (what the Start tab proposes)",
+        description="The configuration the app's Start tab proposes, from the same search: the fastest settings that "
+        "fit with headroom (max(5%% of the card, 1 GiB)), keeping every row of the data whole where any combination "
+        "can, at the same effective batch. When nothing fits, it names the smallest card (or number of GPUs) that "
+        "holds the run. No weights are downloaded; the data is read to measure its token lengths. A setting given "
+        "with --set is kept as set.",
+    )
+    add_config_args(propose)
+    propose.add_argument("--model", help="a Hub id, a local model folder or the embedded model (default: the config's)")
+    propose.add_argument("--data", help="a data file, a Hub dataset id or bundled:pirate (default: the config's)")
+    goals = ", ".join(dict.fromkeys([*objectives.GOALS, *objectives.OBJECTIVES]))
+    goal = objectives.DEFAULT_GOAL
+    propose.add_argument("--goal", default=goal, help=f"{goals} (default: {goal})")
+    propose.add_argument("--gpu-gib", required=True, help="memory per GPU in GiB, or a card's name (e.g. l4, a100)")
+    propose.add_argument("--gpus", default="1", help="number of GPUs (default: 1)")
+    propose.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
+    propose.set_defaults(func=cmd_propose)
 
     # The sub-commands that live with the feature they drive, each registered by its own module.
     from finetune import launch, memory
@@ -162,6 +184,30 @@ def _train(args: Any) -> int:
     if rank == 0:
         print(summary_line(final or state, manager))
     return 0 if final and final.status in ("completed", "stopped") else 1
+
+
+# --------------------------------------------------------------------------- propose
+def cmd_propose(args: Any) -> int:
+    """Print the proposal for a model, data, goal and hardware (text, or JSON with --json)."""
+    import json
+
+    from finetune.cli_args import parse_count, parse_gib
+    from finetune.config import TrainConfig
+    from finetune.memory import propose
+    from finetune.plan import plan_for
+
+    values = load_config(args.config, args.set).to_dict()
+    pinned = tuple(parse_set_option(item)[0] for item in args.set or [])
+    values.update({k: v for k, v in (("model", args.model), ("dataset", args.data)) if v})
+    values.update(objectives.goal_settings(str(args.goal).strip().lower()))
+    gib = parse_gib(args.gpu_gib)
+    if gib is None:
+        raise UserError("--gpu-gib: give the memory of one GPU in GiB, or a card's name (e.g. l4)")
+    gpus = parse_count(args.gpus, "--gpus")
+    plan = plan_for(TrainConfig.from_dict(values), device="cuda", world_size=gpus)
+    proposal = propose(plan, gpu_gib=gib, pinned=pinned)
+    print(json.dumps(proposal.to_dict(), indent=2, default=str) if args.json else proposal.render_text())
+    return 0
 
 
 # --------------------------------------------------------------------------- chat

@@ -15,6 +15,8 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any
 
+from finetune.errors import UserError
+
 CAUSAL_LM = "causal_lm"
 SEQUENCE_CLASSIFICATION = "sequence_classification"
 TASKS = (CAUSAL_LM, SEQUENCE_CLASSIFICATION)
@@ -409,7 +411,7 @@ _RECORDS = (
         card_name="",
         card_tag="text-classification",
         card_phrase="",
-        goal="classify",
+        goal="classification",
         goal_label="Classification: predict a label for a text",
         data_kind="classification",
         columns=("text", "text_pair", "label"),
@@ -428,6 +430,7 @@ GOAL_FIELDS: tuple[str, ...] = tuple(dict.fromkeys(k for r in _RECORDS for k, _ 
 SPECIFIC_FIELDS: tuple[str, ...] = tuple(dict.fromkeys(f for r in _RECORDS for f in r.fields))
 # The Start tab's goals, each with the record that stands for it (the one with the goal's words).
 GOALS: dict[str, Objective] = {r.goal: r for r in _RECORDS if r.goal_label}
+DEFAULT_GOAL = OBJECTIVES[DEFAULT].goal  # what the Start tab, `propose` and /propose assume when no goal is given
 
 
 def lookup(objective: str = DEFAULT, task: str = CAUSAL_LM) -> Objective:
@@ -450,6 +453,16 @@ def of(config: Any) -> Objective:
 def of_values(values: dict[str, Any]) -> Objective:
     """The record for form values (a dict keyed by field name)."""
     return lookup(values.get("objective") or DEFAULT, values.get("task") or CAUSAL_LM)
+
+
+def goal_settings(goal: str) -> dict[str, str]:
+    """The task and objective a goal sets: a Start tab goal (sft, dpo, grpo, classification) or an objective's record
+    name (orpo, kto); a UserError naming `goal` and the choices else."""
+    record = GOALS.get(goal) or OBJECTIVES.get(goal)
+    if record is None:
+        choices = ", ".join(dict.fromkeys([*GOALS, *OBJECTIVES]))
+        raise UserError(f"goal: {goal!r} is not one of {choices}", field="goal")
+    return {"task": record.task, "objective": record.objective}
 
 
 def fields_not_applying(values: dict[str, Any]) -> set[str]:

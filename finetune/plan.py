@@ -157,9 +157,10 @@ class RunPlan:
             data["quantization"] = QuantPlan(**data["quantization"])
         return cls(config=config, **data)
 
-    def replanned(self, **changes: Any) -> RunPlan:
-        """The plan of this config with some fields changed, on the same device and world (the estimator's what-ifs)."""
-        return plan_for(self.config.replace(**changes), device=self.device, world_size=self.world_size)
+    def replanned(self, world_size: int | None = None, **changes: Any) -> RunPlan:
+        """The plan of this config with some fields changed, on the same device and world (or `world_size`
+        processes): the estimator's what-ifs."""
+        return plan_for(self.config.replace(**changes), device=self.device, world_size=world_size or self.world_size)
 
     def for_merge(self) -> RunPlan:
         """How an export merges the adapter into the base: on the CPU, in float32, never on a 4-bit base (a QLoRA

@@ -47,9 +47,9 @@ def preflight(config: TrainConfig) -> None:
     if config.dataset.startswith("bundled:") or path.suffix.lower() in FILE_TYPES or path.exists():
         # Local data is small enough to read now: a bad file is refused before any run directory exists.
         train_raw, _ = data.load_raw(config)
-        fmt = data.detect_format(list(train_raw.column_names), config)
-        if fmt.kind == data.PROMPTS_KIND:
-            rewards_ready(config, list(train_raw.column_names))
+        columns_ready(config, list(train_raw.column_names))
+    else:
+        hub_dataset_ready(config)
     if config.model != EMBEDDED_MODEL or models.embedded_cache_dir().is_dir():
         from finetune.engines.common import check_sequence_length
 
@@ -65,6 +65,16 @@ def preflight(config: TrainConfig) -> None:
     plan.uses_liger(config, strict=True)  # liger_kernel: on where Liger cannot run is refused now
 
 
+def columns_ready(config: TrainConfig, columns: list[str]) -> None:
+    """The data's columns suit the objective (its format is detected); prompts for rewards also have the columns the
+    rewards read."""
+    from finetune import data
+
+    fmt = data.detect_format(columns, config)
+    if fmt.kind == data.PROMPTS_KIND:
+        rewards_ready(config, columns)
+
+
 def rewards_ready(config: TrainConfig, columns: list[str]) -> None:
     """Learning from rewards: the columns the built-in rewards compare with are in the data, and each python: reward's
     file exists, runs and defines its function (the file runs once here)."""
@@ -73,6 +83,34 @@ def rewards_ready(config: TrainConfig, columns: list[str]) -> None:
     specs = rewards.parse(config.rewards)
     rewards.check_columns(specs, columns)
     rewards.check_files(specs)
+
+
+def hub_dataset_ready(config: TrainConfig) -> None:
+    """A Hub dataset is loaded as Start will load it (downloaded once into the Hub cache, which the run then reads):
+    its splits and columns checked. Offline, only a copy already on this machine can be used; without one the answer
+    is one plain line at once, instead of the Hub client's error when the run starts."""
+    from finetune import catalogue, data
+    from finetune.config import BUNDLED_DATASET
+
+    if not catalogue.hub_reachable() and not _hub_copy_here(config.dataset):
+        raise ConfigError(
+            f"dataset: {config.dataset} is a Hub dataset, this machine cannot reach the Hugging Face Hub (offline) "
+            f"and has no copy of it; use a local file or {BUNDLED_DATASET}, or connect and check again",
+            "dataset",
+        )
+    train_raw, _ = data.load_raw(config)
+    columns_ready(config, list(train_raw.column_names))
+
+
+def _hub_copy_here(dataset: str) -> bool:
+    """Whether the Hub cache on this machine holds files of this dataset repository (then it loads offline)."""
+    from huggingface_hub import constants
+
+    folder = Path(constants.HF_HUB_CACHE) / f"datasets--{dataset.replace('/', '--')}" / "snapshots"
+    try:
+        return folder.is_dir() and any(folder.iterdir())
+    except OSError:
+        return False
 
 
 def preference_ready(config: TrainConfig) -> None:

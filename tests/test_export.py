@@ -473,17 +473,43 @@ def test_the_publish_tab_exports_through_the_studio_and_shows_the_size(studio_ho
     wired = [
         d for d in demo.config["dependencies"] if [list(t) for t in d["targets"]] == [[tab.export_btn._id, "click"]]
     ]
-    assert wired and wired[0]["outputs"] == [tab.export_result._id]
+    assert wired and wired[0]["outputs"] == [tab.export_result._id, tab.export_files._id]
     assert wired[0]["inputs"] == [tab.run._id, tab.export_format._id, tab.export_quant._id]
-    message = tab.export("run-a", "gguf", "q8_0")
+    message, files = tab.export("run-a", "gguf", "q8_0")
     assert re.fullmatch(r"✓ Wrote `exports/gguf-q8_0/run-a-q8_0\.gguf` \(\d+\.\d MB\) in run `run-a`.*", message)
-    assert (studio.manager.root / "run-a" / "exports" / "gguf-q8_0" / "Modelfile").is_file()
+    folder = studio.manager.root / "run-a" / "exports" / "gguf-q8_0"
+    assert (folder / "Modelfile").is_file() and "Download it below" in message
+    assert files["visible"] and files["value"] == [str(folder / "Modelfile"), str(folder / "run-a-q8_0.gguf")]
     assert [choice[1] for choice in tab.export_format.choices] == ["merged", "gguf", "gguf-lora"]
-    message = tab.export("run-a", "gguf-lora", "f16")
+    message, _ = tab.export("run-a", "gguf-lora", "f16")
     assert message.startswith("✓ Wrote `exports/gguf-lora-f16/run-a-lora-f16.gguf` (") and "--lora" in message
-    assert str(studio_home) not in tab.export("run-a", "gguf", "q4_k")  # one line naming the field, no path
-    assert tab.export("run-a", "gguf", "q4_k").startswith("⚠ quant: expected one of f16, q8_0")
-    assert tab.export("../elsewhere", "merged", "f16").startswith("⚠ run:")
+    refused, no_files = tab.export("run-a", "gguf", "q4_k")
+    assert str(studio_home) not in refused and not no_files["visible"]  # one line naming the field, no path
+    assert refused.startswith("⚠ quant: expected one of f16, q8_0")
+    assert tab.export("../elsewhere", "merged", "f16")[0].startswith("⚠ run:")
+
+
+def test_a_stopped_run_is_exported_from_its_last_checkpoint(lora_run, tiny_model_dir, tmp_path):
+    """Stop saves a checkpoint, not the final adapter: export merges the newest complete checkpoint and says so."""
+    import shutil
+
+    from peft import PeftModel
+
+    from finetune.rundir import RunDir
+
+    copy = tmp_path / "pirate-run"
+    shutil.copytree(lora_run, copy, ignore=shutil.ignore_patterns("exports"))
+    (copy / "adapter_model.safetensors").unlink()
+    run = RunDir(copy)
+    run.write_status({**run.read_status(), "status": "stopped", "pid": None})
+    checkpoint = run.last_checkpoint()
+    result = export_run(copy, "merged", out=tmp_path / "merged")
+    assert result.warnings == (
+        f"pirate-run stopped before its final save: exported from its last checkpoint, {checkpoint.name}",
+    )
+    ids = _ids(result.folder)
+    expected = _logits(PeftModel.from_pretrained(_load(tiny_model_dir), str(checkpoint)).eval(), ids)
+    assert (_logits(_load(result.folder), ids) - expected).abs().max().item() < 1e-4
 
 
 def test_out_must_be_new_and_outside_the_runs_own_files(lora_run, tmp_path):

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from finetune.studio import BASE_OF
 from tests.test_ui_support import (
     CHROMIUM,
     CHROMIUM_ARGS,
@@ -41,6 +42,7 @@ from tests.test_ui_support import (
     pushed_files_hold_no_secret,
     standin_hub,
 )
+from ui.formatting import run_title
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts" / "ui"
 STEPS = 30  # the tuned model answers like a pirate after this; eval and checkpoints at 15 and 30
@@ -101,7 +103,22 @@ def server(tmp_path_factory):
         replies.put({"source": source, "prompt": messages[-1]["content"], "text": text})
 
     studio.chat = chat
+    real_pair = studio.chat_pair
+
+    def chat_pair(source, messages, base_messages, settings):
+        """The real side-by-side chat; when both generations have ended, each side's reply is recorded."""
+        last = {}
+        for side, text, error in real_pair(source, messages, base_messages, settings):
+            last[side] = text if error is None else None
+            yield side, text, error
+        for side, which in (("run", source), ("base", BASE_OF + source)):
+            replies.put({"source": which, "prompt": messages[-1]["content"], "text": last.get(side)})
+
+    studio.chat_pair = chat_pair
     with pytest.MonkeyPatch.context() as monkeypatch, standin_hub(monkeypatch) as hub:
+        # The server's threads read the studio home from the environment: between tests (each sets its own) it is
+        # this one, never ~/.cache (a run or an estimate can outlive the test that started it).
+        monkeypatch.setenv("FINETUNE_STUDIO_HOME", str(home))
         gate = RunGate().install(monkeypatch, studio.manager.root)
         gate.hold_at = HOLD
         demo = build_app(studio)
@@ -355,7 +372,12 @@ def test_a_reload_mid_run_reattaches(page, server):
     assert server["studio"].state().status == "running"  # still held at HOLD: certainly mid-run
     try:
         open_app(page)  # reload, and wait until the app is there again
-        tab(page, "Train")
+        # The page opens on Start and says a run is training, with the way to it.
+        notice = page.locator("#fs-running")
+        expect(notice).to_contain_text("A run is training")
+        expect(notice).to_contain_text(run_title(server["studio"].run(run_id)))
+        page.locator("#fs-running-open").click()
+        expect(page.get_by_role("tab", name="Train", exact=True)).to_have_attribute("aria-selected", "true")
         progress = page.locator("#train-progress .fs-progress")
         expect(progress).to_contain_text(run_id)
         expect(progress).to_have_attribute("data-status", "running")
@@ -400,8 +422,10 @@ def test_chat_answers_with_the_trained_adapter(page, server, tiny_model_dir):
     run_id, run_dir = run_of(server)
     tab(page, "Chat")
     page.locator("#chat-refresh").click()
-    choose(page, "chat-source", run_id)
-    expect(page.locator("#chat-main")).to_contain_text(f"Chat with {run_id}")
+    name = run_title(server["studio"].run(run_id))  # listed by readable name, the newest finished run chosen
+    expect(page.locator("#chat-source input").first).to_have_value(f"{name} (tuned)")
+    choose(page, "chat-source", name)
+    expect(page.locator("#chat-main")).to_contain_text(f"Chat with {name}")
     page.locator("#chat-settings").get_by_text("Generation settings").click()
     tokens = page.locator("#chat-settings input[type=number]").first
     tokens.fill(str(REPLY_TOKENS))
@@ -428,7 +452,8 @@ def test_chat_side_by_side_with_the_base_model(page, server, tiny_model_dir):
     box = page.locator("#chat-input textarea, #chat-input input").first
     box.fill("Question 3?")
     box.press("Enter")
-    tuned, base = finished_reply(server), finished_reply(server)
+    replies = {r["source"]: r for r in (finished_reply(server), finished_reply(server))}  # streamed together
+    tuned, base = replies[run_id], replies[BASE_OF + run_id]
     assert tuned["text"] == greedy_reply(tiny_model_dir, run_dir, "Question 3?", REPLY_TOKENS)
     assert base["text"] == greedy_reply(tiny_model_dir, None, "Question 3?", REPLY_TOKENS)
     assert letters(tuned["text"]) != letters(base["text"])
@@ -458,6 +483,26 @@ def test_publish_pushes_the_trained_run_through_a_password_field(page, server):
     assert repo.files["adapter_model.safetensors"] == (run_dir / "adapter_model.safetensors").read_bytes()
     assert pushed_files_hold_no_secret(hub, GOOD_TOKEN) and GOOD_TOKEN not in page.content()
     shot(page, "10-publish")
+
+
+def test_export_offers_the_files_for_download(page, server):
+    """The exported files are links on the page (on a Space the run's folder is out of reach): the browser downloads
+    the very bytes written in the run's exports/ folder. (A merged model: the tiny test tokenizer has no llama.cpp
+    pre-tokenizer, so its GGUF is refused.)"""
+    run_id, run_dir = run_of(server)
+    tab(page, "Publish")
+    page.get_by_text("Export to run it anywhere").click()
+    page.locator("#pub-export-format").get_by_text("merged", exact=True).click()
+    page.locator("#pub-export").click()
+    expect(page.locator("#pub-export-result")).to_contain_text("Download it below", timeout=120_000)
+    weights = run_dir / "exports" / "merged" / "model.safetensors"
+    link = page.locator('#pub-export-files a[download="model.safetensors"]')
+    expect(link).to_be_visible()
+    expect(page.locator('#pub-export-files a[download="config.json"]')).to_be_visible()
+    with page.expect_download() as download:
+        link.click()
+    assert Path(download.value.path()).read_bytes() == weights.read_bytes()
+    shot(page, "11-export-download")
 
 
 # ----------------------------------------------------------------------------------------------- after the story

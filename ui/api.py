@@ -26,7 +26,7 @@ import gradio as gr
 from gradio.data_classes import FileData
 
 from finetune.errors import UserError
-from finetune.studio import GenerationSettings, Studio
+from finetune.studio import DEFAULT_GOAL, GenerationSettings, Studio
 from ui.formatting import one_line
 from ui.visitor import for_visitor
 
@@ -92,6 +92,35 @@ class StudioAPI:
         with refusals():
             studio = self._for(request, oauth_token)
             return studio.estimate(_form(settings), device=device, gpus=gpus, gpu_gib=gpu_gib).to_dict()
+
+    def propose(
+        self,
+        settings: dict,
+        goal: str = DEFAULT_GOAL,
+        gpu_gib: float | None = None,
+        gpus: int = 1,
+        request: gr.Request = None,
+        oauth_token: gr.OAuthToken | None = None,
+    ) -> dict:
+        """Propose the settings to run: the Start tab's answer (and `python -m finetune propose --json`'s) for a
+        model, data and goal on GPUs of a given size: the fastest settings that fit with headroom, the data kept
+        whole where any combination can, the same effective batch; when nothing fits, the hardware that would.
+
+        Args:
+            settings: run settings as {field: value}, e.g. {"model": ..., "dataset": ...}; defaults fill in the rest.
+            goal: "sft", "dpo", "grpo" or "classification" (a Start tab goal), or "orpo" or "kto".
+            gpu_gib: memory of one GPU in GiB (none: this computer's CPU, without a fit verdict).
+            gpus: how many such GPUs.
+
+        Returns:
+            settings (every field), fits, verdict, total_bytes, headroom_bytes, margin_bytes, rows_kept_whole,
+            reasons, needed (when nothing fits) and the estimate.
+        """
+        with refusals():
+            studio = self._for(request, oauth_token)
+            values = {**_form(settings), **studio.goal_settings(str(goal))}
+            device = "cuda" if gpu_gib else "cpu"
+            return studio.propose(values, device=device, gpus=gpus, gpu_gib=gpu_gib).to_dict()
 
     def preview(
         self, settings: dict, n: int = 3, request: gr.Request = None, oauth_token: gr.OAuthToken | None = None
@@ -307,6 +336,7 @@ class StudioAPI:
         return [
             self.upload,
             self.estimate,
+            self.propose,
             self.preview,
             self.start,
             self.status,

@@ -26,24 +26,6 @@ if TYPE_CHECKING:
 GiB = 2**30
 MiB = 2**20
 
-# Memory a process can allocate on common cards, in GiB (torch.cuda.get_device_properties().total_memory; the
-# marketing size in the name is decimal GB and includes memory the driver keeps).
-GPU_CARDS: dict[str, float] = {
-    "T4 (16 GB)": 14.7,
-    "V100 (16 GB)": 15.8,
-    "V100 (32 GB)": 31.7,
-    "L4 (24 GB)": 22.0,
-    "A10G (24 GB)": 22.0,
-    "RTX 3090 (24 GB)": 23.7,
-    "RTX 4090 (24 GB)": 23.6,
-    "L40S (48 GB)": 44.4,
-    "A6000 (48 GB)": 47.5,
-    "A100 (40 GB)": 39.4,
-    "A100 (80 GB)": 79.1,
-    "H100 (80 GB)": 79.1,
-    "H200 (141 GB)": 139.8,
-}
-
 # ----- What a GPU holds beyond live tensors (the fit verdict compares the device total with the card's memory).
 # Calibrated on the lent H200 (torch 2.11+cu130, transformers 5.24, peft 0.21.2, bitsandbytes 0.50.2; DESIGN.md §4,
 # issue 13): the project's CLI trained 0.5B-3B Llama shapes while the device's used memory (total - free of
@@ -102,18 +84,34 @@ class Advice:
     changes: dict[str, Any]
     new_total_bytes: int
     cost: str  # what it costs, in words: speed, quality, data
-    fits: bool | None = None
+    fits: bool | None = None  # fits with headroom
     kind: str = ""  # the lever when one; "combine" for several
     slowdown: float = 0.0  # estimated extra training time (0.3 = +30%; negative = faster)
     data_lost: float | None = 0.0  # share of training tokens cut off (None: the data's lengths are unknown)
     score: float = 0.0  # the ranking cost in points (lower first)
     kinds: list[str] = field(default_factory=list)  # every lever it pulls
     replayed: bool = False  # new_total_bytes comes from a replay of these settings (else: formulas scaled)
+    tight: bool = False  # within the card but inside the headroom margin: listed, never pre-selected
+    headroom_bytes: int = 0  # what it leaves of the card (negative: short by)
+    cut: str = ""  # how many rows lose how many tokens, in words ("" when no row is cut)
 
     @property
     def keeps_data(self) -> bool:
         """No training token is cut off (within 0.1%)."""
         return self.data_lost is not None and self.data_lost <= 0.001
+
+
+@dataclass
+class Needed:
+    """When nothing fits: the smallest hardware on which the best combination fits, and that combination."""
+
+    line: str  # one line for the user
+    gpu_gib: float  # memory per GPU
+    gpus: int
+    cards: list[str]  # the common cards of that size (GPU_CARDS names); empty for a count of the asked card
+    changes: dict[str, Any]  # the combination, as changes to the settings searched
+    total_bytes: int  # its estimate per GPU
+    title: str = ""  # the combination in words
 
 
 @dataclass
@@ -126,9 +124,12 @@ class MemoryEstimate:
     total_bytes: int  # tensor_bytes + overheads: the whole device as nvidia-smi shows it; decides the fit verdict
     comparisons: dict[str, int]  # rule_of_thumb, accelerate (other ways of estimating; not used)
     gpu_gib: float | None = None
-    fits: bool | None = None
+    fits: bool | None = None  # fits with headroom (at least margin_bytes left)
     headroom_bytes: int | None = None
     advice: list[Advice] = field(default_factory=list)
+    verdict: str = ""  # fits | tight (within the card, inside the margin) | does not fit ("" without gpu_gib)
+    margin_bytes: int | None = None  # the headroom a fit keeps: max(5% of the card, 1 GiB)
+    needed: Needed | None = None  # when nothing fits: the smallest hardware on which the best combination fits
     sizes: dict[str, int] = field(default_factory=dict)  # each component's full size (analytic), live or not
     method: str = "traced"  # traced: fake-tensor replay; analytic: formulas only
     peak_phase: str = ""
@@ -168,14 +169,18 @@ class MemoryEstimate:
             others = ", ".join(f"{k.replace('_', ' ')} {size_text(v)}" for k, v in self.comparisons.items())
             lines += ["", f"For comparison (not used): {others}"]
         if self.gpu_gib:
-            verdict = "fits" if self.fits else "does NOT fit"
+            verdict = {"fits": "fits", "tight": "TIGHT (inside the margin)"}.get(self.verdict, "does NOT fit")
             lines += [
                 "",
-                f"On {self.gpu_gib:g} GiB: {verdict} (headroom {size_text(self.headroom_bytes or 0, signed=True)})",
+                f"On {self.gpu_gib:g} GiB: {verdict} (headroom {size_text(self.headroom_bytes or 0, signed=True)}; a "
+                f"fit keeps {size_text(self.margin_bytes or 0)})",
             ]
         for i, a in enumerate(self.advice, start=1):
             changes = ", ".join(f"{k}={v}" for k, v in a.changes.items())
-            lines.append(f"  {i}. {a.title}: {changes} -> {size_text(a.new_total_bytes)} ({a.cost})")
+            tight = " [tight]" if a.tight else ""
+            lines.append(f"  {i}. {a.title}: {changes} -> {size_text(a.new_total_bytes)}{tight} ({a.cost})")
+        if self.needed is not None:
+            lines.append(self.needed.line)
         lines += [f"Note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -198,16 +203,6 @@ def check_args(plan: RunPlan, gpu_gib: float | None) -> None:
         raise UserError(f"gpus: {plan.world_size!r} must be a whole number >= 1", field="gpus")
     if gpu_gib is not None and not (isinstance(gpu_gib, (int, float)) and math.isfinite(gpu_gib) and gpu_gib > 0):
         raise UserError(f"gpu_gib: {gpu_gib!r} must be a positive number of GiB", field="gpu_gib")
-
-
-def with_verdict(est: MemoryEstimate, gpu_gib: float | None) -> int | None:
-    """Fill in the fit verdict and headroom for a card of `gpu_gib` GiB; returns its capacity in bytes (None: no
-    card)."""
-    if not gpu_gib:
-        return None
-    capacity = int(gpu_gib * GiB)
-    est.gpu_gib, est.fits, est.headroom_bytes = float(gpu_gib), est.total_bytes <= capacity, capacity - est.total_bytes
-    return capacity
 
 
 def estimate_core(plan: RunPlan, trace_it: bool = True) -> MemoryEstimate:

@@ -91,18 +91,20 @@ def export_run(
     """Export a finished run as `fmt` under `out` (default: the run's exports/ folder); UserError on bad input."""
     say = progress or (lambda message: None)
     fmt, quant = check_format(fmt, quant)
-    run = finished_run(run_dir)
+    run, source = exportable_run(run_dir)
     config = run.load_config()
     if run.load_plan().is_classifier:  # the run's own plan says what it trained
         raise UserError(f"format: export supports causal_lm runs, not {config.task}; push the adapter", "format")
-    check_weights_readable(run)
+    check_weights_readable(run, source)
     if fmt == "gguf-lora":
-        _check_lora(run, config)  # refuse before any folder is made
+        _check_lora(source, config)  # refuse before any folder is made
     target = _target(run, fmt, quant, out)
     warnings = (QLORA_WARNING,) if config.method == "qlora" else ()
+    if source != run.path:
+        warnings += (f"{run.name} stopped before its final save: exported from its last checkpoint, {source.name}",)
     for warning in warnings:
         say(warning)
-    main = _write_staged(run, config, fmt, quant, target, say)
+    main = _write_staged(run, config, fmt, quant, target, say, source)
     size = sum(p.stat().st_size for p in target.rglob("*") if p.is_file())
     result = ExportResult(target, main, size, warnings)
     say(result.summary())
@@ -132,19 +134,33 @@ def finished_run(run_dir: str | Path) -> RunDir:
     return find_finished_run(run_dir, runs_root(), "export")
 
 
-def check_weights_readable(run: RunDir) -> None:
-    """Refuse, naming the file, a run whose saved weights are cut short or damaged, before minutes of work."""
+def exportable_run(run_dir: str | Path) -> tuple[RunDir, Path]:
+    """(the run, the folder whose weights to export): the final adapter or model, or, for a run that stopped,
+    failed or was interrupted before its final save, its last complete checkpoint; a UserError saying why not."""
+    from finetune.paths import runs_root
+    from finetune.rundir import ACTIVE, find_run
+
+    run = find_run(run_dir, runs_root(), field="run_dir")
+    checkpoint = run.last_checkpoint()
+    if not run.has_final_model() and checkpoint is not None and run.effective_status() not in ACTIVE:
+        return run, checkpoint
+    return finished_run(run_dir), run.path
+
+
+def check_weights_readable(run: RunDir, source: Path | None = None) -> None:
+    """Refuse, naming the file, a run whose saved weights (in `source`: the run, or a checkpoint of it) are cut
+    short or damaged, before minutes of work."""
     from safetensors import SafetensorError, safe_open
 
-    for path in sorted(run.path.glob("*.safetensors")):
+    for path in sorted((source or run.path).glob("*.safetensors")):
         try:
             with safe_open(str(path), "pt"):
                 pass
         except (SafetensorError, OSError) as exc:
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise UserError(
-                f"run_dir: {run.name}/{path.name} cannot be read ({reason}): the file is damaged or cut short; "
-                "train the run again or resume it from a checkpoint",
+                f"run_dir: {run.name}/{path.relative_to(run.path)} cannot be read ({reason}): the file is damaged or "
+                "cut short; train the run again or resume it from a checkpoint",
                 "run_dir",
             ) from None
 
@@ -179,7 +195,9 @@ def _out_path(out: str | Path) -> Path:
     return target
 
 
-def _write_staged(run: RunDir, config: TrainConfig, fmt: str, quant: str | None, target: Path, say: Progress) -> Path:
+def _write_staged(
+    run: RunDir, config: TrainConfig, fmt: str, quant: str | None, target: Path, say: Progress, source: Path
+) -> Path:
     """Write the export into a hidden `.export-*` folder beside `target`, then rename it into place: whatever fails
     (a full disk, a file-size limit, a folder that cannot be written), nothing is left under the final name.
     Returns the export's main file."""
@@ -191,7 +209,7 @@ def _write_staged(run: RunDir, config: TrainConfig, fmt: str, quant: str | None,
     try:
         write_json(tmp / STAGE_OWNER, {"pid": os.getpid(), "started": own_start()})
         stage = tmp / target.name
-        main = _write(run, config, fmt, quant, stage, say)
+        main = _write(run, config, fmt, quant, stage, say, source)
         _readable_like_new_files(stage)
         check_no_local_paths(stage, config, run)
         _replace(stage, target)
@@ -243,24 +261,26 @@ def _replace(stage: Path, target: Path) -> None:
 # -------------------------------------------------------------------------------------------------- writing
 
 
-def _write(run: RunDir, config: TrainConfig, fmt: str, quant: str | None, stage: Path, say: Progress) -> Path:
-    """Write the export into `stage`; returns its main file (the folder itself for merged)."""
+def _write(
+    run: RunDir, config: TrainConfig, fmt: str, quant: str | None, stage: Path, say: Progress, source: Path
+) -> Path:
+    """Write the export of the weights in `source` into `stage`; returns its main file (the folder for merged)."""
     if fmt == "merged":
-        write_merged(run, config, stage, say)
+        write_merged(run, config, stage, say, source)
         return stage
     if fmt == "gguf-lora":
-        return _write_lora(run, config, quant or "f16", stage, say)
+        return _write_lora(run, config, quant or "f16", stage, say, source)
     from finetune.publish import gguf_writer, modelfile
 
     stage.mkdir()
     with tempfile.TemporaryDirectory(prefix=".merged-", dir=stage.parent) as tmp:
         merged = Path(tmp) / "merged"
         if config.method == "full":
-            gguf_writer.check_gguf_support(run.path)  # refuse before any work
-            merged = run.path
+            gguf_writer.check_gguf_support(source)  # refuse before any work
+            merged = source
         else:
             _check_base_supported(config)
-            write_merged(run, config, merged, say)
+            write_merged(run, config, merged, say, source)
         name = _export_name(run)
         gguf_file = stage / f"{name}-{quant}.gguf"
         gguf_writer.write_gguf(merged, gguf_file, quant or "f16", name, say)
@@ -269,23 +289,24 @@ def _write(run: RunDir, config: TrainConfig, fmt: str, quant: str | None, stage:
     return gguf_file
 
 
-def _write_lora(run: RunDir, config: TrainConfig, quant: str, stage: Path, say: Progress) -> Path:
-    """The run's adapter alone as a llama.cpp LoRA GGUF, for a GGUF of its base model."""
+def _write_lora(run: RunDir, config: TrainConfig, quant: str, stage: Path, say: Progress, source: Path) -> Path:
+    """The run's adapter (in `source`: the run, or its last checkpoint) alone as a llama.cpp LoRA GGUF, for a GGUF
+    of its base model."""
     from finetune.publish import gguf_lora
 
     stage.mkdir()
     target = stage / f"{_export_name(run)}-lora-{quant}.gguf"
-    gguf_lora.write_lora_gguf(run.path, _base_config(config), target, quant, _export_name(run), say)
+    gguf_lora.write_lora_gguf(source, _base_config(config), target, quant, _export_name(run), say)
     return target
 
 
-def _check_lora(run: RunDir, config: TrainConfig) -> None:
-    """A one-line UserError when the run's adapter has no llama.cpp LoRA form (or there is no adapter)."""
+def _check_lora(source: Path, config: TrainConfig) -> None:
+    """A one-line UserError when the adapter in `source` has no llama.cpp LoRA form (or there is no adapter)."""
     from finetune.publish import gguf_lora
 
     if config.method == "full":
         raise UserError("format: gguf-lora needs a LoRA run; a full fine-tune has no adapter (use gguf)", "format")
-    gguf_lora.check_lora_support(run.path, _base_config(config))
+    gguf_lora.check_lora_support(source, _base_config(config))
 
 
 def _base_config(config: TrainConfig) -> dict:
@@ -310,21 +331,25 @@ def _export_name(run: RunDir) -> str:
     return keep or "model"
 
 
-def write_merged(run: RunDir, config: TrainConfig, stage: Path, say: Progress) -> None:
-    """A standalone Transformers model in `stage`: weights (adapter merged in), config, tokenizer, chat template."""
+def write_merged(run: RunDir, config: TrainConfig, stage: Path, say: Progress, source: Path | None = None) -> None:
+    """A standalone Transformers model in `stage`: weights (adapter merged in), config, tokenizer, chat template;
+    the weights from `source` (the run's final save, or a checkpoint of it)."""
+    source = source or run.path
     stage.mkdir(parents=True)
     if config.method == "full":
         say("Copying the model files…")
-        _copy_files(run.path, stage, FULL_MODEL_FILES)
+        _copy_files(source, stage, FULL_MODEL_FILES)
     else:
         say("Merging the adapter into the base model…")
-        _merge_adapter(run, config, stage)
-    _copy_files(run.path, stage, TOKENIZER_FILES)
+        _merge_adapter(run, source, config, stage)
+    _copy_files(source, stage, TOKENIZER_FILES)
+    _copy_files(run.path, stage, TOKENIZER_FILES)  # the run's own, where a checkpoint holds none
     _drop_local_name(stage / "config.json")
 
 
-def _merge_adapter(run: RunDir, config: TrainConfig, stage: Path) -> None:
-    """Load the base as the run plan loads it, but never 4-bit (a QLoRA run's plan as LoRA), merge, save."""
+def _merge_adapter(run: RunDir, source: Path, config: TrainConfig, stage: Path) -> None:
+    """Load the base as the run's plan loaded it, but never 4-bit, merge the adapter in `source` (the run, or a
+    checkpoint of it), save."""
     import torch
     from peft import PeftModel
 
@@ -334,7 +359,7 @@ def _merge_adapter(run: RunDir, config: TrainConfig, stage: Path) -> None:
     base = load_base(plan)
     saved_dtype = _saved_dtype(config)
     with torch.no_grad():
-        model = PeftModel.from_pretrained(base, str(run.path)).merge_and_unload()
+        model = PeftModel.from_pretrained(base, str(source)).merge_and_unload()
         if saved_dtype is not None:  # merged in float32 on the CPU; saved as the base was (bf16 stays half the size)
             model = model.to(saved_dtype)
     model.save_pretrained(str(stage))
