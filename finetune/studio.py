@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from finetune import objectives
+from finetune import objectives  # the UI reads the registry (labels, goals, fields that apply) through this door
 from finetune.access import AccessPolicy
 from finetune.config import FIELDS, TrainConfig, field_kind, field_label, field_optional
 from finetune.errors import BusyError, ConfigError, UserError

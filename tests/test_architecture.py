@@ -152,6 +152,22 @@ def test_the_import_graph_has_no_cycle_function_local_imports_included():
     assert not cycles(graph), cycles(graph)
 
 
+UI_DOORS = {"finetune.studio", "finetune.config", "finetune.errors"}  # the studio, the config schema, the errors
+
+
+def test_the_ui_imports_only_the_studio_the_config_schema_and_the_errors():
+    graph = import_graph()
+    assert "finetune.studio" in graph["ui.app"]  # (the check sees the UI's imports)
+    reached = sorted(
+        f"{name} -> {target}"
+        for name, targets in graph.items()
+        if name.partition(".")[0] == "ui"
+        for target in targets
+        if target.partition(".")[0] == "finetune" and target not in UI_DOORS
+    )
+    assert not reached, "the UI reaches past its doors:\n" + "\n".join(reached)
+
+
 def test_the_cycle_check_finds_a_cycle_through_a_function_local_import():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]

@@ -21,7 +21,6 @@ from typing import Any
 
 import gradio as gr
 
-from finetune import objectives
 from finetune.config import (
     FIELD_NAMES,
     FIELDS,
@@ -32,7 +31,7 @@ from finetune.config import (
     field_optional,
 )
 from finetune.errors import UserError
-from finetune.studio import Studio, field_problem
+from finetune.studio import Studio, field_problem, objectives
 from ui.formatting import one_line, plain, preview_html, size
 from ui.visitor import per_visitor
 

@@ -10,8 +10,7 @@ import html
 import time
 from typing import Any
 
-from finetune import objectives
-from finetune.studio import RunSummary
+from finetune.studio import RunSummary, objectives
 
 GIB = 1024**3
 MIB = 1024**2

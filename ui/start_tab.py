@@ -19,10 +19,9 @@ from typing import Any
 
 import gradio as gr
 
-from finetune import objectives
 from finetune.config import BUNDLED_DATASET, EMBEDDED_MODEL, FIELD_NAMES, field_label
 from finetune.errors import BusyError, UserError
-from finetune.studio import Studio
+from finetune.studio import Studio, objectives
 from ui.config_tab import ConfigTab, number_box, parse_number
 from ui.formatting import one_line, plain, preview_html, size
 from ui.visitor import per_visitor

@@ -19,10 +19,9 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from finetune import objectives
 from finetune.config import FIELD_NAMES, field_label
 from finetune.errors import BusyError, UserError
-from finetune.studio import RunPreview, RunSummary, Studio
+from finetune.studio import RunPreview, RunSummary, Studio, objectives
 from ui.config_tab import ConfigTab, form_stamp, kind_of, parse_number, warn
 from ui.formatting import (
     COMPLETION_HEADERS,
