@@ -58,6 +58,20 @@ def stop_path(run_path: Path) -> Path:
     return Path(run_path) / STOP_FILE
 
 
+# Supervisors this process started: polled so that a finished one is reaped (never left a zombie that looks alive).
+_SUPERVISORS: list[subprocess.Popen] = []
+
+
+def keep_supervisor(proc: subprocess.Popen) -> None:
+    """Remember a supervisor this process started, so `reap_supervisors` collects its exit status."""
+    _SUPERVISORS.append(proc)
+
+
+def reap_supervisors() -> None:
+    """Collect the exit status of supervisors this process started that have ended."""
+    _SUPERVISORS[:] = [proc for proc in _SUPERVISORS if proc.poll() is None]
+
+
 def request_stop(run_path: Path) -> None:
     """Ask every rank of a launched run to finish its step, save a checkpoint and end."""
     write_text(stop_path(run_path), json.dumps({"requested_at": time.time()}) + "\n")
