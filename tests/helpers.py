@@ -112,6 +112,26 @@ def hold_at_step(monkeypatch: Any, step: int) -> threading.Event:
     return held
 
 
+def stop_then_resume(monkeypatch: Any, config: TrainConfig, step: int) -> tuple[list, list]:
+    """Start `config`, hold it at `step`, stop it there (one checkpoint, at that step), resume it to the end in the
+    foreground; returns `assert_resumed_exactly`'s (first process's, resumed process's) log events."""
+    from finetune.runs import RunManager
+
+    manager = RunManager()
+    held = hold_at_step(monkeypatch, step)
+    manager.start(config)
+    assert held.wait(120), manager.state()
+    assert manager.stop()
+    stopped = manager.wait(120)
+    assert stopped.status == "stopped" and stopped.step == step, (stopped.status, stopped.error)
+    run = RunDir(Path(stopped.run_dir))
+    assert [p.name for p in run.checkpoints()] == [f"checkpoint-{step}"]
+    mark = events_size(run.path)
+    resumed = manager.resume(run.path, background=False)
+    assert resumed.status == "completed" and resumed.step == config.max_steps, (resumed.status, resumed.error)
+    return assert_resumed_exactly(run.path, mark, checkpoint_step=step, max_steps=config.max_steps)
+
+
 HOLD_LIMIT_S = 300  # a held run goes on by itself after this, so a failing test never hangs the suite
 
 
@@ -157,12 +177,14 @@ def measured_peak(config: TrainConfig) -> int:
     from finetune import models
     from finetune.engines.hf_trainer import training_arguments
     from finetune.memory.trace import LiveBytes
+    from finetune.plan import plan_for
 
-    model = models.load_model(config)
+    plan = plan_for(config, "cpu")
+    model = models.load_model(plan)
     ids = torch.randint(3, 300, (4, config.max_seq_length), generator=torch.Generator().manual_seed(0))
     rows = [{"input_ids": r, "attention_mask": torch.ones_like(r), "labels": r.clone()} for r in ids]
     with tempfile.TemporaryDirectory() as out:
-        args = training_arguments(config, Path(out), "fp32", has_eval=False)
+        args = training_arguments(plan, Path(out), has_eval=False)
         args.logging_strategy, args.save_strategy = "no", "no"
         trainer = Trainer(model=model, args=args, train_dataset=rows, data_collator=default_data_collator)
         counter = LiveBytes()

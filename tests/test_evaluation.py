@@ -2,8 +2,9 @@
 file (the test calls rouge-score and scikit-learn itself), the loss is the one training counts (it equals the
 Trainer's own eval loss) and falls below the base's, perplexity is exp(loss), the bundled lm-eval task gives the same
 accuracy through `eval` as through lm-eval's own API on the merged model (and runs on a QLoRA run), a DPO run whose
-rewards look perfect while its answers collapse is flagged, results are kept without touching the trained files and
-reach the model card's model-index, runs compare side by side, and every kind of bad input gets one line."""
+rewards look perfect while its answers collapse is flagged, a rewards (GRPO) run is scored on its answer column,
+results are kept without touching the trained files and reach the model card's model-index, runs compare side by
+side, and every kind of bad input gets one line."""
 
 from __future__ import annotations
 
@@ -48,6 +49,17 @@ def trained_files(run: Path) -> dict[str, str]:
         for p in sorted(run.rglob("*"))
         if p.is_file() and p.relative_to(run).parts[0] != store.FOLDER
     }
+
+
+def reconfigure(run: Path, **changes) -> None:
+    """A copied run turned into another kind of run: its config.yaml and the plan.json it would have trained with
+    (evaluation, like chat, reads the run's own plan)."""
+    from finetune.plan import plan_for
+
+    rd = RunDir(run)
+    config = rd.load_config().replace(output_dir=str(run), **changes)
+    rd.write_config(config)
+    rd.write_plan(plan_for(config))
 
 
 def run_cli(capsys, *args: str) -> tuple[int, str, str]:
@@ -175,7 +187,7 @@ def test_lm_eval_runs_on_a_qlora_runs_4bit_base_plus_adapter(sft, tmp_path, monk
 
     run = tmp_path / "runs" / "run-qlora"
     shutil.copytree(sft["run"], run, ignore=shutil.ignore_patterns(store.FOLDER))
-    RunDir(run).write_config(RunDir(run).load_config().replace(method="qlora", output_dir=str(run)))
+    reconfigure(run, method="qlora")
     seen = []
     real = harness.run_tasks
 
@@ -283,7 +295,7 @@ def test_kto_rows_score_good_answers_against_bad_ones(sft, tmp_path):
 
     run = tmp_path / "runs" / "run-kto"
     shutil.copytree(sft["run"], run, ignore=shutil.ignore_patterns(store.FOLDER))
-    RunDir(run).write_config(RunDir(run).load_config().replace(objective="kto", output_dir=str(run), beta=0.2))
+    reconfigure(run, objective="kto", beta=0.2)
     rows = [
         {"prompt": f"Held-out {i}?", "completion": PIRATE if i % 2 else "The sky is blue.", "label": bool(i % 2)}
         for i in range(6)
@@ -302,6 +314,45 @@ def test_kto_rows_score_good_answers_against_bad_ones(sft, tmp_path):
     assert result["tuned"]["loss"] == pytest.approx(sum(r["tuned_nll"] for r in kept) / sum(r["tokens"] for r in kept))
     assert result["reference"]["loss"] > result["tuned"]["loss"]  # the good (pirate) answers: likelier than before
     assert not result["flags"] and "base" not in result  # no --base: the reference is scored, not shown as a column
+
+
+def test_a_rewards_run_is_scored_on_its_answer_column_and_the_loss_only_where_a_row_has_one(sft, tmp_path):
+    """grpo data (a prompt and an `answer` column): number_match and exact_match of the generated answers against the
+    answer column, as the built-in rewards compare them; the loss over the rows that have an answer; no ROUGE-L and
+    no base without --base (the record says what an evaluation of it reports). The held-out prompts carry the answer
+    as their reference, so the Train tab scores them while a run trains."""
+    import shutil
+
+    from finetune import data as data_module
+    from finetune.evaluation.metrics import sample_scores
+    from finetune.objectives import OBJECTIVES
+
+    run = tmp_path / "runs" / "run-grpo"
+    shutil.copytree(sft["run"], run, ignore=shutil.ignore_patterns(store.FOLDER))
+    rows = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(4)] + [{"prompt": "Sing!"}]
+    prompts = write_jsonl(tmp_path / "sums.jsonl", rows)
+    reconfigure(run, objective="grpo", rewards="number_match", dataset=str(prompts), eval_split="")
+    predictions = tmp_path / "grpo-predictions.jsonl"
+    result, _ = evaluate_run(
+        RunDir(run), EvalOptions(data=str(prompts), max_new_tokens=6, predictions=str(predictions))
+    )
+    lines = read_lines(predictions)
+    answered = [r for r in lines if r["reference"] is not None]
+    assert len(lines) == 5 and len(answered) == 4 and "tuned_nll" not in lines[-1]
+    assert list(result["tuned"]) == ["number_match", "exact_match", "loss", "perplexity"]  # the record's order
+    assert result["goal"] == "grpo" and "base" not in result and "reference" not in result
+    assert result["tuned"]["number_match"] == pytest.approx(
+        mean([number_match(r["tuned"], r["reference"]) for r in answered])
+    )
+    assert result["tuned"]["exact_match"] == pytest.approx(
+        mean([exact_match(r["tuned"], r["reference"]) for r in answered])
+    )
+    loss = sum(r["tuned_nll"] for r in answered) / sum(r["tokens"] for r in answered)
+    assert result["tuned"]["loss"] == pytest.approx(loss)
+    config = RunDir(run).load_config()
+    assert data_module.heldout_samples(config)[:2] == [(r["prompt"], r["answer"]) for r in rows[:2]]
+    scores = sample_scores(OBJECTIVES["grpo"], ["4", "the answer is 2", "no"], ["4", "2", "4"])
+    assert scores == {"number_match": pytest.approx(2 / 3), "exact_match": pytest.approx(1 / 3)}
 
 
 # ----------------------------------------------------------------------------------------------- classification

@@ -15,12 +15,15 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from finetune.errors import UserError
 from finetune.evaluation import generation, harness, judge, metrics, rows, store
-from finetune.evaluation.goals import Goal, goal_of
+from finetune.objectives import Objective
 from finetune.rundir import ACTIVE, RunDir
+
+if TYPE_CHECKING:
+    from finetune.plan import RunPlan
 
 FORMAT = 1  # the layout of an evaluation file
 MAX_NEW_TOKENS = 1024
@@ -96,8 +99,7 @@ class Inputs:
     """Everything an evaluation checked before any model loads."""
 
     run: RunDir
-    config: Any
-    goal: Goal
+    plan: RunPlan  # the run's own (plan.json): how its model loads, and its objective's record
     weights: Weights
     selection: rows.Selection
     tokenizer: Any
@@ -106,12 +108,20 @@ class Inputs:
     predictions: Path | None = None
     label_names: list[str] = field(default_factory=list)
 
+    @property
+    def config(self) -> Any:
+        return self.plan.config
+
+    @property
+    def objective(self) -> Objective:
+        return self.plan.objective
+
 
 def evaluate_run(run: RunDir, options: EvalOptions, progress: Report | None = None) -> tuple[dict[str, Any], Path]:
     """Evaluate a run; (the result, the eval/ file it was written to)."""
     inputs = check_inputs(run, options)
     with_base = options.base or inputs.fit is not None
-    steps = Steps(_units(inputs.selection, inputs.goal, options, inputs.tasks, with_base), progress)
+    steps = Steps(_units(inputs.selection, inputs.objective, options, inputs.tasks, with_base), progress)
     started = time.time()
     tuned, base, harness_results = score_models(inputs, options, steps, with_base)
     result = assemble(inputs, options, tuned, base, with_base)
@@ -136,21 +146,21 @@ def check_inputs(run: RunDir, options: EvalOptions) -> Inputs:
     from finetune.inference import label_names
 
     options.check()
-    config = run.load_config()
-    goal = goal_of(config)
+    plan = run.load_plan()
+    config, answers = plan.config, not plan.is_classifier
     weights = pick_weights(run, options.checkpoint)
-    if not goal.answers and (options.judge or options.lm_eval):
+    if not answers and (options.judge or options.lm_eval):
         key = "judge" if options.judge else "lm_eval"
         raise UserError(f"{key}: applies to runs that answer in text; a classification run answers with labels", key)
     tasks = harness.check_tasks(options.lm_eval, options.include_path) if options.lm_eval else None
-    fit = judge.check_fits(options.judge) if options.judge else None
+    fit = judge.check_fits(judge.plan_of(options.judge, plan)) if options.judge else None
     predictions = _predictions_path(options.predictions, run)
     tokenizer = models.load_tokenizer(config)
-    names = label_names(run.path, config) if not goal.answers else []
+    names = label_names(run.path, config) if not answers else []
     selection = rows.select(config, tokenizer, options.data, options.split, options.limit, names)
     if fit is not None and not any(row.prompt for row in selection.rows):
         raise UserError("judge: the data has no prompts to answer (plain text); choose data with prompts", "judge")
-    return Inputs(run, config, goal, weights, selection, tokenizer, tasks, fit, predictions, names)
+    return Inputs(run, plan, weights, selection, tokenizer, tasks, fit, predictions, names)
 
 
 def score_models(
@@ -158,28 +168,28 @@ def score_models(
 ) -> tuple[Outputs, Outputs | None, dict[str, Any]]:
     """(the tuned model's outputs, the base's or None, {"tuned": lm-eval results, "base": ...}). The base is the
     tuned model with its adapter off (LoRA, QLoRA), or the starting weights loaded once the tuned model is gone."""
-    goal, tokenizer, tasks = inputs.goal, inputs.tokenizer, inputs.tasks
+    objective, tokenizer, tasks = inputs.objective, inputs.tokenizer, inputs.tasks
     harness_results: dict[str, Any] = {}
 
     def run_all(model: Any, who: str, answers: bool) -> Outputs:
         out = score(
-            model, tokenizer, inputs.selection, goal, inputs.config.max_seq_length, options, steps, who, answers
+            model, tokenizer, inputs.selection, objective, inputs.config.max_seq_length, options, steps, who, answers
         )
         if tasks is not None and (who == "tuned" or options.base):
             harness_results[who] = _lm_eval(model, tokenizer, tasks, options, steps, who)
         return out
 
-    model = _load(inputs.config, inputs.run, inputs.weights, goal)
+    model = _load(inputs.plan, inputs.run, inputs.weights)
     tuned = run_all(model, "tuned", answers=True)
     base = None
-    if goal.answers and (with_base or goal.name != "sft"):  # a preference run's rewards need the reference
+    if not objective.is_classifier and (with_base or objective.eval_rewards):  # rewards are relative to the base
         if hasattr(model, "disable_adapter"):
             with model.disable_adapter():
                 base = run_all(model, "base", answers=with_base)
         else:
             model = None
             _release()
-            model, _ = _load_base(inputs.config)
+            model, _ = _load_base(inputs.plan)
             base = run_all(model, "base", answers=with_base)
     model = None
     _release()
@@ -252,12 +262,13 @@ class Steps:
             self.report(min(1.0, self.done_units / self.total), text)
 
 
-def _units(selection: rows.Selection, goal: Goal, options: EvalOptions, tasks: Any, with_base: bool) -> int:
+def _units(selection: rows.Selection, objective: Objective, options: EvalOptions, tasks: Any, with_base: bool) -> int:
     """Rows through every pass the evaluation will make (lm-eval counts one unit per task and model)."""
+    answers = not objective.is_classifier
     scored = sum(1 for r in selection.rows if r.scored) + sum(1 for r in selection.rows if r.rejected)
-    prompted = sum(1 for r in selection.rows if r.prompt) if goal.answers else 0
-    total = scored + prompted + (0 if goal.answers else len(selection.rows))
-    if goal.answers and (with_base or goal.name != "sft"):
+    prompted = sum(1 for r in selection.rows if r.prompt) if answers else 0
+    total = scored + prompted + (0 if answers else len(selection.rows))
+    if answers and (with_base or objective.eval_rewards):
         total += scored + (prompted if with_base else 0)
     if tasks is not None:
         total += len(tasks.names) * (2 if options.base else 1)
@@ -268,16 +279,16 @@ def score(
     model: Any,
     tokenizer: Any,
     selection: rows.Selection,
-    goal: Goal,
+    objective: Objective,
     max_length: int,
     options: EvalOptions,
     steps: Steps,
     who: str,
     answers: bool,
 ) -> Outputs:
-    """Every pass the goal needs over the rows, for one model."""
+    """Every pass the objective's scores need over the rows, for one model."""
     out = Outputs()
-    if not goal.answers:
+    if objective.is_classifier:
         tick = steps.stage(f"{who}: labelling", len(selection.rows))
         out.predicted, out.label_nll = generation.labels(model, tokenizer, selection.rows, max_length, tick)
         return out
@@ -311,10 +322,11 @@ def assemble(
     inputs: Inputs, options: EvalOptions, tuned: Outputs, base: Outputs | None, with_base: bool
 ) -> dict[str, Any]:
     """The evaluation as it is stored: {"rows", "tuned", "base", ...} (see the README's evaluation section)."""
-    run, config, goal, weights, selection = inputs.run, inputs.config, inputs.goal, inputs.weights, inputs.selection
+    run, objective, weights, selection = inputs.run, inputs.objective, inputs.weights, inputs.selection
+    answers = not objective.is_classifier
     notes = [weights.note] if weights.note else []
     notes += selection.notes
-    if goal.answers and selection.rows and not selection.has_references and selection.kind != "text":
+    if answers and selection.rows and not selection.has_references and selection.kind != "text":
         notes.append("no reference answers: the answers are shown side by side, without scores")
     result: dict[str, Any] = {
         "format": FORMAT,
@@ -322,38 +334,38 @@ def assemble(
         "run": run.name,
         "weights": weights.name,
         "step": weights.step,
-        "goal": goal.name,
+        "goal": objective.name,
         "data": {"source": selection.source, "kind": selection.kind},
         "rows": len(selection.rows),
         "settings": {k: v for k, v in asdict(options).items() if k not in ("predictions",)},
-        "tuned": scores(goal, selection, tuned),
+        "tuned": scores(objective, selection, tuned),
         "notes": notes,
     }
     if base is not None:
-        base_scores = scores(goal, selection, base)
+        base_scores = scores(objective, selection, base)
         # Without --base a preference run still scores its reference (the base) for the rewards: the chosen answers'
         # likelihood is then known for both, and a drop of it is flagged all the same.
         result["base" if with_base else "reference"] = base_scores
-        result["flags"] = metrics.flags(result["tuned"], base_scores, goal)
-        if goal.name != "sft":
-            result["tuned"].update(rewards(selection, tuned, base, config.beta))
-    elif with_base and not goal.answers:
+        result["flags"] = metrics.flags(result["tuned"], base_scores, objective)
+        if objective.eval_rewards:
+            result["tuned"].update(rewards(selection, tuned, base, inputs.plan.beta))
+    elif with_base and not answers:
         notes.append("no base scores: the base model has no trained classification head (its labels would be chance)")
-    if not goal.answers and tuned.predicted is not None:
+    if not answers and tuned.predicted is not None:
         truth = [row.label for row in selection.rows]
         _, matrix = metrics.classification_scores(truth, tuned.predicted, selection.label_names)
         result["confusion"] = {"labels": selection.label_names, "tuned": matrix}
-    if goal.answers:
+    if answers:
         result["answers"] = answer_rows(selection, tuned, base)
     for who in ("tuned", "base"):
         if who in result:
-            result[who] = _ordered(goal, result[who])
+            result[who] = _ordered(objective, result[who])
     return result
 
 
-def scores(goal: Goal, selection: rows.Selection, out: Outputs) -> dict[str, float]:
-    """One model's scores on the rows (every key of the goal that the data allows)."""
-    if not goal.answers:
+def scores(objective: Objective, selection: rows.Selection, out: Outputs) -> dict[str, float]:
+    """One model's scores on the rows (every score of the objective that the data allows)."""
+    if objective.is_classifier:
         truth = [row.label for row in selection.rows]
         found, _ = metrics.classification_scores(truth, out.predicted or [], selection.label_names)
         loss = sum(out.label_nll or []) / len(out.label_nll) if out.label_nll else None
@@ -366,7 +378,7 @@ def scores(goal: Goal, selection: rows.Selection, out: Outputs) -> dict[str, flo
         found.update(
             metrics.answer_scores([out.answers[i] for i in prompted], [selection.rows[i].reference for i in prompted])
         )
-    return found
+    return {name: value for name, value in found.items() if name in objective.eval_metrics}
 
 
 def rewards(selection: rows.Selection, tuned: Outputs, base: Outputs, beta: float) -> dict[str, float]:
@@ -442,9 +454,9 @@ def _question(row: rows.EvalRow) -> str:
     return users[-1] if users else ""
 
 
-def _ordered(goal: Goal, found: dict[str, float]) -> dict[str, float]:
-    """The scores in the goal's order (extra ones, such as the judge's, after)."""
-    first = {name: found[name] for name in goal.metrics if name in found}
+def _ordered(objective: Objective, found: dict[str, float]) -> dict[str, float]:
+    """The scores in the objective's order (extra ones, such as the judge's, after)."""
+    first = {name: found[name] for name in objective.eval_metrics if name in found}
     return {**first, **{k: v for k, v in found.items() if k not in first}}
 
 
@@ -465,19 +477,20 @@ def _predictions_path(value: str, run: RunDir) -> Path | None:
     return path
 
 
-def _load(config: Any, run: RunDir, weights: Weights, goal: Goal) -> Any:
-    """The run's model at `weights`, as chat (or classify) loads it."""
+def _load(plan: RunPlan, run: RunDir, weights: Weights) -> Any:
+    """The run's model at `weights`, as chat (or classify) loads it with the run's own plan."""
     from finetune.inference import load_classifier, load_for_chat
 
-    if not goal.answers:
-        return load_classifier(config, run.path, weights.path)[0]
-    return load_for_chat(config, run.path, weights.path)[0]
+    if plan.is_classifier:
+        return load_classifier(plan, run.path, weights.path)[0]
+    return load_for_chat(plan, run.path, weights.path)[0]
 
 
-def _load_base(config: Any) -> tuple[Any, Any]:
+def _load_base(plan: RunPlan) -> tuple[Any, Any]:
+    """The starting weights, as the run's plan loaded them (a full fine-tune's base, once the tuned model is gone)."""
     from finetune.inference import load_for_chat
 
-    return load_for_chat(config)
+    return load_for_chat(plan)
 
 
 def _release() -> None:

@@ -6,20 +6,24 @@ tuned model's), ties allowed. The judge's verdict is the word among A / B / tie 
 the other's; they contradict each other (each picks the same position) → a tie, counted as inconsistent.
 `judge_win_rate` = (tuned wins + ties / 2) / prompts, with its 95% Wilson interval.
 
-Before the judge loads, its memory is estimated from its config (the parameter count of the memory estimator's
-census, in the dtype it loads in, plus one forward's logits) and compared with what is free here: a judge that does
-not fit is refused in one line. A small judge is a weak one, and the result says so.
+The judge loads as chat loads a base model, by a plan made from the run's own (`RunPlan.replanned`: the same device
+and precision, the judge's model, LoRA's base: 16-bit weights on a GPU, fp32 on a CPU). Before it loads, its memory is
+estimated from its config (the parameter count of the memory estimator's census, in the dtype it loads in, plus one
+forward's logits) and compared with what is free here: a judge that does not fit is refused in one line. A small judge
+is a weak one, and the result says so.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from finetune.config import TrainConfig
 from finetune.errors import UserError
 from finetune.evaluation.metrics import wilson_interval
+
+if TYPE_CHECKING:
+    from finetune.plan import RunPlan
 
 RUBRIC = (
     "You compare two answers to the same question. The better answer is correct, does what the question asks, and "
@@ -48,40 +52,49 @@ class JudgeFit:
     estimate_bytes: int
     available_bytes: int
     device: str
+    plan: RunPlan  # how the judge loads
 
 
-def judge_config(model: str) -> TrainConfig:
-    """The judge as the app loads a model: 16-bit weights on a GPU, fp32 on a CPU (the LoRA plan's base)."""
+def plan_of(model: str, run_plan: RunPlan) -> RunPlan:
+    """How the judge `model` loads: the run's plan for that model as a LoRA base (no 4-bit, default adapter targets,
+    which a census counts on), on the run's device and precision."""
+    from finetune.config import TrainConfig
+
+    defaults = TrainConfig()
     try:
-        return TrainConfig.from_dict({"model": model, "method": "lora"})
-    except Exception as exc:
-        raise UserError(f"judge: {str(exc).splitlines()[0]}", field="judge") from None
+        return run_plan.replanned(
+            model=model,
+            method="lora",
+            lora_target_modules=defaults.lora_target_modules,
+            init_lora_weights=defaults.init_lora_weights,
+        )
+    except Exception as exc:  # the config's own one-line reason (a model value it refuses)
+        raise UserError(f"judge: {str(exc).splitlines()[0].split(': ', 1)[-1]}", field="judge") from None
 
 
-def check_fits(model: str) -> JudgeFit:
+def check_fits(plan: RunPlan) -> JudgeFit:
     """The judge's memory estimate, or a one-line refusal when it cannot be read or would not fit here."""
     from finetune import memory
     from finetune.memory import analytic
-    from finetune.plan import plan_for
 
-    config = judge_config(model)
-    plan = plan_for(config)
+    model = plan.config.model
     try:
-        model_config = memory.model_config_of(config)
-        parameters = analytic.census(model_config, config.replace(method="full")).total
+        model_config = memory.model_config_of(plan.config)
+        parameters = analytic.census(model_config, plan).total
     except UserError as exc:
         raise UserError(f"judge: {str(exc).split(': ', 1)[-1]}", field="judge") from None
     weight_bytes = 2 if plan.weight_dtype in ("bfloat16", "float16") else 4
     logits = JUDGE_TOKENS * int(getattr(model_config, "vocab_size", 0) or 0) * 4
     estimate = int((parameters * weight_bytes + logits) * 1.1)
-    if plan.device == "cuda":
+    device = plan.placement()
+    if device == "cuda":
         estimate += memory.CUDA_CONTEXT + memory.CUDA_KERNELS
-    available = available_bytes(plan.device)
-    fit = JudgeFit(model, parameters, estimate, available, plan.device)
+    available = available_bytes(device)
+    fit = JudgeFit(model, parameters, estimate, available, device, plan)
     if estimate > available:
         raise UserError(
             f"judge: {model} needs about {_gib(estimate)} GiB to judge here and {_gib(available)} GiB are free on "
-            f"the {'GPU' if plan.device == 'cuda' else 'CPU'}; choose a smaller judge",
+            f"the {'GPU' if device == 'cuda' else 'CPU'}; choose a smaller judge",
             field="judge",
         )
     return fit
@@ -107,13 +120,11 @@ def judge(
 ) -> dict[str, Any]:
     """Both orders for every question; the win rate of the tuned model with its interval, and how it was made."""
     from finetune import models
-    from finetune.plan import plan_for
 
-    config = judge_config(fit.model)
-    plan = plan_for(config)
-    tokenizer = models.load_tokenizer(config)
+    plan = fit.plan
+    tokenizer = models.load_tokenizer(plan.config)
     model = models.load_base(plan).eval()
-    if plan.device == "cuda" and plan.quantization is None:
+    if plan.placement() == "cuda":  # (never 4-bit: plan_of plans LoRA's base)
         model = model.to("cuda")
     choices = {verdict: _token_ids(tokenizer, words) for verdict, words in VERDICT_WORDS.items()}
     outcomes = []

@@ -15,11 +15,50 @@ Definitions (each test recomputes them from the predictions file):
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any
 
 from finetune.answers import exact_match, last_number, number_match
-from finetune.evaluation.goals import FLAG_NAMES, METRICS, Goal, worse
+from finetune.objectives import Objective
+
+
+@dataclass(frozen=True)
+class Metric:
+    """How a person reads one score."""
+
+    label: str  # what the tables call it
+    meaning: str  # one line: what it measures
+    higher_is_better: bool
+    worse_by: float  # a change against the base beyond this (in the worse direction) is flagged
+    relative: bool = False  # worse_by is a share of the base value (losses), not an absolute difference
+
+
+# Which scores fit which objective is the objectives registry's (`Objective.eval_metrics`); how to read each is here.
+METRICS: dict[str, Metric] = {
+    "loss": Metric("loss", "mean negative log-likelihood per trained token (nats)", False, 0.02, relative=True),
+    "perplexity": Metric("perplexity", "exp(loss)", False, 0.02, relative=True),
+    "exact_match": Metric("exact match", "answers equal to the reference after normalisation", True, 0.05),
+    "rouge_l": Metric("ROUGE-L", "longest common word sequence with the reference (F-measure)", True, 0.02),
+    "number_match": Metric("number match", "last number of the answer equals the reference's", True, 0.05),
+    "accuracy": Metric("accuracy", "share of texts given the right label", True, 0.02),
+    "macro_f1": Metric("macro F1", "F1 of each label, averaged over the labels", True, 0.02),
+    "reward_accuracy": Metric(
+        "reward accuracy", "share of pairs where the model prefers the chosen answer more than the base does", True, 0
+    ),
+    "reward_margin": Metric(
+        "reward margin", "beta × (chosen − rejected) log-likelihood gain over the base, averaged over pairs", True, 0
+    ),
+    "judge_win_rate": Metric("judge win rate", "share of prompts where the judge prefers the tuned answer", True, 0),
+}
+
+
+def worse(name: str, tuned: float, base: float) -> bool:
+    """Whether `tuned` is worse than `base` on metric `name` by more than its noise allowance."""
+    metric = METRICS[name]
+    allowance = metric.worse_by * abs(base) if metric.relative else metric.worse_by
+    drop = (base - tuned) if metric.higher_is_better else (tuned - base)
+    return drop > allowance
 
 
 def loss_scores(nll: list[tuple[float, int]]) -> dict[str, float]:
@@ -91,16 +130,14 @@ def unpaired_reward_scores(tuned: list[float], reference: list[float], good: lis
     return scores
 
 
-def flags(tuned: dict[str, float], base: dict[str, float], goal: Goal) -> list[str]:
+def flags(tuned: dict[str, float], base: dict[str, float], objective: Objective) -> list[str]:
     """Plain words for every score the tuned model lost against the base beyond the noise allowance."""
     out = []
-    for name in goal.metrics:
+    for name in objective.eval_metrics:
         if name == "perplexity" or name not in tuned or name not in base:
             continue  # perplexity moves with the loss: one flag says it
         if worse(name, tuned[name], base[name]):
-            what = FLAG_NAMES.get(name) or METRICS[name].label
-            if name == "loss" and goal.name in ("dpo", "orpo", "kto"):
-                what = "the likelihood of the chosen answers"
+            what = objective.eval_loss_words if name == "loss" else METRICS[name].label
             out.append(f"answers got worse than the base on {what} ({_shown(name, base[name], tuned[name])})")
     return out
 
@@ -125,9 +162,9 @@ def _mean(values: list[float]) -> float:
     return float(sum(values) / len(values))
 
 
-def sample_scores(goal: Goal, answers: list[str], references: list[str | None]) -> dict[str, Any]:
-    """The goal's cheap scores of held-out sample answers (during training); {} when no reference is known."""
-    if not goal.during_training:
+def sample_scores(objective: Objective, answers: list[str], references: list[str | None]) -> dict[str, Any]:
+    """The objective's cheap scores of held-out sample answers (during training); {} when no reference is known."""
+    if not objective.eval_during_training:
         return {}
     scores = answer_scores(answers, references)
-    return {name: value for name, value in scores.items() if name in goal.during_training}
+    return {name: value for name, value in scores.items() if name in objective.eval_during_training}

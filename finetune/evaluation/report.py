@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from finetune.evaluation.goals import METRICS
+from finetune.evaluation.metrics import METRICS
 
 # Scores on a 0-1 scale: the chart draws these (a loss or a perplexity on the same axis would flatten them).
 SHARES = ("exact_match", "rouge_l", "number_match", "accuracy", "macro_f1", "reward_accuracy", "judge_win_rate")

@@ -13,11 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from finetune import data
+from finetune import data, objectives
 from finetune.config import TrainConfig
 from finetune.errors import UserError
 
 Segments = list[tuple[str, bool]]  # text pieces, each flagged True when training counts it in the loss
+HELDOUT = "heldout"  # the kind of a selection of held-out prompts
 PAIR_FORMAT = data.DataFormat("prompt_completion", {"prompt": "prompt", "completion": "completion"})  # held-out
 
 
@@ -41,7 +42,7 @@ class Selection:
 
     rows: list[EvalRow]
     source: str  # in words: "bundled:pirate [validation]", "my-eval.jsonl", "the 5 held-out prompts of ..."
-    kind: str  # the data format (finetune.data.DataFormat.kind), or "prompts" for held-out prompts
+    kind: str  # the data format (finetune.data.DataFormat.kind), or HELDOUT for a run's held-out prompts
     notes: list[str] = field(default_factory=list)
     label_names: list[str] = field(default_factory=list)
 
@@ -124,7 +125,7 @@ def _data_name(name: str) -> str:
 
 def _heldout(config: TrainConfig, tokenizer: Any, limit: int | None) -> Selection:
     """A run without an evaluation split: its held-out prompts, with their reference answers where known."""
-    if config.task == "sequence_classification":
+    if objectives.of(config).is_classifier:
         raise UserError(
             "data: this classification run has no evaluation split; give --data FILE with text and label columns",
             field="data",
@@ -143,7 +144,7 @@ def _heldout(config: TrainConfig, tokenizer: Any, limit: int | None) -> Selectio
         f"this run has no evaluation split: scored on its {len(rows)} held-out prompts; give --data FILE (or "
         "--split NAME) to score more rows"
     )
-    return Selection(rows, f"the held-out prompts of {_data_name(config.dataset)}", "prompts", notes=[note])
+    return Selection(rows, f"the held-out prompts of {_data_name(config.dataset)}", HELDOUT, notes=[note])
 
 
 def _row(row: dict[str, Any], fmt: data.DataFormat, tokenizer: Any, label_names: list[str]) -> EvalRow:
@@ -152,6 +153,8 @@ def _row(row: dict[str, Any], fmt: data.DataFormat, tokenizer: Any, label_names:
         return _classification_row(row, fmt, label_names)
     if fmt.kind in data.PREFERENCE_KINDS:
         return _preference_row(row, fmt, tokenizer)
+    if fmt.kind == data.PROMPTS_KIND:
+        return _prompts_row(row, fmt, tokenizer)
     scored = data.render_segments(row, fmt, tokenizer)
     if fmt.kind == "text":
         return EvalRow(scored=scored)
@@ -169,15 +172,33 @@ def _preference_row(row: dict[str, Any], fmt: data.DataFormat, tokenizer: Any) -
         good = data.kto_label(row[fmt.columns["label"]])
         return EvalRow(
             prompt=prompt,
-            reference=data.preferred_answer(row, fmt),
+            reference=data.reference_answer(row, fmt),
             scored=[head, (rendered["completion"], True)],
             good=good,
         )
     return EvalRow(
         prompt=prompt,
-        reference=data.preferred_answer(row, fmt),
+        reference=data.reference_answer(row, fmt),
         scored=[head, (rendered["chosen"], True)],
         rejected=[head, (rendered["rejected"], True)],
+    )
+
+
+def _prompts_row(row: dict[str, Any], fmt: data.DataFormat, tokenizer: Any) -> EvalRow:
+    """A prompt for learning from rewards, with its `answer` column as the reference where the data has one; the loss
+    is then that answer's likelihood after the prompt, rendered as TRL renders the prompt."""
+    prompt = row[fmt.columns["prompt"]]
+    reference = data.reference_answer(row, fmt)
+    if reference is None:
+        return EvalRow(prompt=data.as_conversation(prompt, "prompt"))
+    pair = data.DataFormat(data.PROMPTS_KIND, {"prompt": "prompt", "completion": "completion"})
+    rendered = data.render_preference(
+        data.trl_row({"prompt": prompt, "completion": reference}, pair, tokenizer), tokenizer
+    )
+    return EvalRow(
+        prompt=data.as_conversation(prompt, "prompt"),
+        reference=reference,
+        scored=[(rendered["prompt"], False), (rendered["completion"], True)],
     )
 
 
