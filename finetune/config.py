@@ -126,7 +126,13 @@ class TrainConfig:
     max_seq_length: int = _f(
         256, "Longest tokenised example; longer ones are truncated. Memory grows linearly with it.", "Data", min=8
     )
-    packing: bool = _f(False, "Concatenate short examples into full-length rows: faster, slight cross-talk.", "Data")
+    packing: bool = _f(
+        True,
+        "Train without padding: each micro batch's examples sit end to end in one row and attend only within "
+        "themselves, so the loss and gradients are the padded batch's, with no compute spent on padding. Used where "
+        "it applies (sft on a causal LM, more than one example per micro batch); the run log says when it is off.",
+        "Data",
+    )
 
     # --- Objective
     objective: str = _f(
@@ -390,7 +396,7 @@ LABELS = {
     "chosen_column": "Preferred answer column",
     "rejected_column": "Worse answer column",
     "max_seq_length": "Longest example (tokens)",
-    "packing": "Pack short examples together",
+    "packing": "Skip padding (pack examples)",
     "objective": "Training goal",
     "beta": "Preference strength (beta)",
     "loss_type": "DPO loss",
@@ -637,12 +643,8 @@ def _cross_field_errors(c: TrainConfig) -> list[ConfigError]:
             "init_lora_weights",
             f"{c.init_lora_weights} rewrites the base weights, which QLoRA keeps in 4 bits; use method: lora",
         )
-    if c.task == "sequence_classification" and c.packing:
-        bad("packing", "packing applies to causal_lm only; set packing: false")
     if c.objective != "sft" and c.task == "sequence_classification":
         bad("objective", f"{c.objective} trains a causal LM on answers; use objective: sft for sequence_classification")
-    if c.objective != "sft" and c.packing:
-        bad("packing", f"packing applies to objective: sft; {c.objective} compares whole answers. Set packing: false")
     if c.objective in PREFERENCE_OBJECTIVES and c.backend == "deepspeed":
         bad("backend", f"{c.objective} runs through TRL's trainer; use backend: trainer (zero_stage 1-3 still works)")
     if c.loss_type != DEFAULT_DPO_LOSS and c.objective != "dpo":

@@ -94,6 +94,8 @@ class RunPlan:
     objective: str = "sft"  # sft | dpo | orpo | kto
     reference: str | None = None  # dpo/kto: "adapter-off" (the base under the adapter) or "copy" (a frozen copy)
     liger: bool = False  # Liger's fused kernels patch the model (CUDA + liger-kernel installed)
+    packing: bool = False  # micro batches without padding, attention confined per example (finetune/packing.py)
+    packing_note: str = ""  # why packing is on or off for this run, in one line for the run log
 
     @property
     def trainer_optim(self) -> str:
@@ -156,6 +158,7 @@ def plan_for(config: TrainConfig, device: str | None = None, world_size: int | N
     # Full fine-tuning keeps fp32 master weights (autocast casts on the fly); LoRA adapters train on a 16-bit base;
     # QLoRA's non-quantised weights stay fp32 next to the 4-bit ones.
     weight = half if (half is not None and config.method == "lora") else "float32"
+    packing, packing_note = packing_for(config)
     return RunPlan(
         config=config,
         device=device,
@@ -173,6 +176,8 @@ def plan_for(config: TrainConfig, device: str | None = None, world_size: int | N
         objective=config.objective,
         reference=reference_for(config),
         liger=uses_liger(config, device),
+        packing=packing,
+        packing_note=packing_note,
     )
 
 
@@ -204,6 +209,32 @@ def reference_for(config: TrainConfig) -> str | None:
     if config.objective not in ("dpo", "kto"):
         return None
     return "copy" if config.method == "full" else "adapter-off"
+
+
+# Packing by objective: None where micro batches train without padding, else why not. The one place the rule lives
+# (it moves to the objectives registry in one step). TRL 1.16: DPOConfig.padding_free is switched off since its DPO
+# refactor (it warns and pads, dpo_trainer.py); KTOTrainer and the experimental ORPOTrainer have no padding-free path.
+PACKING_BY_OBJECTIVE: dict[str, str | None] = {
+    "sft": None,
+    "dpo": "TRL 1.16's DPO trainer has padding-free batches switched off (it pads them)",
+    "orpo": "TRL 1.16's ORPO trainer has no padding-free path",
+    "kto": "TRL 1.16's KTO trainer has no padding-free path",
+}
+
+
+def packing_for(config: TrainConfig) -> tuple[bool, str]:
+    """Whether micro batches train without padding (`finetune.packing`), and the reason in one line. On where it
+    helps: a causal LM's sft with more than one example per micro batch (one example has no padding to remove)."""
+    if not config.packing:
+        return False, "packing: off (packing: false): each micro batch is padded to its longest example"
+    if config.task == "sequence_classification":
+        return False, "packing: off: classification reads one label per padded row, from its last token"
+    why = PACKING_BY_OBJECTIVE.get(config.objective, f"the {config.objective} trainer has no padding-free path")
+    if why:
+        return False, f"packing: off: {why}"
+    if config.per_device_train_batch_size == 1:
+        return False, "packing: off: one example per micro batch has no padding to remove"
+    return True, "packing: on: each micro batch is one row without padding, attention confined to each example"
 
 
 # The causal-LM model families (config.json's model_type) liger-kernel 0.8.5 patches: the text models of its

@@ -27,6 +27,7 @@ class Prepared:
     prompts: list[str]
     precision: str
     plan: RunPlan
+    packed: bool = False  # micro batches without padding (the plan's decision, once the model proved it confines)
 
 
 def prepare_run(config: TrainConfig, progress: Progress) -> Prepared:
@@ -64,15 +65,34 @@ def prepare_run(config: TrainConfig, progress: Progress) -> Prepared:
     progress.message(
         f"model: {total / 1e6:.1f}M parameters, {trainable / 1e6:.2f}M trainable ({trainable / total:.2%})"
     )
+    packed = packs_batches(model, plan, progress)
     return Prepared(
         tokenizer=tokenizer,
         model=model,
         data=prepared_data,
-        collator=data.collator(config, tokenizer),
+        collator=data.collator(config, tokenizer, packing=packed),
         prompts=data.heldout_prompts(config),
         precision=precision,
         plan=plan,
+        packed=packed,
     )
+
+
+def packs_batches(model: Any, plan: RunPlan, progress: Progress) -> bool:
+    """The plan's packing decision, once the model has shown that its attention keeps packed examples apart
+    (`finetune.packing.enable`); otherwise padded micro batches, and the run log says why in one line."""
+    if not plan.packing:
+        if plan.config.packing:
+            progress.message(plan.packing_note)
+        return False
+    from finetune import packing
+
+    problem = packing.enable(model)
+    if problem is not None:
+        progress.message(f"packing: off: {problem}; this run pads its micro batches instead")
+        return False
+    progress.message(plan.packing_note)
+    return True
 
 
 def check_sequence_length(config: TrainConfig) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from finetune.config import TrainConfig
@@ -204,15 +204,19 @@ def _estimate_core(config: TrainConfig, device: str, gpus: int, trace_it: bool =
     shape, census = ma.shape_of(model_config), _census(config, model_config)
     plan = replay_plan_for(config, device)
     settings = ma.settings_for(config, device, gpus, plan)
-    analytic = ma.analyse(shape, census, settings)
     notes: list[str] = []
+    segments = packed_segments(plan, notes)
+    if segments:
+        settings = replace(settings, packed_tokens=sum(segments))
+    analytic = ma.analyse(shape, census, settings)
     liger = ma.logits_loss_bytes(shape, census, settings) if settings.loss_kernel == "liger" else None
     if liger is not None:
         notes.append(
             "Liger's fused linear cross-entropy holds the logits one chunk at a time (its formula: a Triton "
             "kernel cannot be replayed)"
         )
-    traced = _traced(config, model_config, device, census, notes, liger) if trace_it and _traceable(config) else None
+    traceable = trace_it and _traceable(config)
+    traced = _traced(config, model_config, device, census, notes, liger, segments) if traceable else None
     if traced is not None:
         tensor_bytes, split, phase = traced
         method = "traced"
@@ -408,18 +412,25 @@ CACHE_SIZE = 256  # entries per cache (the UI re-estimates the same few configs)
 
 
 def _traced(
-    config: TrainConfig, model_config: Any, device: str, census: Any, notes: list[str], liger: int | None = None
+    config: TrainConfig,
+    model_config: Any,
+    device: str,
+    census: Any,
+    notes: list[str],
+    liger: int | None = None,
+    segments: list[int] | None = None,
 ) -> tuple[int, dict[str, int], str] | None:
     """Replay the step on fake tensors: (peak bytes, live bytes by component at the peak, phase); None on failure.
-    `liger`: the bytes of Liger's fused loss, which take the place of the replayed logits."""
+    `liger`: the bytes of Liger's fused loss, which take the place of the replayed logits. `segments`: the example
+    lengths of a packed micro batch."""
     from finetune.memory import analytic as ma
     from finetune.memory import trace as mt
 
     plan = replay_plan_for(config, device)
-    key = (_model_key(config), device, _shape_settings(config))  # the plan follows from these
+    key = (_model_key(config), device, _shape_settings(config), tuple(segments or ()))  # the plan follows from these
     if key not in _TRACE_CACHE:
         try:
-            result = mt.trace(model_config, plan)
+            result = mt.trace(model_config, plan, segments=segments)
         except Exception as exc:  # noqa: BLE001 - an architecture the replay cannot run: formulas instead
             notes.append(f"replay failed ({type(exc).__name__}: {str(exc)[:120]}); using the formulas")
             return None
@@ -435,6 +446,31 @@ def _traced(
         _bounded(_TRACE_CACHE)[key] = (peaks[phase], _merge_split(splits[phase]), phase)
     peak, split, phase = _TRACE_CACHE[key]
     return peak, dict(split), phase
+
+
+def packed_segments(plan: Any, notes: list[str]) -> list[int] | None:
+    """A packed run's largest micro batch: the lengths of the data's longest rows, one per example of a micro batch
+    (each cut at max_seq_length), priced as one row of their real tokens. None for padded rows. When the lengths are
+    not known here (a Hub dataset not counted yet) every example counts as max_seq_length long: the worst case."""
+    if not plan.packing:
+        return None
+    from finetune.data_stats import cached_or_local
+
+    config = plan.config
+    rows, seq = config.per_device_train_batch_size, config.max_seq_length
+    try:
+        stats = cached_or_local(config)
+    except Exception:  # noqa: BLE001 - unreadable data fails at start; the estimate takes the worst case
+        stats = None
+    if stats is None or not stats.lengths:
+        notes.append(f"packing: the data's lengths are unknown here: each micro batch counts as {rows} x {seq} tokens")
+        return [seq] * rows
+    segments = [min(n, seq) for n in reversed(stats.lengths[-rows:])]
+    notes.append(
+        f"packing: a micro batch holds at most {sum(segments)} real tokens (the data's {len(segments)} longest rows), "
+        f"not {rows} x {seq} padded"
+    )
+    return segments
 
 
 def replay_plan_for(config: TrainConfig, device: str) -> Any:

@@ -99,6 +99,7 @@ class Settings:
     loss_kernel: str = "eager"  # how logits and loss are computed: eager (transformers'), liger, trl_chunked
     objective: str = "sft"  # sft | dpo | orpo | kto
     reference: str | None = None  # dpo / kto: "adapter-off" or "copy" (a frozen copy of the weights)
+    packed_tokens: int = 0  # packing: the real tokens of the largest micro batch (0: rows padded to seq)
 
     @property
     def sequences(self) -> int:
@@ -107,8 +108,8 @@ class Settings:
 
     @property
     def tokens(self) -> int:
-        """Tokens in one micro batch (every row full length: the worst case)."""
-        return self.batch * self.seq * self.sequences
+        """Tokens in one micro batch: packed, its real tokens; padded, every row full length (the worst case)."""
+        return self.packed_tokens or self.batch * self.seq * self.sequences
 
     @property
     def amp(self) -> bool:
