@@ -264,7 +264,7 @@ def _device_of(model: Any) -> Any:
 
 def _logits(model: Any, batch: dict[str, Any], device: Any) -> Any:
     moved = {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()}
-    return model(**moved, use_cache=False).logits.float()
+    return model(**moved).logits.float()  # called as a training step calls it (a cache changes what sdpa does)
 
 
 @contextlib.contextmanager

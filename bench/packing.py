@@ -1,0 +1,340 @@
+"""Packing: real (non-padding) tokens per second of `packing: true` against `packing: false` and the plain Trainer.
+
+The job: LoRA r=8 on all linear layers of the embedded SmolLM2-135M (fp32 on a CPU, bf16 on a GPU), batch 4, on the
+bundled mixed-length chat set (`bundled:mixed-lengths`, made by scripts/make_mixed_lengths.py: median 133 tokens, one
+row in ten over 380, longest 1712), max_seq_length 2048 so no row is cut, the same learning rate, schedule and seed.
+The sides, each run in a fresh process:
+  packed   ours, packing: true (the default): each micro batch one row without padding, attention per example
+  padded   ours, packing: false: each micro batch padded to its longest row
+  plain    bench/plain_trainer.py: Trainer + PEFT with DataCollatorForSeq2Seq padding, what people write
+  packed-no-liger, padded-no-liger (--sides, on a GPU): the same with liger_kernel off
+Every side trains the same examples in the same order (Trainer's sampler, seed 42), so a step holds the same examples
+whatever the layout. A round runs every side once, the order rotating from round to round (the machine is shared:
+ratios of the same round hold better than absolute figures); ratios are medians of per-round ratios.
+
+    .venv/bin/python bench/packing.py                          # 6 steps x 3 rounds on the embedded model
+    .venv/bin/python bench/packing.py --model tiny --steps 3 --repeats 1 --out ''     # the plumbing, in seconds
+
+Figures per run: real tokens per second in the loop, from the tokens each side counts (ours: events.jsonl's
+tokens_seen; plain: Trainer's non-padding count) between the end of step `--skip` and the last step; peak memory
+(CUDA max allocated on a GPU, the process's max RSS on a CPU); the per-step loss. The padding share is measured on
+the batches the padded side trained (1 - real tokens / tokens of the padded batches). The last line is the headline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import (  # noqa: E402
+    RESULTS,
+    ROOT,
+    Report,
+    build_llama,
+    child_env,
+    embedded_tokenizer_dir,
+    load_tokenizer,
+    loadavg,
+    median,
+    parameter_count,
+    set_offline,
+    table,
+)
+
+PY = sys.executable
+DATA = ROOT / "finetune" / "bundled" / "mixed-lengths" / "train.jsonl"
+SIDES = ("packed", "padded", "plain", "packed-no-liger", "padded-no-liger")
+GOAL = 1.5  # real tokens/s, packed / plain: at least (issue 27)
+SHAPES = {"llama-1b": (22, 2048, 5632, 32, 4)}  # TinyLlama's shape (layers, hidden, intermediate, heads, kv heads)
+
+
+# ----------------------------------------------------------------------------- the worker for ours (own process)
+def worker_ours(args: argparse.Namespace) -> None:
+    """Train one run as the CLI does (a RunManager and its training thread); write the figures to --result."""
+    set_offline()
+    import resource
+
+    import torch
+
+    from finetune import data
+    from finetune.config import TrainConfig
+    from finetune.runs import RunManager
+
+    counts = {"real": 0, "padded": 0}
+    layout = data.collator
+
+    def counting(config: Any, tokenizer: Any, packing: bool = False) -> Any:
+        """The run's own collator, counting each batch's real tokens and what padding it to its longest row costs."""
+        inner = layout(config, tokenizer, packing=packing)
+
+        def collate(features: list[dict[str, Any]]) -> Any:
+            lengths = [len(f["input_ids"]) for f in features]
+            counts["real"] += sum(lengths)
+            counts["padded"] += len(lengths) * max(lengths)
+            return inner(features)
+
+        return collate
+
+    data.collator = counting  # measurement only: the engine asks data.collator for its layout
+    out = Path(args.run_dir)
+    config = TrainConfig(
+        model=args.model, dataset=args.data, eval_split="", max_seq_length=args.seq, packing=args.packing == "on",
+        method="lora", lora_r=8, lora_alpha=16, lora_dropout=0.05, lora_target_modules="all-linear",
+        per_device_train_batch_size=args.batch, learning_rate=5e-4, lr_scheduler_type="cosine", warmup_steps=2,
+        max_steps=args.steps, logging_steps=1, save_steps=args.steps + 1000, seed=42, output_dir=str(out),
+        liger_kernel=args.liger,
+    )  # fmt: skip
+    from finetune.plan import plan_for
+
+    manager = RunManager(out.parent / "ours-root")
+    manager.start(config, owner="bench-packing")
+    final = manager.wait()
+    if final is None or final.status != "completed":
+        raise SystemExit(f"ours: run ended {final.status if final else '?'}: {final.error if final else ''}")
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text(encoding="utf-8").splitlines()]
+    peak = (
+        int(torch.cuda.max_memory_allocated())
+        if torch.cuda.is_available()
+        else int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    )
+    steps = [[e["step"], e["time"], e["loss"], e.get("tokens_seen")] for e in events if e["type"] == "log"]
+    said = " ".join(str(e.get("text", "")) for e in events if e["type"] == "message")
+    figures = {
+        "steps": steps,
+        "peak_memory_bytes": peak,
+        "liger": plan_for(config).liger,
+        "packed": "packing: on" in said,
+        "counts": counts,
+    }
+    Path(args.result).write_text(json.dumps(figures), encoding="utf-8")
+
+
+# ----------------------------------------------------------------------------- the driver
+def run_side(args: argparse.Namespace, work: Path, side: str, i: int, model: Path) -> dict[str, Any]:
+    """One run of one side in a fresh process; its figures."""
+    result = work / f"{side}-{i}.json"
+    out = work / f"{side}-{i}"
+    common = ["--model", str(model), "--data", str(args.data)]
+    if side == "plain":
+        cmd = [
+            PY, str(ROOT / "bench" / "plain_trainer.py"), *common, "--output-dir", str(out), "--timing", str(result),
+            "--peak-memory", "--max-seq-length", str(args.seq), "--batch-size", str(args.batch),
+            "--max-steps", str(args.steps), *(["--bf16"] if args.cuda else []),
+        ]  # fmt: skip
+    else:
+        cmd = [
+            PY, str(Path(__file__).resolve()), "--worker", *common, "--run-dir", str(out), "--result", str(result),
+            "--seq", str(args.seq), "--batch", str(args.batch), "--steps", str(args.steps),
+            "--packing", "on" if side.startswith("packed") else "off",
+            "--liger", "off" if side.endswith("no-liger") else "auto",
+        ]  # fmt: skip
+    threads = {"OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)} if args.threads else {}
+    t0 = time.time()
+    proc = subprocess.run(cmd, cwd=ROOT, env=child_env(**threads), capture_output=True, text=True)
+    wall = time.time() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{side} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    figures = json.loads(result.read_text(encoding="utf-8"))
+    shutil.rmtree(out, ignore_errors=True)
+    steps = [s for s in figures["steps"] if len(s) > 3 and s[3] is not None]
+    first = next(s for s in steps if s[0] >= max(1, args.skip))
+    last = steps[-1]
+    return {
+        "tps": (last[3] - first[3]) / (last[1] - first[1]),
+        "peak": figures["peak_memory_bytes"],
+        "wall": wall,
+        "losses": [s[2] for s in figures["steps"]],
+        "tokens": [s[3] for s in steps],
+        "liger": figures.get("liger"),
+        "packed": figures.get("packed"),
+        "counts": figures.get("counts"),
+        "load": loadavg()[0],
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (also checked by bench/gpu/run.py --dry-run)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--model",
+        default="embedded",
+        help="embedded: SmolLM2-135M (default); tiny: the tests' 2-layer model; llama-1b: a random TinyLlama-shaped "
+        "model with SmolLM2's tokenizer (a GPU); or a model directory",
+    )
+    parser.add_argument("--data", default=str(DATA), help="prompt/completion JSON lines (default: bundled mixed set)")
+    parser.add_argument("--sides", default="packed,padded,plain", help=f"comma-separated, from {', '.join(SIDES)}")
+    parser.add_argument("--steps", type=int, default=6, help="optimizer steps per run")
+    parser.add_argument("--skip", type=int, default=1, help="steps left out of in-loop tokens/s (warm-up)")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=2048, help="max_seq_length (2048: no row of the set is cut)")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds; each runs every side once")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="OMP/MKL threads per process (0 = torch's default). 1 by default: on a shared, oversubscribed CPU "
+        "OpenMP thread teams spin and stall, which would measure the scheduler rather than the layout",
+    )
+    parser.add_argument("--out", default=str(RESULTS), help="results folder or .md file; '' = do not save")
+    # worker mode (internal)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--run-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("--packing", default="on", help=argparse.SUPPRESS)
+    parser.add_argument("--liger", default="auto", help=argparse.SUPPRESS)
+    return parser
+
+
+def prepare_model(args: argparse.Namespace, work: Path) -> tuple[Path, str]:
+    """The model directory every side loads, and a line describing it."""
+    if args.model == "embedded":
+        path = embedded_tokenizer_dir()
+        return path, "the embedded SmolLM2-135M-Instruct"
+    if args.model == "tiny":
+        from tests.tiny import build_llama as build_tiny
+
+        args.data = short_rows(Path(args.data), work / "short.jsonl")
+        path = build_tiny(work / "tiny")
+        return path, "the tests' tiny Llama (2 layers, hidden 64)"
+    if args.model in SHAPES:
+        layers, hidden, intermediate, heads, kv = SHAPES[args.model]
+        tokenizer = load_tokenizer("embedded", work)
+        path = build_llama(
+            work / "model", tokenizer, layers=layers, hidden=hidden, intermediate=intermediate, heads=heads,
+            kv_heads=kv, dtype="bfloat16" if args.cuda else "float32",
+        )  # fmt: skip
+        return path, f"a random {args.model}-shaped Llama ({parameter_count(path) / 1e6:,.0f}M parameters)"
+    return Path(args.model), args.model
+
+
+def short_rows(data: Path, out: Path, words: int = 80) -> Path:
+    """The rows of `data` under `words` words: the tiny model's small tokenizer spends several tokens per word, and
+    every side must keep every row (ours skips a row whose answer a cut would remove; the plain script does not)."""
+    rows = [line for line in data.read_text(encoding="utf-8").splitlines() if len(line.split()) < words]
+    out.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return out
+
+
+def main(argv: list[str] | None = None) -> str:
+    args = build_parser().parse_args(argv)
+    if args.worker:
+        worker_ours(args)
+        return ""
+    set_offline()
+    import torch
+
+    args.cuda = torch.cuda.is_available()
+    sides = [s.strip() for s in args.sides.split(",") if s.strip()]
+    if set(sides) - set(SIDES) or not {"packed", "padded", "plain"} <= set(sides):
+        raise SystemExit(f"--sides: choose from {', '.join(SIDES)}, with packed, padded and plain")
+    report = Report("packing" if not args.cuda else "packing-gpu")
+    work = Path(tempfile.mkdtemp(prefix="bench-packing-"))
+    try:
+        model, described = prepare_model(args, work)
+        device = torch.cuda.get_device_name(0) if args.cuda else "cpu"
+        report.print(
+            f"job: LoRA r=8 all-linear on {described}, {'bf16' if args.cuda else 'fp32'} on {device}; data "
+            f"{Path(args.data).name} ({sum(1 for _ in open(args.data, encoding='utf-8'))} rows), batch {args.batch}, "
+            f"max_seq_length {args.seq}, {args.steps} steps (first {args.skip} not timed), "
+            f"threads per process: {args.threads or 'torch default'}"
+        )
+        report.print(f"load average before: {loadavg()}")
+        runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
+        for i in range(args.repeats):
+            shift = i % len(sides)
+            for side in sides[shift:] + sides[:shift]:
+                r = run_side(args, work, side, i, model)
+                runs[side].append(r)
+                print(
+                    f"  round {i + 1} {side:16s}: {r['tps']:.0f} real tok/s, peak {r['peak'] / 2**20:.0f} MiB, "
+                    f"wall {r['wall']:.0f}s, last loss {r['losses'][-1]:.4f}, load {r['load']}",
+                    flush=True,
+                )
+        return summarise(args, report, runs, sides, device)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def summarise(
+    args: argparse.Namespace, report: Report, runs: dict[str, list[dict[str, Any]]], sides: list[str], device: str
+) -> str:
+    """The tables, the checks on what each side trained, and the headline."""
+    counts = runs["padded"][0]["counts"]
+    share = 1 - counts["real"] / counts["padded"] if counts and counts["padded"] else float("nan")
+    report.print()
+    report.print(
+        f"padding share of the batches trained: {share:.1%} of a padded layout's tokens are padding "
+        f"({counts['real']} real of {counts['padded']})"
+    )
+    rows = []
+    for side in sides:
+        tps = median([r["tps"] for r in runs[side]])
+        rows.append(
+            [side, tps, median([r["peak"] for r in runs[side]]) / 2**20, median([r["wall"] for r in runs[side]]),
+             runs[side][0]["packed"] if side != "plain" else False, runs[side][0]["liger"]]
+        )  # fmt: skip
+    report.print(table(["side", "real tok/s", "peak MiB", "wall s", "packed", "Liger"], rows))
+
+    def ratio(a: str, b: str, key: str = "tps") -> float:
+        return median([x[key] / y[key] for x, y in zip(runs[a], runs[b], strict=False)])
+
+    vs_plain, vs_padded = ratio("packed", "plain"), ratio("packed", "padded")
+    report.print()
+    report.print(
+        table(
+            ["ratio (median of rounds)", "real tok/s", "peak memory"],
+            [
+                ["packed / plain", vs_plain, ratio("packed", "plain", "peak")],
+                ["packed / padded", vs_padded, ratio("packed", "padded", "peak")],
+                ["padded / plain", ratio("padded", "plain"), ratio("padded", "plain", "peak")],
+            ],
+        )
+    )
+    packed, padded, plain = runs["packed"][0], runs["padded"][0], runs["plain"][0]
+    same_examples = packed["tokens"] == padded["tokens"] == plain["tokens"]
+    report.print()
+    report.print(
+        f"examples per step: {'the same on every side' if same_examples else 'DIFFERENT'} (real tokens after each "
+        f"step: packed {packed['tokens'][:4]}..., padded {padded['tokens'][:4]}..., plain {plain['tokens'][:4]}...)"
+    )
+    report.print(loss_lines(packed["losses"], padded["losses"], plain["losses"]))
+    report.print(f"load average after: {loadavg()}")
+    ok = "meets" if vs_plain >= GOAL and packed["packed"] and same_examples else "MISSES"
+    headline = (
+        f"packing on {device}: real tokens/s packed/plain = {vs_plain:.2f}x (goal >= {GOAL}), packed/padded = "
+        f"{vs_padded:.2f}x; padding share {share:.0%} [{ok}; median of {args.repeats} rounds]"
+    )
+    return report.finish(args.out, headline)
+
+
+def loss_lines(packed: list[float], padded: list[float], plain: list[float]) -> str:
+    """The per-step loss curves side by side, and how far packed is from padded against how far plain is."""
+    steps = min(len(packed), len(padded), len(plain))
+
+    def gap(a: list[float], b: list[float]) -> float:
+        return max(abs(x - y) / abs(y) for x, y in zip(a[:steps], b[:steps], strict=False))
+
+    rows = [[i + 1, packed[i], padded[i], plain[i]] for i in range(steps)]
+    return "\n".join(
+        [
+            "loss per step (the same examples in the same order on every side):",
+            table(["step", "packed", "padded", "plain"], rows),
+            f"largest relative gap: packed vs padded {gap(packed, padded):.2e}; "
+            f"plain vs padded {gap(plain, padded):.2e} (the noise of another run: its own LoRA initialisation and "
+            "dropout draws). LoRA dropout draws its masks in the batch's shape, so packed and padded runs differ "
+            "from step 2 by that noise; with lora_dropout 0 their losses agree to 1e-6 (tests/test_packing.py)",
+        ]
+    )
+
+
+if __name__ == "__main__":
+    main()
