@@ -2,7 +2,9 @@
 
 The job: LoRA r=8 on all linear layers of the embedded SmolLM2-135M (fp32 on a CPU, bf16 on a GPU), batch 4, on the
 bundled mixed-length chat set (`bundled:mixed-lengths`, made by scripts/make_mixed_lengths.py: median 133 tokens, one
-row in ten over 380, longest 1712), max_seq_length 2048 so no row is cut, the same learning rate, schedule and seed.
+row in ten over 380, longest 1712), max_seq_length 1024 (the few longer rows cut alike on every side), gradient
+checkpointing on (a padded micro batch then fits in about 3 GiB of a shared machine), the same learning rate, schedule
+and seed.
 The sides, each run in a fresh process:
   packed   ours, packing: true (the default): each micro batch one row without padding, attention per example
   padded   ours, packing: false: each micro batch padded to its longest row
@@ -12,7 +14,7 @@ Every side trains the same examples in the same order (Trainer's sampler, seed 4
 whatever the layout. A round runs every side once, the order rotating from round to round (the machine is shared:
 ratios of the same round hold better than absolute figures); ratios are medians of per-round ratios.
 
-    .venv/bin/python bench/packing.py                          # 6 steps x 3 rounds on the embedded model
+    .venv/bin/python bench/packing.py                          # 4 steps x 2 rounds on the embedded model
     .venv/bin/python bench/packing.py --model tiny --steps 3 --repeats 1 --out ''     # the plumbing, in seconds
 
 Figures per run: real tokens per second in the loop, from the tokens each side counts (ours: events.jsonl's
@@ -24,6 +26,7 @@ the batches the padded side trained (1 - real tokens / tokens of the padded batc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import subprocess
@@ -49,12 +52,12 @@ from bench.common import (  # noqa: E402
     set_offline,
     table,
 )
+from bench.gpu_throughput import SHAPES  # noqa: E402
 
 PY = sys.executable
 DATA = ROOT / "finetune" / "bundled" / "mixed-lengths" / "train.jsonl"
 SIDES = ("packed", "padded", "plain", "packed-no-liger", "padded-no-liger")
 GOAL = 1.5  # real tokens/s, packed / plain: at least (issue 27)
-SHAPES = {"llama-1b": (22, 2048, 5632, 32, 4)}  # TinyLlama's shape (layers, hidden, intermediate, heads, kv heads)
 
 
 # ----------------------------------------------------------------------------- the worker for ours (own process)
@@ -91,7 +94,7 @@ def worker_ours(args: argparse.Namespace) -> None:
         method="lora", lora_r=8, lora_alpha=16, lora_dropout=0.05, lora_target_modules="all-linear",
         per_device_train_batch_size=args.batch, learning_rate=5e-4, lr_scheduler_type="cosine", warmup_steps=2,
         max_steps=args.steps, logging_steps=1, save_steps=args.steps + 1000, seed=42, output_dir=str(out),
-        liger_kernel=args.liger,
+        liger_kernel=args.liger, gradient_checkpointing=args.gradient_checkpointing == "on",
     )  # fmt: skip
     from finetune.plan import plan_for
 
@@ -129,6 +132,7 @@ def run_side(args: argparse.Namespace, work: Path, side: str, i: int, model: Pat
             PY, str(ROOT / "bench" / "plain_trainer.py"), *common, "--output-dir", str(out), "--timing", str(result),
             "--peak-memory", "--max-seq-length", str(args.seq), "--batch-size", str(args.batch),
             "--max-steps", str(args.steps), *(["--bf16"] if args.cuda else []),
+            *(["--gradient-checkpointing"] if args.gradient_checkpointing == "on" else []),
         ]  # fmt: skip
     else:
         cmd = [
@@ -136,6 +140,7 @@ def run_side(args: argparse.Namespace, work: Path, side: str, i: int, model: Pat
             "--seq", str(args.seq), "--batch", str(args.batch), "--steps", str(args.steps),
             "--packing", "on" if side.startswith("packed") else "off",
             "--liger", "off" if side.endswith("no-liger") else "auto",
+            "--gradient-checkpointing", args.gradient_checkpointing,
         ]  # fmt: skip
     threads = {"OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)} if args.threads else {}
     t0 = time.time()
@@ -161,22 +166,136 @@ def run_side(args: argparse.Namespace, work: Path, side: str, i: int, model: Pat
     }
 
 
+# ----------------------------------------------------------------------------- attention kernels, in this process
+def kernels_here(cuda: bool) -> list[str]:
+    """The layouts and attention kernels compared with --kernels on this machine."""
+    import importlib.util
+
+    names = ["padded", "packed", "packed-blockmask"]
+    if cuda:
+        names.append("packed-flex")
+        if importlib.util.find_spec("flash_attn") is not None:
+            names.append("packed-fa2")
+    return names
+
+
+def kernel_batch(kernel: str, features: list[dict[str, Any]], padded: Any, packed: Any) -> dict[str, Any]:
+    """One micro batch in the layout a kernel takes."""
+    if kernel == "padded":
+        return padded(features)
+    batch = packed(features)
+    if kernel in ("packed", "packed-fa2"):
+        return batch
+    # transformers' own packed masks (sdpa's block mask, flex's block mask) come from position_ids, without a cache
+    return {key: batch[key] for key in ("input_ids", "labels", "position_ids")} | {"use_cache": False}
+
+
+def set_kernel(model: Any, kernel: str) -> None:
+    """Switch the model's attention to the kernel's."""
+    from finetune import packing
+
+    if kernel == "packed":
+        packing.use(model)
+        return
+    name = {"packed-flex": "flex_attention", "packed-fa2": "flash_attention_2"}.get(kernel, "sdpa")
+    model.get_base_model().set_attn_implementation(name)
+
+
+def run_kernels(args: argparse.Namespace, model_dir: Path, report: Report) -> None:
+    """Forward + backward of the same micro batches with each kernel: real tokens/s, peak, loss gap to padded."""
+    import random
+
+    import torch
+
+    from finetune import data, models
+    from finetune.config import TrainConfig
+    from finetune.memory.trace import LiveBytes
+
+    config = TrainConfig(
+        model=str(model_dir), dataset=str(args.data), eval_split="", max_seq_length=args.seq, lora_dropout=0.0,
+        per_device_train_batch_size=args.batch,
+    )  # fmt: skip
+    tokenizer = models.load_tokenizer(config)
+    rows = list(data.prepare(config, tokenizer).train)
+    random.Random(0).shuffle(rows)
+    batches = [rows[i : i + args.batch] for i in range(0, args.kernel_batches * args.batch, args.batch)]
+    padded, packed = (data.collator(config, tokenizer, packing=on) for on in (False, True))
+    device = torch.device("cuda" if args.cuda else "cpu")
+    model = models.load_model(config).to(device)
+    if args.gradient_checkpointing == "on":
+        models.enable_checkpointing(model)
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if args.cuda else torch.autocast("cpu", enabled=False)
+    real = sum(len(f["input_ids"]) for batch in batches for f in batch)
+    kernels = kernels_here(args.cuda)
+    results: dict[str, dict[str, Any]] = {k: {"times": [], "losses": [], "peak": 0} for k in kernels}
+    for rep in range(args.kernel_reps + 1):  # rep 0: warm-up, and the peak
+        for kernel in kernels if rep % 2 else kernels[::-1]:
+            set_kernel(model, kernel)
+            counter = LiveBytes() if rep == 0 and not args.cuda else None
+            if args.cuda:
+                torch.cuda.reset_peak_memory_stats()
+            started = time.perf_counter()
+            for features in batches:
+                batch = kernel_batch(kernel, features, padded, packed)
+                batch = {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()}
+                with amp, counter if counter is not None else contextlib.nullcontext():
+                    loss = model(**batch).loss
+                    loss.backward()
+                model.zero_grad(set_to_none=True)
+                if rep == 0:
+                    results[kernel]["losses"].append(float(loss.detach()))
+            if args.cuda:
+                torch.cuda.synchronize()
+                results[kernel]["peak"] = max(results[kernel]["peak"], torch.cuda.max_memory_allocated())
+            elif counter is not None:
+                results[kernel]["peak"] = counter.peak
+            if rep > 0:
+                results[kernel]["times"].append(time.perf_counter() - started)
+    reference = results["padded"]
+    rows_out = []
+    for kernel in kernels:
+        r = results[kernel]
+        tps = real / median(r["times"])
+        gap = max(abs(a - b) / abs(b) for a, b in zip(r["losses"], reference["losses"], strict=True))
+        rows_out.append([kernel, tps, tps * median(reference["times"]) / real, r["peak"] / 2**20, f"{gap:.1e}"])
+    report.print()
+    report.print(
+        f"attention kernels, in this process: forward + backward of the same {len(batches)} micro batches of "
+        f"{args.batch} ({real} real tokens), median of {args.kernel_reps}, alternating order; peak: "
+        f"{'torch.cuda.max_memory_allocated()' if args.cuda else 'live tensor bytes (our counter)'}"
+    )
+    report.print(table(["kernel", "real tok/s", "vs padded", "peak MiB", "loss gap to padded"], rows_out))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line (also checked by bench/gpu/run.py --dry-run)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--model",
         default="embedded",
-        help="embedded: SmolLM2-135M (default); tiny: the tests' 2-layer model; llama-1b: a random TinyLlama-shaped "
-        "model with SmolLM2's tokenizer (a GPU); or a model directory",
+        help="embedded: SmolLM2-135M (default); tiny: the tests' 2-layer model; "
+        f"{', '.join(SHAPES)}: a random model of that shape (a GPU); or a model directory",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        choices=("embedded", "tiny"),
+        default="embedded",
+        help="for a shape: SmolLM2's (needs the gguf package) or the tests' (its ids fit any vocabulary)",
     )
     parser.add_argument("--data", default=str(DATA), help="prompt/completion JSON lines (default: bundled mixed set)")
     parser.add_argument("--sides", default="packed,padded,plain", help=f"comma-separated, from {', '.join(SIDES)}")
-    parser.add_argument("--steps", type=int, default=6, help="optimizer steps per run")
+    parser.add_argument("--steps", type=int, default=4, help="optimizer steps per run")
     parser.add_argument("--skip", type=int, default=1, help="steps left out of in-loop tokens/s (warm-up)")
     parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--seq", type=int, default=2048, help="max_seq_length (2048: no row of the set is cut)")
-    parser.add_argument("--repeats", type=int, default=3, help="rounds; each runs every side once")
+    parser.add_argument("--seq", type=int, default=1024, help="max_seq_length (rows over it are cut on every side)")
+    parser.add_argument(
+        "--gradient-checkpointing",
+        choices=("on", "off"),
+        default="on",
+        help="on by default: a padded micro batch of 4 x 1024 tokens then needs about 3 GiB instead of 11 "
+        "(the estimator's figures), which a shared machine can spare",
+    )
+    parser.add_argument("--repeats", type=int, default=2, help="rounds; each runs every side once")
     parser.add_argument(
         "--threads",
         type=int,
@@ -184,6 +303,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="OMP/MKL threads per process (0 = torch's default). 1 by default: on a shared, oversubscribed CPU "
         "OpenMP thread teams spin and stall, which would measure the scheduler rather than the layout",
     )
+    parser.add_argument(
+        "--kernels",
+        action="store_true",
+        help="also compare the layouts and attention kernels in this process (padded sdpa, ours, transformers' "
+        "block mask; on a GPU flex attention and flash-attn 2 when installed)",
+    )
+    parser.add_argument("--kernel-batches", type=int, default=4, help="micro batches per kernel pass")
+    parser.add_argument("--kernel-reps", type=int, default=3, help="timed passes per kernel (after a warm-up)")
     parser.add_argument("--out", default=str(RESULTS), help="results folder or .md file; '' = do not save")
     # worker mode (internal)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -206,13 +333,18 @@ def prepare_model(args: argparse.Namespace, work: Path) -> tuple[Path, str]:
         path = build_tiny(work / "tiny")
         return path, "the tests' tiny Llama (2 layers, hidden 64)"
     if args.model in SHAPES:
-        layers, hidden, intermediate, heads, kv = SHAPES[args.model]
-        tokenizer = load_tokenizer("embedded", work)
+        layers, hidden, intermediate, heads, kv, vocab = SHAPES[args.model]
+        tokenizer = load_tokenizer(args.tokenizer, work)
+        if args.tokenizer == "tiny":
+            args.data = short_rows(Path(args.data), work / "short.jsonl", words=args.seq // 6)
         path = build_llama(
             work / "model", tokenizer, layers=layers, hidden=hidden, intermediate=intermediate, heads=heads,
-            kv_heads=kv, dtype="bfloat16" if args.cuda else "float32",
+            kv_heads=kv, dtype="bfloat16" if args.cuda else "float32", vocab=vocab,
         )  # fmt: skip
-        return path, f"a random {args.model}-shaped Llama ({parameter_count(path) / 1e6:,.0f}M parameters)"
+        return path, (
+            f"a random {args.model}-shaped Llama ({parameter_count(path) / 1e6:,.0f}M parameters, vocabulary {vocab}, "
+            f"{args.tokenizer} tokenizer)"
+        )
     return Path(args.model), args.model
 
 
@@ -244,7 +376,8 @@ def main(argv: list[str] | None = None) -> str:
         report.print(
             f"job: LoRA r=8 all-linear on {described}, {'bf16' if args.cuda else 'fp32'} on {device}; data "
             f"{Path(args.data).name} ({sum(1 for _ in open(args.data, encoding='utf-8'))} rows), batch {args.batch}, "
-            f"max_seq_length {args.seq}, {args.steps} steps (first {args.skip} not timed), "
+            f"max_seq_length {args.seq}, gradient checkpointing {args.gradient_checkpointing}, {args.steps} steps "
+            f"(first {args.skip} not timed), "
             f"threads per process: {args.threads or 'torch default'}"
         )
         report.print(f"load average before: {loadavg()}")
@@ -259,6 +392,8 @@ def main(argv: list[str] | None = None) -> str:
                     f"wall {r['wall']:.0f}s, last loss {r['losses'][-1]:.4f}, load {r['load']}",
                     flush=True,
                 )
+        if args.kernels:
+            run_kernels(args, model, report)
         return summarise(args, report, runs, sides, device)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -296,6 +431,7 @@ def summarise(
                 ["packed / plain", vs_plain, ratio("packed", "plain", "peak")],
                 ["packed / padded", vs_padded, ratio("packed", "padded", "peak")],
                 ["padded / plain", ratio("padded", "plain"), ratio("padded", "plain", "peak")],
+                *[[f"{s} / plain", ratio(s, "plain"), ratio(s, "plain", "peak")] for s in sides if "liger" in s],
             ],
         )
     )

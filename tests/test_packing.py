@@ -226,3 +226,26 @@ def test_advice_proposes_packing_first_when_it_is_off(tiny_model_dir, chat_rows)
     advice = memory.estimate(config, device="cpu", gpu_gib=capacity).advice
     assert advice and advice[0].changes == {"packing": True} and advice[0].fits, [a.changes for a in advice]
     assert advice[0].title == "Skip padding (packing)" and advice[0].cost == "about -30% time"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_on_a_gpu_a_packed_micro_batch_has_the_padded_loss_and_gradients(tiny_model_dir, chat_rows, dtype, monkeypatch):
+    """CUDA: 16-bit packed rows go through torch's varlen flash kernel (where this torch has it), fp32 through sdpa per
+    example; either way the loss and gradients are the padded batch's (bf16: within its rounding)."""
+    config, tokenizer, features = micro_batch(tiny_model_dir, chat_rows, method="full")
+    to_gpu = lambda batch: {k: (v.cuda() if hasattr(v, "cuda") else v) for k, v in batch.items()}  # noqa: E731
+    padded = to_gpu(data.collator(config, tokenizer, packing=False)(features))
+    packed = to_gpu(data.collator(config, tokenizer, packing=True)(features))
+    model = models.load_model(config).to("cuda", getattr(torch, dtype))
+    calls = []
+    varlen = packing._varlen
+    monkeypatch.setattr(packing, "_varlen", lambda *a, **k: calls.append(1) or varlen(*a, **k))
+    loss_padded, grads_padded = loss_and_grads(model, padded, "sdpa")
+    assert packing.enable(model) is None
+    loss_packed, grads_packed = loss_and_grads(model, packed)
+    tolerance = EXACT if dtype == "float32" else 2e-2
+    assert abs(loss_packed - loss_padded) <= tolerance * loss_padded, (loss_packed, loss_padded)
+    assert grad_gap(grads_packed, grads_padded) <= (EXACT if dtype == "float32" else 5e-2)
+    uses_varlen = dtype == "bfloat16" and packing._varlen_function() is not None
+    assert bool(calls) == uses_varlen, (calls, torch.__version__)
