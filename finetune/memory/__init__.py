@@ -454,23 +454,36 @@ def packed_segments(plan: Any, notes: list[str]) -> list[int] | None:
     not known here (a Hub dataset not counted yet) every example counts as max_seq_length long: the worst case."""
     if not plan.packing:
         return None
-    from finetune.data_stats import cached_or_local
-
     config = plan.config
     rows, seq = config.per_device_train_batch_size, config.max_seq_length
-    try:
-        stats = cached_or_local(config)
-    except Exception:  # noqa: BLE001 - unreadable data fails at start; the estimate takes the worst case
-        stats = None
+    stats = _data_lengths(config)
     if stats is None or not stats.lengths:
-        notes.append(f"packing: the data's lengths are unknown here: each micro batch counts as {rows} x {seq} tokens")
+        notes.append(
+            f"packing: the data's lengths are not counted yet (that needs no download and the model's tokenizer at "
+            f"hand), so a micro batch counts as the most it can hold: {rows} x {seq} tokens"
+        )
         return [seq] * rows
     segments = [min(n, seq) for n in reversed(stats.lengths[-rows:])]
     notes.append(
         f"packing: a micro batch holds at most {sum(segments)} real tokens (the data's {len(segments)} longest rows), "
-        f"not {rows} x {seq} padded"
+        f"not {rows} x {seq} padded" + (f" ({stats.notes[0]})" if stats.notes else "")
     )
     return segments
+
+
+def _data_lengths(config: TrainConfig) -> Any:
+    """The data's token lengths when they cost no download and no conversion: counted already, or local data and a
+    tokenizer at hand (the embedded model's once converted: an estimate never waits for the conversion)."""
+    from finetune.config import EMBEDDED_MODEL
+    from finetune.data_stats import cached_or_local
+    from finetune.models import embedded_cache_dir
+
+    if config.model == EMBEDDED_MODEL and not (embedded_cache_dir() / "tokenizer_config.json").is_file():
+        return None
+    try:
+        return cached_or_local(config)
+    except Exception:  # noqa: BLE001 - unreadable data fails at start; the estimate takes the worst case
+        return None
 
 
 def replay_plan_for(config: TrainConfig, device: str) -> Any:
