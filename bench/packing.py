@@ -51,6 +51,7 @@ from bench.common import (  # noqa: E402
     parameter_count,
     set_offline,
     table,
+    train_here,
 )
 from bench.gpu_throughput import SHAPES  # noqa: E402
 
@@ -64,13 +65,9 @@ GOAL = 1.5  # real tokens/s, packed / plain: at least (issue 27)
 def worker_ours(args: argparse.Namespace) -> None:
     """Train one run as the CLI does (a RunManager and its training thread); write the figures to --result."""
     set_offline()
-    import resource
-
-    import torch
 
     from finetune import data
     from finetune.config import TrainConfig
-    from finetune.runs import RunManager
 
     counts = {"real": 0, "padded": 0}
     layout = data.collator
@@ -98,17 +95,7 @@ def worker_ours(args: argparse.Namespace) -> None:
     )  # fmt: skip
     from finetune.plan import plan_for
 
-    manager = RunManager(out.parent / "ours-root")
-    manager.start(config, owner="bench-packing")
-    final = manager.wait()
-    if final is None or final.status != "completed":
-        raise SystemExit(f"ours: run ended {final.status if final else '?'}: {final.error if final else ''}")
-    events = [json.loads(line) for line in (out / "events.jsonl").read_text(encoding="utf-8").splitlines()]
-    peak = (
-        int(torch.cuda.max_memory_allocated())
-        if torch.cuda.is_available()
-        else int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-    )
+    events, peak = train_here(config, "bench-packing")
     steps = [[e["step"], e["time"], e["loss"], e.get("tokens_seen")] for e in events if e["type"] == "log"]
     said = " ".join(str(e.get("text", "")) for e in events if e["type"] == "message")
     figures = {
