@@ -1,8 +1,9 @@
 """Responsiveness during training: the app's status refresh and chat latency, and what UI polling costs training.
 
-Starts `app.py` (a fresh process, its own runs folder), then drives it only through its HTTP API with `gradio_client`
-the way the page does: `/start` with the Configure form's values (FIELD_NAMES order), `/status` (the Train tab's
-gr.Timer tick: reads the in-memory state, redraws only on change) and `/chat` (the Chat tab's streaming reply).
+Starts `app.py` (a fresh process, its own runs folder), then drives it only through its HTTP API: `/start` with the
+run's settings, the page's own poll (`page_status`: the Train tab's gr.Timer tick, which reads the in-memory state and
+redraws only on change; with `--poll-with client`, the documented `/status` through `gradio_client`) and `/chat`
+(the streaming reply).
 
 Runs, each a fresh training run of the same LoRA job (random Llama with the real tokenizer, 128-token rows):
   A  no UI traffic (the bench reads status.json from disk) - the baseline training speed
@@ -49,20 +50,14 @@ from bench.common import (  # noqa: E402
     write_rows,
 )
 
-LOADING_MARK = "⏳"
 
-
-def form_values(args: argparse.Namespace, model: Path, data: Path) -> list[Any]:
-    """The Configure form as the page sends it: every field, in FIELD_NAMES order."""
-    from finetune.config import FIELD_NAMES, TrainConfig
-
-    values = TrainConfig().to_dict()
-    values.update(
+def form_values(args: argparse.Namespace, model: Path, data: Path) -> dict[str, Any]:
+    """The run's settings as the API takes them ({field: value}; the defaults fill in the rest)."""
+    return dict(
         model=str(model), dataset=str(data), eval_split="", max_seq_length=args.seq,
         per_device_train_batch_size=args.batch, max_steps=args.steps, logging_steps=1,
         save_steps=args.steps + 1000, packing=False, method="lora",
     )  # fmt: skip
-    return [values[name] for name in FIELD_NAMES]
 
 
 def newest_run(runs: Path, known: set[str]) -> Path:
@@ -104,19 +99,6 @@ def loop_window(run: Path, skip: int) -> tuple[int, float, float]:
     return last[0] - first[0], first[1], last[1]
 
 
-def chat_text(chatbot: Any) -> str:
-    """The last assistant message of a Chatbot value (plain string or a list of parts)."""
-    if not chatbot:
-        return ""
-    last = chatbot[-1]
-    content = last.get("content") if isinstance(last, dict) else last
-    if isinstance(content, list):
-        return " ".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
-    if isinstance(content, dict):
-        return str(content.get("text", ""))
-    return str(content or "")
-
-
 class App:
     """The app process and one API client per simulated page."""
 
@@ -156,7 +138,7 @@ class App:
 
     def page(self) -> Any:
         """A polling page: the browser protocol (default) or a gradio_client session (--poll-with client)."""
-        return RawPage(self.url, "status") if self.poll_with == "raw" else self.client()
+        return RawPage(self.url, "page_status") if self.poll_with == "raw" else self.client()
 
     def close(self) -> None:
         self.cpu.stop()
@@ -209,36 +191,30 @@ class RawPage:
         return (time.perf_counter() - t) * 1000
 
 
-def timed_chat(client: Any, args: argparse.Namespace, values: list[Any], message: str) -> dict[str, float]:
+def timed_chat(client: Any, args: argparse.Namespace, values: dict[str, Any], message: str) -> dict[str, float]:
     """One chat request; time to the first streamed update that holds reply text, and to the end (ms)."""
     t0 = time.perf_counter()
-    job = client.submit(message, [], [], "base", False, args.chat_tokens, 0.0, 1.0, "", *values, api_name="/chat")
+    job = client.submit(message, "base", None, values, args.chat_tokens, api_name="/chat")
     first = None
-    text = ""
     for update in job:
-        text = chat_text(update[1]) if isinstance(update, (list, tuple)) and len(update) > 1 else ""
-        if first is None and text and not text.startswith(LOADING_MARK):
+        if first is None and isinstance(update, str) and update:
             first = time.perf_counter() - t0
-    job.result()
+    job.result()  # a refusal raises here, in one line
     total = time.perf_counter() - t0
-    text = chat_text(job.outputs()[-1][1]) if job.outputs() else text
-    if text.startswith("⚠️"):
-        raise RuntimeError(f"chat failed: {text}")
     return {"first": (first or total) * 1000, "total": total * 1000}
 
 
 def train_once(
-    app: App, args: argparse.Namespace, values: list[Any], mode: str, tokens_per_step: int
+    app: App, args: argparse.Namespace, values: dict[str, Any], mode: str, tokens_per_step: int
 ) -> dict[str, Any]:
     """Start a run through /start and follow it to the end; `mode` A (quiet), B (polling) or C (polling + chat)."""
     # Pages open before the run starts (client set-up is not measured); each is one session, as a browser tab.
     poll_clients = [app.page() for _ in range(args.pollers)] if mode in ("B", "C") else []
     chat_client = app.client() if mode == "C" else None
     known = {p.name for p in app.runs.iterdir()} if app.runs.is_dir() else set()
-    result = app.main.predict(*values, api_name="/start")
-    message = result[0] if isinstance(result, (list, tuple)) else result
-    if "Started" not in str(message):
-        raise RuntimeError(f"/start did not start a run: {message}")
+    result = app.main.predict(values, api_name="/start")  # a refusal raises, in one line
+    if not result.get("run"):
+        raise RuntimeError(f"/start did not start a run: {result}")
     run = newest_run(app.runs, known)
     status_ms: list[float] = []
     poll_times: list[float] = []
@@ -419,7 +395,7 @@ def main(argv: list[str] | None = None) -> str:
         t = time.time()
         app = App(args, work)
         report.print(f"app up in {time.time() - t:.1f}s")
-        idle_page = RawPage(app.url, "status")
+        idle_page = RawPage(app.url, "page_status")
         idle = [idle_page.call() for _ in range(args.idle_polls)]
         idle_client = [timed_status(app.main) for _ in range(args.idle_polls)]
         floor = hello_floor(work, args.idle_polls) if args.idle_polls else {"raw": [], "client": []}

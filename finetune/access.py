@@ -12,6 +12,11 @@ public and locked by default:
 - `trust_remote_code` only with `--allow-remote-code`.
 - Publishing uses the visitor's own token (their Hugging Face sign-in on a Space, or one they paste); the server's
   `HF_TOKEN` only with `--lend-server-token`, which is accepted only together with `--auth`.
+- Runs and uploads belong to an identity: the visitor's login (`--auth`) or Hugging Face sign-in (a Space). A visitor
+  sees and acts on their own runs and uploads only; an operator named with `--admin` on every run. Anonymous
+  visitors may estimate, configure, preview the bundled data and chat with a base model, but not upload or train,
+  unless the operator passed `--open-training`: then they share one identity, `ANONYMOUS`. On the local app there is
+  one identity that owns everything, as before.
 
 A refusal never depends on whether a path exists: every refused value of a field gets the same message, so the
 answers tell nothing about the server's files. The one exception is a value shaped like a Hub id that also names a
@@ -29,10 +34,17 @@ from pathlib import Path
 from typing import Any
 
 from finetune.config import BUNDLED_DATASET, EMBEDDED_MODEL
+from finetune.uploads import DATA_SUFFIXES, UploadLimits
 
 LOOPBACK_HOSTS = ("localhost", "::1", "0:0:0:0:0:0:0:1")
 TRUE = ("1", "true", "yes", "on")
-DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")  # finetune.data.FILE_TYPES (not imported: it pulls datasets)
+LOCAL = "local"  # the one identity of the local app
+ANONYMOUS = "(anonymous)"  # anonymous visitors with --open-training; no login or Hub name can be spelt like this
+SIGN_IN = {  # how an anonymous visitor of a public app gets an identity
+    "space": "sign in with Hugging Face (the button at the top of the page)",
+    "auth": "log in",
+    "public": "log in (the operator starts the app with --auth, or --open-training for everyone)",
+}
 _HUB_PART = r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}"
 _HUB_ID = re.compile(rf"{_HUB_PART}(?:/{_HUB_PART})?")
 _BUNDLED = re.compile(r"bundled:[A-Za-z0-9_-]{1,64}")
@@ -84,6 +96,10 @@ class AccessPolicy:
     allow_server_paths: bool = False
     allow_remote_code: bool = False
     operator_lends_token: bool = False
+    admins: frozenset[str] = frozenset()  # identities that see and stop every run (--admin)
+    open_training: bool = False  # anonymous visitors may upload and train, as one shared identity
+    logins: bool = False  # visitors log in with a user and password (--auth)
+    uploads: UploadLimits = UploadLimits()
 
     @classmethod
     def local(cls) -> AccessPolicy:
@@ -100,10 +116,16 @@ class AccessPolicy:
         allow_server_paths: bool = False,
         allow_remote_code: bool = False,
         lend_server_token: bool = False,
+        admins: Iterable[str] = (),
+        open_training: bool = False,
+        uploads: UploadLimits | None = None,
     ) -> AccessPolicy:
         """The policy for an app listening on `host` with these operator switches; `ValueError` (one line) for a
         switch that is refused (lending the server's token without `--auth`)."""
         env = os.environ if env is None else env
+        admins = {a.strip() for a in admins if a.strip()} | {
+            a.strip() for a in str(env.get("FINETUNE_ADMIN", "")).split(",") if a.strip()
+        }
         lend = lend_server_token or env_flag(env, SWITCHES["lend_server_token"][1])
         if lend and not auth:
             raise ValueError(
@@ -117,7 +139,47 @@ class AccessPolicy:
             allow_server_paths=allow_server_paths or env_flag(env, SWITCHES["allow_server_paths"][1]),
             allow_remote_code=allow_remote_code or env_flag(env, SWITCHES["allow_remote_code"][1]),
             operator_lends_token=lend,
+            admins=frozenset(admins),
+            open_training=open_training or env_flag(env, "FINETUNE_OPEN_TRAINING"),
+            logins=auth,
+            uploads=uploads or UploadLimits(),
         )
+
+    # ------------------------------------------------------------------ who owns what
+    def identity(self, user: str | None) -> str | None:
+        """The identity a visitor's runs and uploads belong to (`user`: their login or Hugging Face name, None when
+        anonymous): on the local app the one local identity; on a public app their name, the shared anonymous
+        identity with --open-training, else None (they may not upload or train)."""
+        if not self.public:
+            return LOCAL
+        if user:
+            return user
+        return ANONYMOUS if self.open_training else None
+
+    def run_owner(self, user: str | None) -> str:
+        """What a new run records as its owner: the identity (on the local app, the login name when there is one:
+        it names who uses the device)."""
+        if not self.public:
+            return user or "the web app"
+        return self.identity(user) or ""
+
+    def may_see(self, user: str | None, owner: str | None) -> bool:
+        """May this visitor see and act on a run (or upload) of `owner`? Everyone on the local app; an admin
+        everything; otherwise only their own identity's."""
+        if not self.public or (user and user in self.admins):
+            return True
+        mine = self.identity(user)
+        return mine is not None and owner == mine
+
+    def is_admin(self, user: str | None) -> bool:
+        """An operator named with --admin (or anyone on the local app)."""
+        return not self.public or bool(user and user in self.admins)
+
+    def needs_identity(self, field: str, action: str) -> str:
+        """The one-line refusal for an anonymous visitor of a public app whose `action` ("train", "upload data")
+        needs an identity; `field` names where the refusal belongs."""
+        how = SIGN_IN["space" if self.space else "auth" if self.logins else "public"]
+        return f"{field}: {how} to {action}; anonymous visitors may estimate, configure and chat with a base model"
 
     # ------------------------------------------------------------------ what a visitor may use
     @property
@@ -145,6 +207,9 @@ class AccessPolicy:
             ("the server's Hub token", self.operator_lends_token, "--lend-server-token"),
         )
         parts = [f"{name} {'on (' + switch + ')' if on else 'off'}" for name, on, switch in rules]
+        parts.append("anonymous training " + ("on (--open-training)" if self.open_training else "off"))
+        if self.admins:
+            parts.append("admin " + ", ".join(sorted(self.admins)))
         return "public app" + (" (Hugging Face sign-in)" if self.space else "") + ": " + ", ".join(parts)
 
     def problems(self, values: Mapping[str, Any], uploads: Iterable[str | Path] = ()) -> dict[str, str]:

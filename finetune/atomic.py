@@ -29,6 +29,16 @@ def write_text(path: Path, text: str, durable: bool = True) -> None:
         raise
 
 
+def overwrite(path: Path, text: str) -> None:
+    """Rewrite an existing file in place (not atomic: a reader may see it half-written for an instant). Only for a
+    full disk, where the atomic way has no room for the new copy but the old file's own blocks do."""
+    with open(path, "r+", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.truncate()
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
 def write_json(path: Path, data: Any, durable: bool = True) -> None:
     """Atomically write `data` as indented JSON."""
     write_text(path, json.dumps(data, indent=2, default=str) + "\n", durable=durable)

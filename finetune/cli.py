@@ -114,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
 def cmd_train(args: Any) -> int:
     from finetune import process_group
 
+    process_group.watch_supervisor()  # a rank of a launched group ends with its supervisor
     if not process_group.joined():
         return _train(args)
     # A rank of several: a process group with a bounded collective timeout first, torn down at the end.
@@ -231,10 +232,12 @@ def summary_line(state: Any, manager: Any) -> str:
 
 # --------------------------------------------------------------------------- chat
 def cmd_chat(args: Any) -> int:
-    from finetune.inference import GenerationSettings, load_for_chat, stream_reply
+    from finetune.inference import MAX_NEW_TOKENS, GenerationSettings, load_for_chat, stream_reply
     from finetune.paths import runs_root
     from finetune.rundir import find_run
 
+    if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:  # before minutes of model loading
+        raise UserError(f"--max-new-tokens: {args.max_new_tokens} is out of range; use 1 to {MAX_NEW_TOKENS}")
     run = find_run(args.run_dir, runs_root(), field="run_dir") if args.run_dir else None
     config = run.load_config() if run else load_config(args.config, args.set)
     model, tokenizer = load_for_chat(config, run.path if run else None)

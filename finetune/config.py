@@ -474,10 +474,15 @@ def check_yaml_bounds(text: str) -> None:
 
 
 def yaml_error_message(exc: yaml.YAMLError) -> str:
-    """'config: not valid YAML at line N: problem' for a YAML syntax error."""
+    """'config: not valid YAML at line N: problem', one line, for a YAML syntax error or a character YAML refuses
+    (a NUL byte: 'at character N: control characters are not allowed (#x0000)')."""
+    if isinstance(exc, yaml.reader.ReaderError):
+        code = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        return f"config: not valid YAML at character {exc.position + 1}: {exc.reason} (#x{code:04x})"
     mark = getattr(exc, "problem_mark", None)
     where = f" at line {mark.line + 1}" if mark else ""
-    return f"config: not valid YAML{where}: {getattr(exc, 'problem', None) or exc}"
+    problem = getattr(exc, "problem", None) or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return f"config: not valid YAML{where}: {problem}"
 
 
 def _too_big_message(what: str, size: int) -> str:

@@ -388,7 +388,6 @@ def _is_empty(value: Any) -> bool:
 
 
 def _check_text(table: _Table, column: str, values: list[Any]) -> list[str]:
-    texts, numbers = [], []
     for index, value in enumerate(values):
         if _is_empty(value):
             raise table.error(index, column, " is empty; fill it in or remove the row")
@@ -396,18 +395,25 @@ def _check_text(table: _Table, column: str, values: list[Any]) -> list[str]:
             text_value(value)
         except _Bad as exc:
             raise table.error(index, column, f": {exc}") from None
-        (texts if isinstance(value, str) else numbers).append(index)
-    if texts and numbers:
-        # A column of numbers is read as text unambiguously; one that mixes both is a mistake somewhere.
-        odd = numbers if len(numbers) <= len(texts) else texts
-        value = values[odd[0]]
-        problem = (
-            f': {value!r} is a number but the other rows hold text; write it as text ("{value}")'
-            if odd is numbers
-            else f": {value!r} is text but the other rows hold numbers"
-        )
-        raise table.error(odd[0], column, problem)
+    _refuse_numbers_among_text(table, column, values)
     return [text_value(v) for v in values]
+
+
+def _refuse_numbers_among_text(table: _Table, column: str, values: list[Any]) -> None:
+    """A column of numbers is read as text unambiguously; one that mixes numbers and text (or conversations) is a
+    mistake somewhere: the row in the minority is refused."""
+    numbers = [i for i, v in enumerate(values) if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    texts = [i for i, v in enumerate(values) if not isinstance(v, (int, float)) or isinstance(v, bool)]
+    if not (texts and numbers):
+        return
+    odd = numbers if len(numbers) <= len(texts) else texts
+    value = values[odd[0]]
+    problem = (
+        f': {value!r} is a number but the other rows hold text; write it as text ("{value}")'
+        if odd is numbers
+        else f": {value!r} is text but the other rows hold numbers"
+    )
+    raise table.error(odd[0], column, problem)
 
 
 def message_list(value: Any) -> list[dict[str, str]]:
@@ -480,6 +486,7 @@ def _check_preference_table(table: _Table, fmt: DataFormat) -> dict[str, list[An
             out[column] = _check_kto_labels(table, column, values)
         else:
             out[column] = [_checked_side(table, index, column, value, role) for index, value in enumerate(values)]
+            _refuse_numbers_among_text(table, column, values)
     if fmt.kind == "preference":
         chosen, rejected = fmt.columns["chosen"], fmt.columns["rejected"]
         for index, (better, worse) in enumerate(zip(out[chosen], out[rejected], strict=True)):

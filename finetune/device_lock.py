@@ -6,6 +6,7 @@ import fcntl
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,15 @@ def distributed_rank() -> tuple[int, int]:
 
 
 class DeviceLock:
-    """A lock file that one process at a time holds while it trains (the CLI and the app share it)."""
+    """A lock file that one process at a time holds while it trains (the CLI and the app share it).
 
-    def __init__(self, root: Path) -> None:
+    `still_busy(previous_holder)`: asked when the lock is free but its file still names a holder (one that ended
+    without clearing it); True keeps the device busy. A launched group's supervisor killed with -9 frees the lock
+    while its ranks may still be ending: they must not train beside the next run."""
+
+    def __init__(self, root: Path, still_busy: Callable[[dict[str, Any]], bool] | None = None) -> None:
         self.path = root / ".device.lock"
+        self.still_busy = still_busy
         self._fh: Any = None
 
     def acquire(self, holder: dict[str, Any]) -> None:
@@ -37,6 +43,12 @@ class DeviceLock:
             info = _parse(fh.read())
             fh.close()
             raise BusyError(busy_message(info)) from None
+        fh.seek(0)
+        previous = _parse(fh.read())
+        if previous and self.still_busy is not None and self.still_busy(previous):
+            fcntl.flock(fh, fcntl.LOCK_UN)  # the holder line stays as it is, for the next one who asks
+            fh.close()
+            raise BusyError(busy_message(previous))
         self._fh = fh
         try:
             fh.seek(0)

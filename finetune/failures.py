@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import errno
 import gc
+import os
+import re
+import tempfile
+from pathlib import Path
 
 from finetune.config import TrainConfig
 from finetune.errors import UserError, os_reason
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+WRITE_LIMITS = (*DISK_FULL, errno.EFBIG)  # EFBIG: a file-size limit (ulimit -f)
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # safetensors' writer: "I/O error: ... (os error 28)"
+PROBE_BYTES = 64 * 1024
 
 
 def plain_error(exc: BaseException, config: TrainConfig, step: int) -> tuple[str, str | None]:
@@ -30,6 +40,36 @@ def plain_error(exc: BaseException, config: TrainConfig, step: int) -> tuple[str
         return "interrupted by the user (Ctrl-C)", None
     first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
     return f"training failed at step {step}: {type(exc).__name__}{': ' + first if first else ''}", None
+
+
+def disk_error(exc: BaseException, folder: Path) -> OSError | None:
+    """The full disk (or file-size limit) behind a failed run, or None: an OSError saying so anywhere in the
+    exception's chain; its error number in a library's message (safetensors); else, when `folder` has no room left,
+    "No space left on device" (torch.save on a full disk only says "unexpected pos 73408 vs 73300")."""
+    if isinstance(exc, (UserError, KeyboardInterrupt, MemoryError)) or is_out_of_memory(exc):
+        return None  # already said in plain words
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, OSError) and link.errno in WRITE_LIMITS:
+            return link
+        link = link.__cause__ or link.__context__
+    found = _RUST_OS_ERROR.search(str(exc))
+    if found and int(found.group(1)) in WRITE_LIMITS:
+        return OSError(int(found.group(1)), os.strerror(int(found.group(1))), str(folder))
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder)) if no_room(folder) else None
+
+
+def no_room(folder: Path) -> bool:
+    """True when a small file cannot be written in `folder` because its disk (or quota) is full."""
+    try:
+        with tempfile.TemporaryFile(dir=folder) as fh:
+            fh.write(b"\0" * PROBE_BYTES)
+            fh.flush()
+    except OSError as exc:
+        return exc.errno in DISK_FULL
+    return False
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

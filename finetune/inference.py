@@ -12,6 +12,8 @@ from typing import Any
 from finetune.config import TrainConfig
 from finetune.errors import UserError
 
+MAX_NEW_TOKENS = 1024  # the longest reply chat generates (the app and the CLI alike)
+
 
 @dataclass
 class GenerationSettings:

@@ -35,6 +35,7 @@ LAUNCHERS = ("torchrun", "deepspeed")
 CPU_PROCESS_CHOICE = 4  # the most processes the app offers on a CPU (each one loads its own copy of the model)
 
 DEFAULT_MASTER_PORT = 29500
+GROUP_END_WAIT_S = 120.0  # how long a resume waits for a stopped run's processes to end (seconds on a loaded machine)
 DEEPSPEED_HOSTFILE = "/job/hostfile"  # where the deepspeed launcher looks when --hostfile is not given
 
 
@@ -314,13 +315,13 @@ def resume_group(
 ) -> RunDir:
     """Continue a stopped, interrupted or failed run from its last checkpoint with the same number of processes."""
     from finetune import paths
-    from finetune.process_group import group_alive, read_group
+    from finetune.process_group import read_group
     from finetune.rundir import ACTIVE, find_run
 
     root = Path(root) if root else paths.runs_root()
     run = find_run(run_dir, root, field="resume", confine=confine)
     status, record = run.read_status(), read_group(run.path)
-    if run.effective_status() in ACTIVE or group_alive(run.path):
+    if run.effective_status() in ACTIVE:
         raise UserError(f"--resume: {run.name} is still running; stop it first (python -m finetune stop)", "resume")
     if status.get("status") == "completed":
         raise UserError(f"--resume: {run.name} already completed; start a new run to train further", "resume")
@@ -341,7 +342,24 @@ def resume_group(
     for item in sets or []:
         train_args += ["--set", item]
     command = group_command(launcher, nproc, ids, train_args)
+    _wait_for_group_end(run)
     return _start_group(run, run.load_config(), nproc, ids, launcher, owner, root, command, fresh=False)
+
+
+def _wait_for_group_end(run: RunDir) -> None:
+    """A stopped (or failed) run's processes take a few seconds more to end after its final status is written (the
+    ranks leave their process group, the launcher and the supervisor exit): a resume waits for them, within bounds."""
+    from finetune.process_group import group_alive
+
+    deadline = time.monotonic() + GROUP_END_WAIT_S
+    while group_alive(run.path):
+        if time.monotonic() >= deadline:
+            raise UserError(
+                f"--resume: {run.name} is {run.effective_status()} but its processes have not ended after "
+                f"{GROUP_END_WAIT_S:.0f} s; try again once they have",
+                "resume",
+            )
+        time.sleep(0.1)
 
 
 # Supervisors this process started: polled so that a finished one is reaped (never left a zombie that looks alive).
@@ -367,10 +385,11 @@ def _start_group(
 ) -> RunDir:
     from finetune import paths
     from finetune.device_lock import DeviceLock
-    from finetune.process_group import GROUP_FILE, LOG_FILE, stop_path, update_group
+    from finetune.pids import started_at
+    from finetune.process_group import GROUP_FILE, LOG_FILE, holder_alive, stop_path, update_group
     from finetune.progress import TrainingState
 
-    lock = DeviceLock(Path(root) if root else paths.runs_root())
+    lock = DeviceLock(Path(root) if root else paths.runs_root(), still_busy=holder_alive)
     now = time.time()
     holder = {"run_id": run.name, "owner": owner, "started_at": now, "run_dir": str(run.path), "group": True}
     lock.acquire({**holder, "pid": os.getpid()})  # busy: refused here, before anything is written
@@ -407,7 +426,8 @@ def _start_group(
             run.write_status(state.to_dict())
             run.append_event({"type": "status", "status": "pending", "step": 0, "world_size": nproc * nodes})
         proc = _spawn_supervisor(run, lock)
-        update_group(run.path, supervisor_pid=proc.pid)
+        proc_started = started_at(proc.pid)
+        update_group(run.path, supervisor_pid=proc.pid, supervisor_started=proc_started)
     except OSError as exc:
         from finetune.errors import os_reason
 
@@ -423,7 +443,7 @@ def _start_group(
     if fresh:
         status = run.read_status()
         if status.get("status") == "pending":
-            run.write_status({**status, "pid": proc.pid})
+            run.write_status({**status, "pid": proc.pid, "pid_started": proc_started})
     lock.rewrite({**holder, "pid": proc.pid})
     lock.hand_over()  # the supervisor holds the lock from now on (same open file), until the group ends
     _SUPERVISORS.append(proc)

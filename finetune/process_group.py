@@ -6,14 +6,18 @@
                                            ->  N ranks: `python -m finetune train --launched RUN_DIR` (or --resume)
 
 Files in the run directory, besides the usual ones (rundir.py):
-  launch.json      {launcher, nproc, gpus, command, supervisor_pid, rank_pids, started_at}
+  launch.json      {launcher, nproc, gpus, command, started_at, supervisor_pid, launcher_pid, rank_pids, and the start
+                   time of each of those processes: a pid counts as the run's only with it (finetune/pids.py)}
   launch.log       the launcher's and ranks' own output (where a rank's error line is found)
   stop-requested   the stop flag: `stop`, Ctrl-C on `--follow`, SIGTERM to the group and the app's Stop write it; every
                    rank looks for it at the end of each optimizer step and the ranks agree (an all-reduce), so they
                    all finish the same step, save one checkpoint and end
 
 When the launcher exits, the supervisor makes sure the run never stays `running`: if the ranks died without a final
-status it writes `failed` with the first failing rank's error in one line.
+status it writes `failed` with the first failing rank's error in one line. No process of a group outlives it: the
+launcher dies with the supervisor (the kernel's parent-death signal), every rank watches the supervisor and ends
+within a second of it (`watch_supervisor`: a supervisor killed with -9), the supervisor kills ranks its launcher left
+behind, and while any of them lives the device stays busy (`holder_alive`, which the device lock consults).
 """
 
 from __future__ import annotations
@@ -25,19 +29,23 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from finetune.atomic import read_json, write_json, write_text
+from finetune.pids import own_start, same_process, started_at
 from finetune.progress import Progress
-from finetune.rundir import ACTIVE, RunDir
+from finetune.rundir import ACTIVE, STATUS_WRITES, RunDir
 
 STOP_FILE = "stop-requested"
 GROUP_FILE = "launch.json"
 LOG_FILE = "launch.log"
 GROUP_ENV = "FINETUNE_GROUP_RUN"  # set in every rank's environment by the supervisor: the run directory
+SUPERVISOR_ENV = "FINETUNE_GROUP_SUPERVISOR"  # and this: "PID:START_TIME" of the supervisor, which every rank watches
+WATCH_EVERY_S = 0.5  # how often a rank looks for its supervisor
 # A collective that waits longer than this fails instead of hanging (gloo's default is 30 minutes). Long enough
 # for the slowest rank to load its model; a dead rank is caught sooner by the launcher.
 COLLECTIVE_TIMEOUT_S = 300
@@ -64,23 +72,31 @@ def update_group(run_path: Path, **changes: Any) -> None:
     write_json(Path(run_path) / GROUP_FILE, {**read_group(run_path), **changes})
 
 
-def pid_running(pid: Any) -> bool:
-    """True while process `pid` runs (a zombie, dead but not yet reaped by its parent, does not count)."""
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    import psutil
+def group_processes(run_path: Path) -> list[tuple[Any, Any]]:
+    """(pid, start time) of every process launch.json records for the run: supervisor, launcher, ranks."""
+    record = read_group(run_path)
+    return [
+        (record.get("supervisor_pid"), record.get("supervisor_started")),
+        (record.get("launcher_pid"), record.get("launcher_started")),
+        *_ranks(record),
+    ]
 
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+
+def _ranks(record: dict[str, Any]) -> list[tuple[Any, Any]]:
+    pids = record.get("rank_pids") or []
+    return list(zip(pids, record.get("rank_started") or [None] * len(pids), strict=False))
 
 
 def group_alive(run_path: Path) -> bool:
-    """True while the supervisor or any rank of a launched run still runs."""
-    record = read_group(run_path)
-    pids = [record.get("supervisor_pid"), *(record.get("rank_pids") or [])]
-    return any(pid_running(pid) for pid in pids)
+    """True while the supervisor, the launcher or any rank of a launched run still runs (a pid counts only with the
+    start time recorded beside it: a reused pid is another process)."""
+    return any(same_process(pid, started) for pid, started in group_processes(run_path))
+
+
+def holder_alive(holder: dict[str, Any]) -> bool:
+    """For the device lock: True when the previous holder was a launched group some process of which still runs.
+    Its supervisor may be gone (killed with -9) and the lock with it, while its ranks still train."""
+    return bool(holder.get("group") and holder.get("run_dir")) and group_alive(Path(holder["run_dir"]))
 
 
 # --------------------------------------------------------------------------- inside each rank
@@ -108,11 +124,12 @@ def join_group(uses_deepspeed: bool) -> None:
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False, timeout=timeout)
     else:
         dist.init_process_group(backend, timeout=timeout)
-    pids: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(pids, os.getpid())
+    ranks: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, (os.getpid(), own_start()))
     run = os.environ.get(GROUP_ENV)
     if run and dist.get_rank() == 0 and (Path(run) / GROUP_FILE).is_file():
-        update_group(Path(run), rank_pids=pids, world_size=len(pids))
+        pids, started = [pid for pid, _ in ranks], [when for _, when in ranks]
+        update_group(Path(run), rank_pids=pids, rank_started=started, world_size=len(pids))
 
 
 def collective_timeout() -> timedelta:
@@ -129,6 +146,42 @@ def leave_group() -> None:
     if dist.is_initialized():
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
+
+
+def watch_supervisor() -> None:
+    """In a rank of a launched group: end this process within a second of its supervisor's end. A supervisor killed
+    with -9 takes the device lock with it and can no longer settle the run, so its ranks must not train on beside
+    whatever starts next; rank 0 first marks the run failed in one line (it resumes from its last checkpoint)."""
+    pid_text, _, started_text = os.environ.get(SUPERVISOR_ENV, "").partition(":")
+    if not pid_text.isdigit():
+        return  # not started by a supervisor (torchrun typed by hand)
+    pid = int(pid_text)
+    started = float(started_text) if started_text else None
+
+    def watch() -> None:
+        while same_process(pid, started):
+            time.sleep(WATCH_EVERY_S)
+        if os.environ.get("RANK", "0") != "0":
+            os.kill(os.getpid(), signal.SIGKILL)
+        with STATUS_WRITES:  # held to the end: no status write of the training thread can come after ours
+            if os.environ.get(GROUP_ENV):
+                _mark_abandoned(RunDir(Path(os.environ[GROUP_ENV])), pid)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="supervisor-watch", daemon=True).start()
+
+
+def _mark_abandoned(run: RunDir, supervisor: int) -> None:
+    """The run's status after its supervisor vanished: failed, saying so (best effort: the ranks end regardless).
+    A failure rank 0 wrote a moment before is replaced: another rank that ended first broke its collective."""
+    with contextlib.suppress(OSError):
+        status = run.read_status()
+        if status.get("status") not in (*ACTIVE, "failed"):
+            return  # trained and saved: the supervisor's end changes nothing
+        error = f"the launch supervisor (pid {supervisor}) ended unexpectedly; every process of the run was ended"
+        now = time.time()
+        run.write_status({**status, "status": "failed", "error": error, "finished_at": now, "updated_at": now})
+        run.append_event({"type": "status", "status": "failed", "step": status.get("step", 0), "error": error})
 
 
 def agree_any(flag: bool) -> bool:
@@ -164,7 +217,8 @@ def supervise(run_path: Path, lock_fd: int | None = None) -> int:
     device lock inherited from `launch`, held until the end (then its holder line is cleared, as a release does)."""
     run = RunDir(Path(run_path))
     record = read_group(run.path)
-    env = {**os.environ, GROUP_ENV: str(run.path)}
+    started = own_start()
+    env = {**os.environ, GROUP_ENV: str(run.path), SUPERVISOR_ENV: f"{os.getpid()}:{started if started else ''}"}
     if record.get("cuda_visible_devices"):
         env["CUDA_VISIBLE_DEVICES"] = record["cuda_visible_devices"]
     signal.signal(signal.SIGTERM, lambda *_: request_stop(run.path))  # SIGTERM to the group = Stop
@@ -173,22 +227,67 @@ def supervise(run_path: Path, lock_fd: int | None = None) -> int:
     _wait_for_own_pid(run)
     with open(run.path / LOG_FILE, "ab") as log:
         # A session of its own: a signal to our group reaches us (and becomes a stop), not the ranks directly.
+        # The launcher dies with us (a supervisor killed with -9); the ranks watch us themselves (watch_supervisor).
         child = subprocess.Popen(
-            record["command"], stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True
+            record["command"],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent(os.getpid()),
         )
-        update_group(run.path, supervisor_pid=os.getpid(), launcher_pid=child.pid)
+        update_group(
+            run.path,
+            supervisor_pid=os.getpid(),
+            supervisor_started=started,
+            launcher_pid=child.pid,
+            launcher_started=started_at(child.pid),
+        )
         while True:
             try:
                 code = child.wait()
                 break
             except InterruptedError:  # pragma: no cover - PEP 475 retries; kept for clarity
                 continue
+    end_leftover_ranks(run.path)
     settle(run, code)
     stop_path(run.path).unlink(missing_ok=True)
     if lock_fd is not None:
         with contextlib.suppress(OSError):
             os.ftruncate(lock_fd, 0)
     return 0
+
+
+def _die_with_parent(parent: int) -> Any:
+    """A `preexec_fn` that has the kernel kill the child with SIGKILL when `parent` ends (Linux; elsewhere None)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def set_death_signal() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent ended before the request was in place
+            os._exit(1)
+
+    return set_death_signal
+
+
+def end_leftover_ranks(run_path: Path, timeout: float = 30.0) -> None:
+    """After the launcher ended: kill any rank it left behind (a launcher killed with -9 orphans its ranks), so the
+    device is only released once no process of the run trains."""
+    left = [(pid, when) for pid, when in _ranks(read_group(run_path)) if same_process(pid, when)]
+    for pid, _ in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while any(same_process(pid, when) for pid, when in left) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _wait_for_own_pid(run: RunDir, timeout: float = 10.0) -> None:
@@ -202,7 +301,7 @@ def _wait_for_own_pid(run: RunDir, timeout: float = 10.0) -> None:
         time.sleep(0.02)
     status = run.read_status()
     if status.get("status") == "pending":  # the launcher died before writing: record it here
-        run.write_status({**status, "pid": os.getpid()})
+        run.write_status({**status, "pid": os.getpid(), "pid_started": own_start()})
 
 
 def settle(run: RunDir, code: int) -> None:

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from finetune.pids import own_start
 from finetune.rundir import ACTIVE, FORMAT, RunDir
 
 
@@ -42,6 +43,7 @@ class TrainingState:
     updated_at: float | None = None
     finished_at: float | None = None
     pid: int = 0
+    pid_started: float | None = None  # the process's start time: a reused pid is not this run's (finetune/pids.py)
     device: str = ""
     format: int = FORMAT  # the run directory's layout version (see rundir.py)
     world_size: int = 1  # processes training this run (a launched group: torchrun / deepspeed ranks)
@@ -94,6 +96,7 @@ class Progress:
             run_dir=str(run.path),
             owner=owner,
             pid=os.getpid(),
+            pid_started=own_start(),
             world_size=int(os.environ.get("WORLD_SIZE", "1")),  # set by the launcher of a multi-process run
         )
         self._last_write = 0.0

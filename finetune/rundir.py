@@ -14,6 +14,7 @@ Layout (the public contract other modules and tools read):
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from finetune.atomic import read_json, write_json, write_text
+from finetune.atomic import overwrite, read_json, write_json, write_text
 from finetune.config import TrainConfig
 from finetune.errors import UserError
 
@@ -77,7 +78,18 @@ class RunDir:
         return read_json(self.status_path, default={}) or {}
 
     def write_status(self, status: dict[str, Any], durable: bool = True) -> None:
-        write_json(self.status_path, status, durable=durable)
+        """Replace status.json atomically; on a full disk, where no new copy fits, rewrite it in place instead (the
+        old file's blocks hold the new one): a run that fails for want of space must still say so."""
+        with STATUS_WRITES:
+            self._write_status(status, durable)
+
+    def _write_status(self, status: dict[str, Any], durable: bool) -> None:
+        try:
+            write_json(self.status_path, status, durable=durable)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or not self.status_path.is_file():
+                raise
+            overwrite(self.status_path, json.dumps(status, indent=2, default=str) + "\n")
 
     def append_event(self, event: dict[str, Any]) -> None:
         """Append one event line; a single write() of a short line keeps lines whole for readers."""
@@ -118,6 +130,15 @@ class RunDir:
             found.append((int(match.group(1)), child))
         return [p for _, p in sorted(found)]
 
+    def remove_torn_checkpoints(self) -> None:
+        """Delete checkpoint folders this run began but never completed (no completion marker): a save cut short by
+        a full disk. They are never resumed from; removing them gives the space back."""
+        if self.read_status().get("format", 1) < FORMAT:
+            return  # an older run's checkpoints carry no marker: none of them can be told torn
+        for child in self.path.iterdir() if self.path.is_dir() else []:
+            if _CHECKPOINT.match(child.name) and child.is_dir() and not (child / COMPLETE_MARKER).is_file():
+                shutil.rmtree(child, ignore_errors=True)
+
     def seal_checkpoint(self, step: int) -> None:
         """Make checkpoint-N durable, then mark it complete: fsync every file and folder in it, write the marker."""
         folder = self.path / f"checkpoint-{step}"
@@ -156,12 +177,15 @@ class RunDir:
         """The status, with 'interrupted' for a run whose process died while it was active."""
         status = self.read_status()
         state = status.get("status", "unknown")
-        if state in ACTIVE and not _pid_alive(status.get("pid")):
+        if state in ACTIVE and not _pid_alive(status.get("pid"), status.get("pid_started")):
             return "interrupted"
         return state
 
 
 _EVENT_LOCK = threading.Lock()
+# Every status.json write of this process goes through it: a thread that holds it while the process ends makes its own
+# write the last one (a rank whose supervisor vanished: finetune/process_group.py).
+STATUS_WRITES = threading.RLock()
 
 
 def _retrained(event: dict[str, Any], resumed_at: int) -> bool:
@@ -178,20 +202,12 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def _pid_alive(pid: Any) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    if pid == os.getpid():
-        # Our own process: the run is alive only if a live manager in this process still owns it; callers that
-        # need that distinction (the run manager) check it themselves.
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _pid_alive(pid: Any, started: Any = None) -> bool:
+    """True while the run's recorded process (pid and start time: finetune/pids.py) still runs. For this very
+    process it is True: whether a live manager here still owns the run is for the run manager to check."""
+    from finetune.pids import same_process
+
+    return same_process(pid, started)
 
 
 def find_run(value: str | Path, root: Path, field: str = "run", confine: bool = False) -> RunDir:

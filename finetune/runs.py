@@ -23,7 +23,7 @@ from finetune.atomic import write_text
 from finetune.config import TrainConfig
 from finetune.device_lock import DeviceLock, busy_message, distributed_rank
 from finetune.errors import BusyError, ConfigError, UserError, os_reason
-from finetune.failures import plain_error, release_memory
+from finetune.failures import DISK_FULL, disk_error, plain_error, release_memory
 from finetune.preflight import (
     check_new_run_dir,
     check_resume_overrides,
@@ -32,7 +32,7 @@ from finetune.preflight import (
     preflight,
     unique_run_path,
 )
-from finetune.process_group import GROUP_ENV, GroupProgress, group_alive, request_stop
+from finetune.process_group import GROUP_ENV, GroupProgress, group_alive, holder_alive, request_stop
 from finetune.progress import Progress, TrainingState
 from finetune.rundir import ACTIVE, RunDir, find_run, list_runs
 
@@ -75,7 +75,7 @@ class RunManager:
         self._lock = threading.Lock()
         self._active: ActiveRun | None = None
         self._last: TrainingState | None = None
-        self._device_lock = DeviceLock(self.root)
+        self._device_lock = DeviceLock(self.root, still_busy=holder_alive)
         self._group: RunDir | None = None  # the launched group this manager started or found, followed by its files
 
     # ----------------------------------------------------------------- queries
@@ -112,6 +112,10 @@ class RunManager:
             if found.exists():
                 self._group = found
         return self._group
+
+    def device_holder(self) -> dict[str, Any]:
+        """Who holds the device lock, as its file says ({} when free): run_id, owner, started_at, pid."""
+        return self._device_lock.holder()
 
     def follow_group(self, run: RunDir) -> None:
         """Report this launched run as the current one (state, stop, wait) until another run starts."""
@@ -312,9 +316,12 @@ class RunManager:
                     self._device_lock.release()
 
     def _fail(self, config: TrainConfig, progress: Progress, exc: BaseException, launch: Launch) -> None:
-        message, advice = plain_error(exc, config, progress.snapshot().step)
-        state = progress.snapshot()
         run = RunDir(progress.run.path)
+        disk = disk_error(exc, run.path)
+        if disk is not None and disk.errno in DISK_FULL and progress.write_files:
+            run.remove_torn_checkpoints()  # the save that filled the disk: room again for the status that says so
+        message, advice = plain_error(disk or exc, config, progress.snapshot().step)
+        state = progress.snapshot()
         if launch.fresh:
             nothing_new = state.step == 0 and not _safe(run.checkpoints, [])
         else:

@@ -5,40 +5,45 @@ No gradio here; every method returns typed data (one dataclass per kind of answe
 (`field_problem` turns any error into that {field: message} pair, the one way the UI shows it). What a visitor may
 use (server paths, remote code, the server's Hub token) is decided by the `AccessPolicy` the app was started with
 (finetune/access.py) and enforced here, so an API client is held to the same rules as the page.
+
+Who asks matters on a public app: `studio.as_visitor(user)` is the same studio acting for one visitor (their login or
+Hugging Face name, None when anonymous). It finds, lists, follows and acts on that visitor's own runs and uploads only
+(an admin's: all); another visitor's run gets the same refusal as a run that does not exist.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
-import os
-import secrets
-import shutil
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from finetune.access import DATA_SUFFIXES, AccessPolicy
+from finetune.access import AccessPolicy
 from finetune.config import FIELDS, TrainConfig, field_label
-from finetune.errors import ConfigError, UserError
-from finetune.inference import Classification, GenerationSettings
+from finetune.errors import BusyError, ConfigError, UserError
+from finetune.inference import MAX_NEW_TOKENS, Classification, GenerationSettings
 from finetune.progress import TrainingState
-from finetune.rundir import RunDir, find_run
+from finetune.rundir import RunDir, find_run, list_runs
 from finetune.runs import RunManager
+from finetune.uploads import Uploads, is_upload
 
 BASE = "base"
 BASE_OF = "base-of:"  # chat source: the model a run started from (`base-of:RUN_ID`), whatever the form says now
-UPLOAD_LIMIT_BYTES = 200 * 1024**2  # one uploaded data file
 RUN_ID_LIMIT = 200  # characters of a run id (folder names are shorter)
 TOKEN_LIMIT = 4096  # characters of a pasted Hub token
 CHAT_MESSAGE_LIMIT = 8000  # characters of one chat message (or the system prompt)
 CHAT_CONVERSATION_LIMIT = 64000  # characters of the whole conversation sent to the model
 CHAT_TURNS_LIMIT = 200  # messages in one conversation
-CHAT_MAX_NEW_TOKENS = 1024
+CHAT_MAX_NEW_TOKENS = MAX_NEW_TOKENS
+PREVIEW_LIMIT = 50  # examples one data preview shows
 DOWNLOAD_KEEP_SECONDS = 3600  # a downloaded YAML file is removed after an hour
+TOKEN_USER_SECONDS = 600  # how long the Hub user of an API client's token is remembered
 
 
 NUMBER_TYPES = ("int", "float")
@@ -113,13 +118,51 @@ class Studio:
         self._chat_models: OrderedDict[str, tuple[Any, ...]] = OrderedDict()  # chat: (model, tokenizer); +names
         self._chat_lock = threading.Lock()  # one generation at a time: requests queue instead of thrashing the CPU/GPU
         self._chat_cache_size = chat_cache_size
-        self._uploads: set[str] = set()  # files uploaded to this app since it started (allowed as data when public)
-        self._uploads_lock = threading.Lock()
+        self.user: str | None = None  # the visitor this studio acts for (`as_visitor`); None: anonymous
+        self._token_users: dict[str, tuple[str | None, float]] = {}  # sha256(token) -> (Hub user, until)
+        self.uploads = Uploads(Path(self.manager.root).parent / "uploads", self.policy.uploads)
+        self.prune_uploads()
+
+    def as_visitor(self, user: str | None) -> Studio:
+        """This studio acting for one visitor (`user`: their login or Hugging Face name; None: anonymous). It shares
+        the runs, the chat models and the locks; only whose runs and uploads it sees differs."""
+        view = copy.copy(self)
+        view.user = str(user) if user else None
+        return view
+
+    def token_user(self, token: str) -> str | None:
+        """The Hub user an API client's token belongs to (on a Space, that names the visitor); asked once per token
+        every ten minutes, None when the Hub refuses it."""
+        from finetune.publish.hub import token_user
+
+        key = hashlib.sha256(token.encode("utf-8")).hexdigest()
+        now = time.monotonic()
+        known = self._token_users.get(key)
+        if known is None or known[1] < now:
+            known = (token_user(token), now + TOKEN_USER_SECONDS)
+            self._token_users[key] = known
+        return known[0]
+
+    @property
+    def identity(self) -> str | None:
+        """Whom this visitor's runs and uploads belong to (None: an anonymous visitor who may not train)."""
+        return self.policy.identity(self.user)
 
     @property
     def uploads_dir(self) -> Path:
-        """Where uploaded data files are kept (next to the runs folder)."""
-        return Path(self.manager.root).parent / "uploads"
+        """Where this visitor's uploaded data files are kept (next to the runs folder)."""
+        identity = self.identity
+        return self.uploads.folder(identity) if identity is not None else self.uploads.root
+
+    def prune_uploads(self) -> list[Path]:
+        """Remove uploads older than the operator's limit that no run trains on; returns what went."""
+        texts = []
+        for run in list_runs(self.manager.root):
+            try:
+                texts.append(run.config_path.read_text(encoding="utf-8"))
+            except OSError:
+                pass
+        return self.uploads.prune(texts)
 
     @property
     def downloads_dir(self) -> Path:
@@ -135,7 +178,9 @@ class Studio:
     def check(self, values: dict[str, Any]) -> tuple[TrainConfig | None, dict[str, str]]:
         """(config, {}) when valid and allowed, else (None, {field: one-line error}) for every bad field.
 
-        Cheap (no file or network access): the form runs it after each edit. `verify` adds Start's own checks."""
+        Cheap (no file or network access): the form runs it after each edit. `verify` adds Start's own checks.
+        An uploaded file is named `upload:NAME`: it becomes the file this visitor uploaded by that name."""
+        values, missing = self._with_uploads(values)
         clean = {k: v for k, v in values.items() if k in FIELDS}
         unknown = [k for k in values if k not in FIELDS]
         if unknown:
@@ -149,8 +194,10 @@ class Studio:
             setattr(config, name, clean.get(name, default))
         problems = {p.field or "config": str(p) for p in config.errors()}
         problems.update(_empty_numbers(clean))  # "Learning rate: empty; give a number", not "None is not a number"
-        allowed = self.policy.problems(config.to_dict() if not problems else clean, self._uploads)
+        mine = [str(p) for p in self.uploads.files(self.identity)] if self.identity is not None else []
+        allowed = self.policy.problems(config.to_dict() if not problems else clean, mine)
         problems.update({k: v for k, v in allowed.items() if k not in problems})
+        problems.update(missing)
         if problems:
             return None, problems
         return config, {}
@@ -202,38 +249,36 @@ class Studio:
         return path
 
     def add_upload(self, source: str | Path, name: str | None = None) -> str:
-        """Keep an uploaded data file under `uploads_dir` with a name of its own (two uploads never overwrite each
-        other) and allow it as `dataset` / `eval_split`; returns its path."""
-        source = Path(source)
-        name = name or source.name
-        if Path(name).suffix.lower() not in DATA_SUFFIXES:
-            raise UserError(f"dataset: {_safe_name(name)} is not a {' / '.join(DATA_SUFFIXES)} file", field="dataset")
-        try:
-            size = source.stat().st_size
-        except OSError:
-            raise UserError(f"dataset: the upload of {_safe_name(name)} did not arrive; try again", "dataset") from None
-        if size > UPLOAD_LIMIT_BYTES:
-            raise UserError(
-                f"dataset: {_safe_name(name)} is larger than the {UPLOAD_LIMIT_BYTES // 1024**2} MB allowed", "dataset"
-            )
-        folder = self.uploads_dir
-        folder.mkdir(parents=True, exist_ok=True)
-        while True:
-            target = folder / f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(4)}-{_safe_name(name)}"
-            try:
-                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
+        """Keep an uploaded data file in this visitor's uploads folder under a name of its own (two uploads never
+        overwrite each other); returns `upload:NAME`, the value `dataset` / `eval_split` take. Refused in one line,
+        keeping nothing, for an anonymous visitor of a public app or past the operator's limits."""
+        identity = self.identity
+        if identity is None:
+            raise UserError(self.policy.needs_identity("dataset", "upload data"), "dataset")
+        self.prune_uploads()
+        return self.uploads.add(identity, source, name)
+
+    def upload_names(self) -> list[str]:
+        """This visitor's uploads as `upload:NAME` values, newest first."""
+        if self.identity is None:
+            return []
+        return [f"upload:{p.name}" for p in reversed(self.uploads.files(self.identity))]
+
+    def _with_uploads(self, values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+        """The values with each `upload:NAME` replaced by this visitor's file of that name, and {field: refusal} for
+        a name this visitor has no upload of (whoever else has one: the same line)."""
+        out, missing = dict(values), {}
+        for name in ("dataset", "eval_split"):
+            value = values.get(name)
+            if not is_upload(value):
                 continue
-            break
-        try:
-            with os.fdopen(fd, "wb") as out, open(source, "rb") as src:
-                shutil.copyfileobj(src, out)
-        except BaseException:
-            target.unlink(missing_ok=True)
-            raise
-        with self._uploads_lock:
-            self._uploads.add(str(target))
-        return str(target)
+            path = self.uploads.resolve(self.identity, value)
+            if path is None:
+                shown = repr(str(value)[:RUN_ID_LIMIT])
+                missing[name] = f"{name}: {shown} is not one of your uploads; upload the file again"
+            else:
+                out[name] = str(path)
+        return out, missing
 
     # ----------------------------------------------------------------- memory, data, commands
     def estimate(
@@ -248,6 +293,8 @@ class Studio:
         """The first examples as the model sees them, with what is masked from the loss."""
         from finetune import data, models
 
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= PREVIEW_LIMIT:
+            raise UserError(f"n: {str(n)[:40]!r} is not a number of examples from 1 to {PREVIEW_LIMIT}", "n")
         config = self.config(values)
         return data.preview(config, models.load_tokenizer(config), n=n)
 
@@ -297,28 +344,76 @@ class Studio:
 
     # ----------------------------------------------------------------- runs
     def start(
-        self, values: dict[str, Any], owner: str = "the web app", processes: int = 1, gpus: str = ""
+        self, values: dict[str, Any], owner: str | None = None, processes: int = 1, gpus: str = ""
     ) -> TrainingState:
-        """Start a run (output_dir confined to the runs folder): in a background thread for one process, as a
-        launched process group for more (`gpus`: which GPUs, e.g. "0,1"; empty: the first `processes`)."""
-        if processes == 1 and not gpus:
-            return self.manager.start(self.config(values), owner=owner, confine=True)
-        return self._start_group(values, owner, processes, gpus)
+        """Start a run (output_dir confined to the runs folder) owned by this visitor: in a background thread for one
+        process, as a launched process group for more (`gpus`: which GPUs, e.g. "0,1"; empty: the first
+        `processes`). `owner` names who starts it on the local app; a public app records the visitor's identity."""
+        if self.identity is None:
+            raise UserError(self.policy.needs_identity("start", "train"), "start")
+        owner = self.policy.run_owner(self.user) if self.policy.public or not owner else owner
+        with self._neutral_busy():
+            if _process_count(processes) == 1 and not gpus:
+                return self.manager.start(self.config(values), owner=owner, confine=True)
+            return self._start_group(values, owner, processes, gpus)
 
-    def resume(self, run_id: str, owner: str = "the web app", processes: int = 1, gpus: str = "") -> TrainingState:
-        """Continue a stopped, interrupted or failed run of the runs folder from its last checkpoint, with as many
-        processes as it was trained with (a launched run is launched again; another count is refused)."""
+    def resume(self, run_id: str, owner: str | None = None, processes: int = 1, gpus: str = "") -> TrainingState:
+        """Continue a stopped, interrupted or failed run of this visitor from its last checkpoint, with as many
+        processes as it was trained with (a launched run is launched again; another count is refused). The run
+        keeps its owner (an admin resuming a visitor's run does not take it over)."""
         run = self._run(run_id)
         self._check_run_allowed(run)
-        if self._was_launched(run) or processes > 1:
-            return self._resume_group(run, owner, processes, gpus)
-        return self.manager.resume(run.path, owner=owner)
+        recorded = str(run.read_status().get("owner") or "")
+        owner = recorded if self.policy.public else (owner or self.policy.run_owner(self.user))
+        with self._neutral_busy():
+            if self._was_launched(run) or _process_count(processes) > 1:
+                return self._resume_group(run, owner, processes, gpus)
+            return self.manager.resume(run.path, owner=owner)
 
-    def stop(self) -> bool:
+    def stop(self, run_id: str | None = None) -> bool:
+        """Ask a run to save a checkpoint and stop: `run_id` (refused as missing when it is not this visitor's; a
+        one-line `UserError` when it is not the one training), or this visitor's run training now. False when
+        nothing of this visitor's is running."""
+        state = self.state()
+        if run_id:
+            run = self._run(run_id)
+            if state is None or not state.active or state.run_id != run.name:
+                raise UserError(f"run: {run.name} is not training now; nothing to stop", "run")
+        elif state is None or not state.active:
+            return False
         return self.manager.stop()
 
     def state(self) -> TrainingState | None:
-        return self.manager.state()
+        """The run training now (or the last one this app ran), when it is this visitor's to see."""
+        state = self.manager.state()
+        return state if state is not None and self.policy.may_see(self.user, state.owner) else None
+
+    @contextmanager
+    def _neutral_busy(self) -> Iterator[None]:
+        """On a public app, "busy" says until about when the device is taken, not whose run it is."""
+        try:
+            yield
+        except BusyError:
+            if not self.policy.public or self.state() is not None:
+                raise  # the local app names who holds it; a visitor's own run is theirs to know
+            until = self._busy_until()
+            raise BusyError(
+                f"busy: the device is training another run{until}; try again then (one run at a time)"
+            ) from None
+
+    def _busy_until(self) -> str:
+        """' until about 14:32' from the training run's estimate, or ' (no estimate of its end yet)'."""
+        state = self.manager.state()
+        if state is None or not state.active:
+            holder = self.manager.device_holder()
+            run = RunDir(Path(self.manager.root) / str(holder.get("run_id") or "-"))
+            status = run.read_status() if run.exists() else {}
+            eta, at = status.get("eta_seconds"), status.get("updated_at")
+        else:
+            eta, at = state.eta_seconds, state.updated_at
+        if not isinstance(eta, (int, float)) or not isinstance(at, (int, float)):
+            return " (no estimate of its end yet)"
+        return " until about " + time.strftime("%H:%M", time.localtime(at + eta + 30))
 
     @staticmethod
     def gpu_cards() -> dict[str, float]:
@@ -344,10 +439,13 @@ class Studio:
             return 0.0
 
     def runs(self) -> list[RunSummary]:
-        """Every run of the runs folder, newest first; the run training now with its live step and loss."""
+        """This visitor's runs (on the local app and for an admin: every run of the runs folder), newest first; the
+        run training now with its live step and loss."""
         live = self.state()
         out = []
         for run in self.manager.runs():
+            if not self.policy.may_see(self.user, run.get("owner")):
+                continue
             summary = _summary(run)
             if live is not None and live.active and live.run_dir == run.get("run_dir"):
                 summary = _with_live(summary, live)
@@ -358,6 +456,13 @@ class Studio:
         """One run of the runs folder by its name (the live state for the run training now), or None."""
         return next((r for r in self.runs() if r.run_id == run_id), None)
 
+    def summary(self, run_id: str) -> RunSummary:
+        """This visitor's run by its id, as `run` gives it; the one refusal when it is missing or not theirs."""
+        found = self.run(self._run(run_id).name)
+        if found is None:  # removed between the two looks
+            raise UserError(f"run: {str(run_id)[:RUN_ID_LIMIT]!r} is not a run in the runs folder", "run")
+        return found
+
     def events(self, run_id: str, types: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
         """The run's events (log, eval, samples, message, status ...)."""
         return self._run(run_id).read_events(types)
@@ -367,9 +472,13 @@ class Studio:
         return self._run(run_id).load_config()
 
     def _run(self, run_id: str) -> RunDir:
-        """A run by its folder name, confined to the runs root (`rundir.find_run`'s rule for the app)."""
+        """A run of this visitor by its folder name, confined to the runs root (`rundir.find_run`'s rule for the
+        app). Another visitor's run is refused with the same line as a run that does not exist."""
         try:
-            return find_run(run_id, self.manager.root, field="run", confine=True)
+            run = find_run(run_id, self.manager.root, field="run", confine=True)
+            if not self.policy.may_see(self.user, run.read_status().get("owner")):
+                raise UserError("not this visitor's run")
+            return run
         except UserError:
             shown = repr(run_id[:RUN_ID_LIMIT]) if isinstance(run_id, str) else "that"
             where = "the runs folder" if self.policy.public else str(self.manager.root)  # no server paths to visitors
@@ -632,6 +741,13 @@ class Studio:
         return bool(read_group(run.path))
 
 
+def _process_count(processes: Any) -> int:
+    """A run's process count from the app or its API: a whole number ≥ 1, else the one-line refusal."""
+    if not isinstance(processes, int) or isinstance(processes, bool) or processes < 1:
+        raise UserError(f"processes: {str(processes)[:40]!r} is not a whole number ≥ 1", "processes")
+    return processes
+
+
 def _empty_numbers(values: dict[str, Any]) -> dict[str, str]:
     """{field: "Label: empty; give a number"} for number fields left blank (a form sends None)."""
     problems = {}
@@ -686,16 +802,6 @@ def _with_live(summary: RunSummary, live: TrainingState) -> RunSummary:
 def _one_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return (lines[0] if lines else type(exc).__name__)[:300]
-
-
-def _safe_name(name: str) -> str:
-    """A file name safe to keep: letters, digits and . _ -, at most 80 characters, keeping its suffix."""
-    path = Path(str(name).replace("\\", "/")).name
-    suffix = Path(path).suffix.lower()
-    suffix = suffix if suffix in DATA_SUFFIXES else ""
-    stem = path[: len(path) - len(suffix)] if suffix else path
-    keep = "".join(c if c.isalnum() or c in "._-" else "_" for c in stem).lstrip(".")
-    return (keep[:80] or "data") + suffix
 
 
 def _file_stamp(path: Path) -> tuple[int, float]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -182,3 +184,45 @@ def measured_peak(config: TrainConfig) -> int:
         with counter:
             trainer.train()
     return counter.peak
+
+
+# ----------------------------------------------------------------------------- real disks that refuse writes
+@contextlib.contextmanager
+def small_disk(folder: Path, free_bytes: int | None = None, read_only: bool = False) -> Iterator[Path]:
+    """A real filesystem at `folder` that refuses writes as a user's disk does: a 4 MB tmpfs, filled so that only
+    `free_bytes` are left ("No space left on device" past them), or mounted read-only. Mounting needs root (or
+    CAP_SYS_ADMIN); without it the test is skipped, saying so."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    folder.mkdir(parents=True, exist_ok=True)
+    options = "size=4m" + (",ro" if read_only else "")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {mounted.stderr.decode(errors='replace')[:200]}")
+    try:
+        if free_bytes is not None:
+            (folder / "filler").write_bytes(b"\0" * max(0, shutil.disk_usage(folder).free - free_bytes))
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+@contextlib.contextmanager
+def unwritable_folder(folder: Path) -> Iterator[Path]:
+    """A folder this process cannot write in: read-only permissions, or for root (whom permissions do not stop) a
+    read-only filesystem."""
+    import os
+
+    if os.geteuid() == 0:
+        with small_disk(folder, read_only=True):
+            yield folder
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    folder.chmod(0o555)
+    try:
+        yield folder
+    finally:
+        folder.chmod(0o755)

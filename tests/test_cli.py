@@ -150,6 +150,7 @@ def bad_cases(tmp: Path, model: Path) -> list[tuple[list[str], str]]:
     (tmp / "unknown.yaml").write_text("lora_rr: 8\n")
     (tmp / "broken.yaml").write_text("model: [unclosed\n")
     (tmp / "list.yaml").write_text("- a\n")
+    (tmp / "nul.yaml").write_bytes(b"lora_r: 8\nmax_steps: 3\x00\n")
     (tmp / "empty.jsonl").write_text("")
     (tmp / "binary.jsonl").write_bytes(b"\x00\x01\x02\xff")
     write_jsonl(tmp / "cols.jsonl", [{"foo": 1}])
@@ -160,6 +161,11 @@ def bad_cases(tmp: Path, model: Path) -> list[tuple[list[str], str]]:
         (["train", "--config", str(tmp / "unknown.yaml")], "lora_rr: unknown config key; did you mean 'lora_r'?"),
         (["train", "--config", str(tmp / "broken.yaml")], "config: not valid YAML at line 2"),
         (["train", "--config", str(tmp / "list.yaml")], "config: expected a mapping of key: value"),
+        (
+            ["train", "--config", str(tmp / "nul.yaml")],
+            "config: not valid YAML at character 23: control characters are not allowed (#x0000)",
+        ),
+        (["chat", "--max-new-tokens", "-1", "--prompt", "hi"], "--max-new-tokens: -1 is out of range; use 1 to 1024"),
         (["train", "--set", "lora_r"], "--set: expected key=value"),
         (["train", "--set", "max_step=3"], "--set: max_step: unknown config key; did you mean 'max_steps'?"),
         (["train", "--set", "lora_r=-1"], "lora_r: -1 is out of range; allowed: 1 to 1024"),

@@ -343,7 +343,9 @@ def test_the_publish_tab_exports_through_the_studio_and_shows_the_size(studio_ho
     build_run(studio.manager.root / "run-a", tiny_model_dir)
     demo = build_app(studio)
     tab = demo.studio_ui.publish
-    wired = [d for d in demo.config["dependencies"] if d.get("api_name") == "export"]
+    wired = [
+        d for d in demo.config["dependencies"] if [list(t) for t in d["targets"]] == [[tab.export_btn._id, "click"]]
+    ]
     assert wired and wired[0]["outputs"] == [tab.export_result._id]
     assert wired[0]["inputs"] == [tab.run._id, tab.export_format._id, tab.export_quant._id]
     message = tab.export("run-a", "gguf", "q8_0")

@@ -441,3 +441,46 @@ def test_hub_data_gets_the_same_checks(tiny_model_dir, monkeypatch):
         tiny_config(tiny_model_dir, dataset="owner/sst", **CLASSIFY), AutoTokenizer.from_pretrained(tiny_model_dir)
     )
     assert prepared.num_labels == 3 and prepared.train["labels"] == [1, 0]  # the ClassLabel's own class count
+
+
+# ----------------------------------------------------------------------------- the facade the app's API calls
+@pytest.mark.parametrize(
+    ("values", "field", "start"),
+    [
+        ({"max_steps": "abc"}, "max_steps", "max_steps: 'abc' is not a whole number"),
+        ({"learning_rate": "fast"}, "learning_rate", "learning_rate: 'fast' is not a number"),
+        ({"lora_r": "8.5"}, "lora_r", "lora_r: '8.5' is not a whole number"),
+        ({"lora_dropout": "nan"}, "lora_dropout", "lora_dropout: 'nan' is not a finite number"),
+        ({"max_steps": [1]}, "max_steps", "max_steps: [1] is not a whole number"),
+    ],
+)
+def test_text_in_a_number_field_through_the_api_is_one_line_naming_the_field(values, field, start):
+    from finetune.errors import ConfigError
+    from finetune.studio import Studio
+
+    config, problems = Studio().check(values)
+    assert config is None and list(problems) == [field] and problems[field].startswith(start), problems
+    with pytest.raises(ConfigError) as info:
+        Studio().config(values)
+    assert info.value.field == field and "\n" not in str(info.value)
+
+
+def test_the_apis_other_numbers_of_the_wrong_kind_are_refused_by_name(tiny_model_dir, studio_home):
+    """What an API client may send besides the settings: a process count, a preview size, an export setting."""
+    from finetune.studio import Studio
+    from tests.run_fixtures import build_run
+
+    studio = Studio()
+    build_run(studio.manager.root / "run-a", tiny_model_dir, status="stopped")
+    values = {"model": str(tiny_model_dir)}
+    calls = {
+        "processes": [lambda: studio.start(values, processes="two"), lambda: studio.resume("run-a", processes="2")],
+        "n": [lambda: studio.preview_data(values, n="three")],
+        "quant": [lambda: studio.export("run-a", "gguf", quant=5)],
+    }
+    for field, attempts in calls.items():
+        for attempt in attempts:
+            with pytest.raises(UserError) as info:
+                attempt()
+            assert info.value.field == field and str(info.value).startswith(f"{field}: "), str(info.value)
+    assert studio.state() is None and [r.status for r in studio.runs()] == ["stopped"]  # nothing started

@@ -200,6 +200,18 @@ BAD_ROWS: list[tuple[str, list[dict], dict[str, Any], list[str]]] = [
     ("empty_answer", [PAIR, {**PAIR, "chosen": "  "}], {}, ["dataset: row 2", "'chosen' is empty"]),
     ("same_answers", [PAIR, {**PAIR, "rejected": CHOSEN}], {}, ["dataset: row 2", "same as column 'chosen'"]),
     (
+        "number_among_answers",
+        [PAIR, PAIR, {**PAIR, "chosen": 42}],
+        {},
+        ["dataset: row 3", "column 'chosen': 42 is a number but the other rows hold text"],
+    ),
+    (
+        "answer_not_text",
+        [PAIR, {**PAIR, "rejected": {"text": "no"}}],
+        {},
+        ["dataset: row 2", "column 'rejected': expected text or a list of {role, content} messages, got an object"],
+    ),
+    (
         "no_assistant_turn",
         [PAIR, {**PAIR, "chosen": [{"role": "user", "content": "hm"}]}],
         {},

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import shutil
 import time
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from finetune.engines import hf_trainer
 from finetune.errors import ConfigError, UserError
 from finetune.rundir import COMPLETE_MARKER, RunDir
 from finetune.runs import RunManager
-from tests.helpers import tiny_config
+from tests.helpers import small_disk, tiny_config
 
 
 def snapshot(folder: Path) -> dict[str, str]:
@@ -173,6 +174,44 @@ def test_the_cli_ends_a_failed_run_with_one_error_line_and_no_traceback(tiny_mod
     assert code == 1
     assert out.err.strip().splitlines()[-1].startswith("error: could not write the run's files at step")
     assert "Traceback" not in out.err + out.out
+
+
+def test_a_real_full_disk_at_a_checkpoint_says_so_and_leaves_the_run_failed(tiny_model_dir, tmp_path, capsys):
+    """The run's folder on a disk with room for its own small files but not its first checkpoint. torch.save fails
+    in its own words ("unexpected pos 73408 vs 73300"); the user reads "No space left on device" in one line, the
+    status on disk says failed (not running), and the cut-short checkpoint is gone, giving the space back."""
+    config = tmp_path / "run.yaml"
+    with small_disk(tmp_path / "disk", free_bytes=150 * 1024) as disk:
+        tiny_config(tiny_model_dir, output_dir=str(disk / "run"), max_steps=8, save_steps=4).save(config)
+        code = cli.main(["train", "--no-progress", "--config", str(config)])
+        err = capsys.readouterr().err
+        run = RunDir(disk / "run")
+        status = run.read_status()
+        assert code == 1 and "Traceback" not in err
+        assert (
+            err.strip()
+            .splitlines()[-1]
+            .startswith(f"error: could not write the run's files at step 4: No space left on device ({run.path})")
+        ), err[-600:]
+        assert status["status"] == "failed" and "No space left on device" in status["error"], status
+        assert run.effective_status() == "failed"
+        assert not (run.path / "checkpoint-4").exists()
+
+
+def test_with_no_room_left_at_all_the_status_is_rewritten_in_place(tmp_path):
+    """A disk so full that not even a new status.json fits (the atomic way writes a new copy first): the failed
+    status still reaches the disk, in the old file's place, and no half-written copy is left beside it."""
+    with small_disk(tmp_path / "disk") as disk:
+        run = RunDir(disk / "run")
+        run.path.mkdir()
+        run.write_status({"status": "running", "step": 3, "message": "training " + "." * 200})
+        (disk / "filler").write_bytes(b"\0" * shutil.disk_usage(disk).free)
+        with pytest.raises(OSError):
+            (disk / "one-more").write_bytes(b"\0" * 8192)  # truly full
+        failed = {"status": "failed", "step": 3, "error": "could not write the run's files at step 3"}
+        run.write_status(failed)
+        assert run.read_status() == failed
+        assert sorted(p.name for p in run.path.iterdir()) == ["status.json"]
 
 
 def test_a_torn_checkpoint_without_its_marker_is_never_resumed_from(tiny_model_dir, tmp_path):

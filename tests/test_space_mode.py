@@ -115,9 +115,11 @@ def served():
 
 
 def client(url: str, **kwargs: Any):
+    """A gradio_client of a visitor; it does not send this machine's HF_TOKEN (the server's, in these tests) unless
+    told: on a Space that token would name its owner as the visitor."""
     from gradio_client import Client
 
-    return Client(url, verbose=False, **kwargs)
+    return Client(url, verbose=False, **{"token": False, **kwargs})
 
 
 # ----------------------------------------------------------------------------------------------- the policy
@@ -234,12 +236,20 @@ def test_hub_ids_bundled_embedded_and_uploads_of_this_app_are_allowed(studio_hom
         assert studio.check({"model": model})[1] == {}, model
     for dataset in (BUNDLED_DATASET, "tatsu-lab/alpaca", "imdb"):
         assert studio.check({"dataset": dataset})[1] == {}, dataset
-    upload = studio.add_upload(data_file(tmp_path / "browser"), "my data.jsonl")
-    assert Path(upload).parent == studio.uploads_dir and Path(upload).name.endswith("-my_data.jsonl")
-    assert studio.check({"dataset": upload, "eval_split": upload})[1] == {}
-    # The same file name in the uploads folder, not uploaded to this app (another process, a guess): refused.
-    other = Studio(studio_home / "runs", policy=AccessPolicy(public=True))
-    assert other.check({"dataset": upload})[1] == {"dataset": REFUSED["dataset"]}
+    alice = studio.as_visitor("alice")
+    upload = alice.add_upload(data_file(tmp_path / "browser"), "my data.jsonl")
+    assert upload == "upload:my_data.jsonl"  # the field shows the file's name, never a server path
+    assert alice.check({"dataset": upload, "eval_split": upload})[1] == {}
+    # Another visitor naming it, or its path on the server: refused, as a name never uploaded is.
+    kept = next(alice.uploads_dir.iterdir())
+    bob = studio.as_visitor("bob")
+    refusal = "dataset: 'upload:my_data.jsonl' is not one of your uploads; upload the file again"
+    assert bob.check({"dataset": upload})[1] == {"dataset": refusal}
+    assert alice.check({"dataset": "upload:never.jsonl"})[1]["dataset"].endswith(
+        "is not one of your uploads; upload the file again"
+    )
+    assert bob.check({"dataset": str(kept)})[1] == {"dataset": REFUSED["dataset"]}
+    assert studio.check({"dataset": upload})[1] == {"dataset": refusal}  # anonymous: no uploads at all
 
 
 def test_split_fields_and_nvme_path_cannot_name_server_paths(studio_home):
@@ -276,10 +286,11 @@ def test_trust_remote_code_is_refused_for_visitors_unless_the_operator_allows_it
     run = build_run(studio.manager.root / "run-code", tiny_model_dir, status="stopped")
     rd = RunDir(run)
     rd.write_config(rd.load_config().replace(trust_remote_code=True))
+    owner = studio.as_visitor(rd.read_status()["owner"])  # the visitor whose run it is
     with pytest.raises(UserError, match="trust_remote_code: not available"):
-        list(studio.chat("run-code", [{"role": "user", "content": "hi"}], None))
+        list(owner.chat("run-code", [{"role": "user", "content": "hi"}], None))
     with pytest.raises(UserError, match="trust_remote_code: not available"):
-        studio.resume("run-code")
+        owner.resume("run-code")
     assert rd.read_status()["status"] == "stopped"
 
 
@@ -310,22 +321,34 @@ def test_preview_answers_every_refused_path_with_the_same_neutral_message(studio
         assert field_errors(updates) == {"model": f"⚠ {REFUSED['model']}"}
 
 
+def api_refusal(call: Any) -> str:
+    """The one line an API call is refused with (gradio_client raises it as an AppError)."""
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError) as refused:
+        call()
+    return str(refused.value)
+
+
 def test_an_api_client_is_held_to_the_same_rules(studio_home, tmp_path, served):
-    studio = public_studio(studio_home)
+    studio = public_studio(studio_home, open_training=True)  # anonymous visitors may train: the data rules remain
     api = client(served(studio))
     real = data_file(tmp_path / "server")
     answers = [
-        api.predict(*form(dataset=value), api_name="/preview_data")
+        api_refusal(lambda v=value: api.predict({"dataset": v}, api_name="/preview"))
         for value in (str(real), str(real.with_name("missing.jsonl")), "/etc/passwd")
     ]
-    assert answers[0] == answers[1] == answers[2]
-    assert REFUSED["dataset"] in json.dumps(answers[0], ensure_ascii=False)
-    assert "Arr, matey" not in json.dumps(answers[0])  # nothing of the file came back
+    assert answers == [REFUSED["dataset"]] * 3  # nothing of the file came back, nor whether it exists
+    answers = [
+        api.predict(*form(dataset=value), api_name="/preview_data")  # the page's own preview, called by name
+        for value in (str(real), "/etc/passwd")
+    ]
+    assert answers[0] == answers[1] and REFUSED["dataset"] in json.dumps(answers[0], ensure_ascii=False)
 
-    message = api.predict(*form(dataset=str(real)), api_name="/start")[0]
-    assert message.startswith("⚠ Not started: dataset: files on the server are not available")
-    message = api.predict(*form(trust_remote_code=True), api_name="/start")[0]
-    assert message.startswith("⚠ Not started: trust_remote_code: not available")
+    refusal = api_refusal(lambda: api.predict({"dataset": str(real)}, api_name="/start"))
+    assert refusal.startswith("dataset: files on the server are not available")
+    refusal = api_refusal(lambda: api.predict({"trust_remote_code": True}, api_name="/start"))
+    assert refusal.startswith("trust_remote_code: not available")
     assert studio.state() is None and studio.runs() == []
     checked = api.predict(*form(model="/etc"), api_name="/check")
     assert REFUSED["model"] in json.dumps(checked, ensure_ascii=False)
@@ -334,7 +357,9 @@ def test_an_api_client_is_held_to_the_same_rules(studio_home, tmp_path, served):
 # ----------------------------------------------------------------------------------------------- publishing
 @pytest.fixture
 def finished_run(studio_home, tiny_model_dir) -> str:
-    build_run(studio_home / "runs" / "run-a", tiny_model_dir)
+    """A finished run of alice's (the visitor whose sign-in hands over ALICE)."""
+    run = RunDir(build_run(studio_home / "runs" / "run-a", tiny_model_dir))
+    run.write_status({**run.read_status(), "owner": "alice"})
     return "run-a"
 
 
@@ -373,12 +398,13 @@ def test_a_pasted_token_wins_over_the_sign_in(hub, studio_home, finished_run):
     hub.tokens["hf_bob_" + "x" * 20] = "bob"
     ui = space_ui(studio_home)
     result, _ = ui.publish.push(finished_run, "bob/lora", "hf_bob_" + "x" * 20, True, False, oauth(ALICE))
-    assert result.startswith("✓") and {r.authorized_as for r in hub.requests} == {"bob"}
+    pushes = [r for r in hub.requests if r.path != "/api/whoami-v2"]  # whoami: who signed in (alice)
+    assert result.startswith("✓") and {r.authorized_as for r in pushes} == {"bob"}
 
 
 def test_the_server_token_is_lent_only_with_the_operator_switch(hub, studio_home, finished_run):
     ui = space_ui(studio_home, operator_lends_token=True)
-    result, _ = ui.publish.push(finished_run, "operator/lent", "", True, False, None)
+    result, _ = ui.publish.push(finished_run, "operator/lent", "", True, False, request=gr.Request(username="alice"))
     assert result.startswith("✓") and "operator/lent" in hub.repos
     local = build_app(Studio(studio_home / "runs")).studio_ui  # the local app: HF_TOKEN as before
     result, _ = local.publish.push(finished_run, "operator/local", "", True, False)
@@ -387,13 +413,13 @@ def test_the_server_token_is_lent_only_with_the_operator_switch(hub, studio_home
 
 def test_an_api_client_publishes_with_its_own_oauth_token(hub, studio_home, finished_run, served):
     url = served(Studio(studio_home / "runs", policy=AccessPolicy(public=True, space=True)))
-    result, _ = client(url, oauth_token=ALICE).predict(
+    pushed = client(url, oauth_token=ALICE).predict(
         finished_run, "alice/api-lora", "", True, False, api_name="/publish"
     )
-    assert result.startswith("✓ Pushed") and "alice/api-lora" in hub.repos
+    assert pushed.endswith("alice/api-lora") and "alice/api-lora" in hub.repos
     before = len(hub.requests)
-    result, _ = client(url).predict(finished_run, "operator/api", "", True, False, api_name="/publish")
-    assert result.startswith("⚠ token: sign in") and len(hub.requests) == before
+    refusal = api_refusal(lambda: client(url).predict(finished_run, "operator/api", api_name="/publish"))
+    assert refusal.startswith("token: sign in") and len(hub.requests) == before
 
 
 def test_a_signed_in_browser_publishes_and_trains_as_itself(hub, studio_home, finished_run, served, monkeypatch):
@@ -409,8 +435,8 @@ def test_a_signed_in_browser_publishes_and_trains_as_itself(hub, studio_home, fi
     session = callback.cookies.get("session")
     assert callback.status_code in (302, 307) and session
     browser = client(url, headers={"Cookie": f"session={session}"})
-    result, _ = browser.predict(finished_run, "alice/session-lora", "", True, False, api_name="/publish")
-    assert result.startswith("✓ Pushed") and {r.authorized_as for r in hub.requests} == {"alice"}
+    pushed = browser.predict(finished_run, "alice/session-lora", "", True, False, api_name="/publish")
+    assert pushed.endswith("alice/session-lora") and {r.authorized_as for r in hub.requests} == {"alice"}
 
     owners = []
 
@@ -419,10 +445,10 @@ def test_a_signed_in_browser_publishes_and_trains_as_itself(hub, studio_home, fi
         return TrainingState(run_id=run.name, run_dir=str(run.path), status="loading")
 
     monkeypatch.setattr(studio.manager, "_launch", record)
-    assert browser.predict(*form(), api_name="/start")[0].startswith("▶ Started")
-    assert owners == ["alice"]  # other visitors are told who is using the device
-    result, _ = client(url).predict(finished_run, "alice/anon", "", True, False, api_name="/publish")
-    assert result.startswith("⚠ token: sign in")  # a browser that did not sign in has no token to lend
+    assert browser.predict({}, api_name="/start")["status"] == "loading"
+    assert owners == ["alice"]  # the run is hers
+    refusal = api_refusal(lambda: client(url).predict(finished_run, "alice/anon", api_name="/publish"))
+    assert refusal.startswith("token: sign in")  # a browser that did not sign in has no token to lend
 
 
 # ----------------------------------------------------------------------------------------------- bounded input
@@ -532,9 +558,9 @@ def test_an_api_client_can_resume_and_chat_with_any_run_by_its_id(studio_home, t
     url = served(studio)  # the page was built before the run existed: no dropdown of any session lists it
     build_run(studio.manager.root / "run-late", tiny_model_dir)
     api = client(url)
-    message = api.predict("run-late", api_name="/resume")
-    assert message.startswith("⚠ resume: run-late already completed")  # the backend answered, not the dropdown
-    assert api.predict("../etc", api_name="/resume").startswith("⚠ run: '../etc' is not a run")
+    refusal = api_refusal(lambda: api.predict("run-late", api_name="/resume"))
+    assert refusal.startswith("resume: run-late already completed")  # the backend answered, not the dropdown
+    assert api_refusal(lambda: api.predict("../etc", api_name="/resume")).startswith("run: '../etc' is not a run")
 
     asked = []
 
@@ -543,10 +569,10 @@ def test_an_api_client_can_resume_and_chat_with_any_run_by_its_id(studio_home, t
         yield f"Arr from {source}"
 
     monkeypatch.setattr(studio, "chat", fake_chat)
-    _, history, _ = api.predict(message="Hello?", source="run-late", api_name="/chat")
-    assert asked == ["run-late"] and "Arr from run-late" in json.dumps(history[-1]["content"])
-    result, _ = api.predict("no-such-run", "alice/x", "hf_" + "z" * 30, True, False, api_name="/publish")
-    assert result.startswith("⚠ run: 'no-such-run' is not a run")
+    assert api.predict(message="Hello?", run="run-late", api_name="/chat") == "Arr from run-late"
+    assert asked == ["run-late"]
+    refusal = api_refusal(lambda: api.predict("no-such-run", "alice/x", "hf_" + "z" * 30, api_name="/publish"))
+    assert refusal.startswith("run: 'no-such-run' is not a run")
 
 
 def test_run_ids_stay_confined_to_the_runs_folder(studio_home):
@@ -579,24 +605,25 @@ def test_download_yaml_leaves_no_temp_folders(studio_home, tmp_path, monkeypatch
     assert not Path(paths[0]).exists() and Path(paths[2]).exists()
 
 
-def test_two_uploads_never_overwrite_each_other(studio_home, tmp_path, monkeypatch):
+def test_two_uploads_never_overwrite_each_other(studio_home, tmp_path):
     studio = Studio(studio_home / "runs")
     ui = build_app(studio).studio_ui
-    monkeypatch.setattr(time, "strftime", lambda fmt, *a: "20260101-000000")  # the same second
     first = data_file(tmp_path / "a", "data.jsonl", n=3)
     second = data_file(tmp_path / "b", "data.jsonl", n=5)
     kept = [ui.config.use_data_file(str(p))[0] for p in (first, second)]
-    assert kept[0] != kept[1]
-    assert Path(kept[0]).read_bytes() == first.read_bytes() and Path(kept[1]).read_bytes() == second.read_bytes()
+    assert kept == ["upload:data.jsonl", "upload:data-2.jsonl"]  # the same name twice: both kept
+    files = [studio.uploads.resolve(studio.identity, value) for value in kept]
+    assert files[0].read_bytes() == first.read_bytes() and files[1].read_bytes() == second.read_bytes()
 
 
-def test_an_upload_beyond_the_limit_is_refused_in_the_backend(studio_home, tmp_path, monkeypatch):
-    from finetune import studio as studio_mod
+def test_an_upload_beyond_the_limit_is_refused_in_the_backend(studio_home, tmp_path):
+    from finetune.uploads import MB, UploadLimits
 
-    monkeypatch.setattr(studio_mod, "UPLOAD_LIMIT_BYTES", 10)
-    studio = Studio(studio_home / "runs")
-    with pytest.raises(UserError, match="^dataset: tiny.jsonl is larger than"):
-        studio.add_upload(data_file(tmp_path))
+    data = data_file(tmp_path)
+    size = data.stat().st_size
+    studio = Studio(studio_home / "runs", policy=AccessPolicy(uploads=UploadLimits(file_mb=(size - 1) / MB)))
+    with pytest.raises(UserError, match=f"^dataset: tiny.jsonl is {size:,} bytes, more than the {size - 1:,} bytes"):
+        studio.add_upload(data)
     with pytest.raises(UserError, match="^dataset: .* is not a"):
         studio.add_upload(data_file(tmp_path, "x.exe"))
     assert not studio.uploads_dir.exists() or list(studio.uploads_dir.iterdir()) == []

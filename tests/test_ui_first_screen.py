@@ -285,7 +285,8 @@ def test_the_first_screen_offers_popular_models_and_takes_an_upload(studio_home,
     offered = [value for _, value in tab.model.choices]
     assert offered[0] == EMBEDDED_MODEL and set(ui.studio.popular_models()) <= set(offered)
     kept = tab.use_upload(str(data_file))
-    target = Path(kept[tab.data]["value"])
+    assert kept[tab.data]["value"] == "upload:pirate-train.jsonl"  # the file's name, never a server path
+    target = ui.studio.uploads.resolve(ui.studio.identity, kept[tab.data]["value"])
     assert target.parent == ui.studio.uploads_dir and target.read_bytes() == data_file.read_bytes()
     assert "pirate-train.jsonl" in kept[tab.message]
     wrong = tmp_path / "notes.txt"

@@ -209,9 +209,9 @@ def test_app_arguments_default_to_localhost_and_honour_spaces_and_auth():
     args = parse_args([], env={})
     assert (args.host, args.port, args.auth, args.runs_root) == ("127.0.0.1", 7860, None, None)
     args = parse_args([], env={"GRADIO_SERVER_NAME": "0.0.0.0", "GRADIO_SERVER_PORT": "7861", "FINETUNE_AUTH": "a:b"})
-    assert (args.host, args.port, args.auth) == ("0.0.0.0", 7861, ("a", "b"))
+    assert (args.host, args.port, args.auth) == ("0.0.0.0", 7861, [("a", "b")])
     args = parse_args(["--auth", "ann:s3:cret", "--port", "9000", "--runs-root", "/tmp/r"], env={})
-    assert args.auth == ("ann", "s3:cret") and args.port == 9000 and str(args.runs_root) == "/tmp/r"
+    assert args.auth == [("ann", "s3:cret")] and args.port == 9000 and str(args.runs_root) == "/tmp/r"
     with pytest.raises(SystemExit):
         parse_args(["--auth", "nopassword"], env={})
 
@@ -291,7 +291,9 @@ def test_a_bad_yaml_upload_changes_nothing_and_says_why(ui, tmp_path, name, cont
 def test_data_upload_is_type_and_size_checked_and_kept_under_the_studio_home(ui, studio_home, tmp_path, monkeypatch):
     data = tiny_data(tmp_path)
     dataset, error, note = ui.config.use_data_file(str(data))
-    assert Path(dataset).parent == studio_home / "uploads" and Path(dataset).read_text() == data.read_text()
+    assert dataset == "upload:tiny.jsonl"  # the file's name, never a server path
+    kept = ui.studio.uploads.resolve(ui.studio.identity, dataset)
+    assert kept.parent.parent == studio_home / "uploads" and kept.read_text() == data.read_text()
     assert not error["visible"] and "tiny.jsonl" in note
 
     exe = tmp_path / "payload.exe"
@@ -299,9 +301,11 @@ def test_data_upload_is_type_and_size_checked_and_kept_under_the_studio_home(ui,
     dataset, error, _ = ui.config.use_data_file(str(exe))
     assert dataset == {"__type__": "update"} and "not a .jsonl" in error["value"]
 
-    monkeypatch.setattr("ui.config_tab.DATA_LIMIT_BYTES", 10)
+    from finetune.uploads import MB, UploadLimits
+
+    monkeypatch.setattr(ui.studio.uploads, "limits", UploadLimits(file_mb=10 / MB))
     _, error, _ = ui.config.use_data_file(str(data))
-    assert "larger than" in error["value"]
+    assert "more than the 10 bytes allowed per file" in error["value"]
 
 
 def test_data_preview_shows_trained_and_masked_text(ui, tiny_model_dir, tmp_path):
@@ -348,7 +352,9 @@ def test_fields_that_do_not_apply_are_hidden_and_their_values_kept(ui, demo):
     cells = sorted(c._id for c in ui.config.cells.values())
     for name in ("task", "method", "objective", "zero_stage"):
         deps = [
-            d for d in demo.config["dependencies"] if list(d["targets"][0]) == [ui.config.fields[name]._id, "change"]
+            d
+            for d in demo.config["dependencies"]
+            if d["targets"] and list(d["targets"][0]) == [ui.config.fields[name]._id, "change"]
         ]
         assert any(sorted(d["outputs"]) == cells for d in deps), name
     # Hidden, never lost: a hidden field still reaches the backend, and its error opens its cell.
@@ -386,7 +392,7 @@ def test_slow_actions_say_they_are_pending_first(demo, ui):
     """Check, Preview and Show command each answer at once with a pending line (before any backend call)."""
     deps = demo.config["dependencies"]
     for button, shown in ((ui.config.check_btn, ui.config.summary), (ui.config.preview_btn, ui.config.preview)):
-        first = next(d for d in deps if list(d["targets"][0]) == [button._id, "click"])
+        first = next(d for d in deps if d["targets"] and list(d["targets"][0]) == [button._id, "click"])
         assert first["outputs"] == [shown._id] and first["queue"] is False and first["inputs"] == []
         pending = demo.fns[first["id"]].fn()
         assert pending.lstrip("<p>").startswith("⏳")

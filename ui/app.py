@@ -2,7 +2,8 @@
 
 `build_app(studio)` only builds the Blocks (tests use it without launching); `launch(...)` starts the server.
 Each tab module builds its components, then its `wire` connects its events; the Configure form is the one form the
-tabs share.
+tabs share. The page's events are the page's own; API clients (and MCP clients, with `--mcp`) use the documented
+endpoints of ui/api.py, which act through the same studio for the same visitor.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import gradio as gr
 
 from finetune.studio import Studio
+from ui import api as api_module
 from ui import chat_tab, config_tab, memory_tab, publish_tab, start_tab, train_tab
 
 TITLE = "Finetune Studio"
@@ -25,14 +27,15 @@ HEADER = (
     "pirate) → **Train** and watch the loss fall → **Chat** with the tuned model beside the original → **Publish** "
     "it to the Hugging Face Hub. **Memory** and **Configure** hold every setting, for experts."
 )
-UPLOAD_LIMIT = "200mb"  # largest upload the server accepts (the data file); handlers check type and size again
+UPLOAD_SLACK_BYTES = 1024**2  # gradio refuses uploads this much past the operator's limit (the backend says why below)
 SPACE_NOTE = (
     "Sign in with Hugging Face to publish to your own repositories: this app uses your sign-in, never the "
     "server's token."
 )
 PUBLIC_NOTE = (
-    "This app is reachable from other machines: models and data come from the Hub, the bundled set or files you "
-    "upload here; files on the server and trust_remote_code are off unless the operator turned them on."
+    "This app is reachable from other machines: your runs and uploads are yours alone (sign in to upload and train). "
+    "Models and data come from the Hub, the bundled set or files you upload here; files on the server and "
+    "trust_remote_code are off unless the operator turned them on."
 )
 
 CSS = """
@@ -83,6 +86,7 @@ class AppUI:
     tabs: dict[str, Any]
     login: Any = None  # the "Sign in with Hugging Face" button (on a Space only)
     start: start_tab.StartTab | None = None  # the first screen
+    api: api_module.StudioAPI | None = None  # the documented endpoints
 
 
 def build_app(studio: Studio | None = None) -> gr.Blocks:
@@ -95,6 +99,7 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
     login = None
     # gradio's own copies of uploads and downloads are deleted after an hour (and all of them at a restart)
     with gr.Blocks(title=TITLE, delete_cache=(3600, 3600)) as demo:
+        api = api_module.build(studio)  # first: the documented endpoints take their names before the page's events
         gr.Markdown(HEADER, elem_id="fs-header")
         if space:
             # Gradio's Hugging Face OAuth: handlers that take a gr.OAuthToken get the signed-in visitor's token.
@@ -126,7 +131,7 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
         chat_tab.wire(chat, config, demo, tabs["Chat"])
         publish_tab.wire(publish, demo, tabs["Publish"])
         start_tab.wire(start, config, train, tab_bar, tabs["Start"], demo)
-    demo.studio_ui = AppUI(studio, memory, config, train, chat, publish, tabs, login, start)
+    demo.studio_ui = AppUI(studio, memory, config, train, chat, publish, tabs, login, start, api)
     return demo
 
 
@@ -134,15 +139,19 @@ def launch(
     demo: gr.Blocks,
     host: str = "127.0.0.1",
     port: int = 7860,
-    auth: tuple[str, str] | None = None,
+    auth: tuple[str, str] | list[tuple[str, str]] | None = None,
     block: bool = True,
+    mcp: bool = False,
     **kwargs: Any,
 ) -> Any:
-    """Start the server with a queue (chat requests wait their turn; status polls never wait behind them)."""
+    """Start the server with a queue (chat requests wait their turn; status polls never wait behind them); `auth`:
+    one (user, password) or a list, each user an identity; `mcp`: also serve the API as MCP tools."""
     demo.queue(default_concurrency_limit=1)
     studio = getattr(getattr(demo, "studio_ui", None), "studio", None)
+    upload_limit = 200 * 1024**2
     if studio is not None:  # the Download YAML files live there (only those: it holds nothing else)
         kwargs.setdefault("allowed_paths", [str(Path(studio.downloads_dir).resolve())])
+        upload_limit = studio.policy.uploads.file_bytes
     return demo.launch(
         server_name=host,
         server_port=port,
@@ -150,7 +159,8 @@ def launch(
         auth_message="Finetune Studio on a shared machine: log in with the user and password you were given."
         if auth
         else None,
-        max_file_size=UPLOAD_LIMIT,
+        max_file_size=upload_limit + UPLOAD_SLACK_BYTES,
+        mcp_server=mcp,
         theme=gr.themes.Soft(primary_hue="orange"),
         css=CSS,
         prevent_thread_lock=not block,

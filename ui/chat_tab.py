@@ -18,6 +18,7 @@ from finetune.errors import UserError
 from finetune.studio import BASE, BASE_OF, GenerationSettings, Studio
 from ui.config_tab import ConfigTab, warn
 from ui.formatting import one_line, plain
+from ui.visitor import per_visitor
 
 # Markers other code relies on (bench/ui_latency.py tells the loading bubble and errors from reply text by them).
 LOADING = "⏳ Loading the model (first use of it takes a few seconds)…"
@@ -48,7 +49,8 @@ class ChatTab:
     classify_btn: Any = None
     classify_result: Any = None
 
-    def sources(self, current: str | None = None) -> dict:
+    @per_visitor
+    def sources(self, current: str | None = None, request: gr.Request | None = None) -> dict:
         """The source choices, keeping the current one if it still exists (else the newest tuned run, else base)."""
         choices = self.studio.chat_sources()
         values = [v for _, v in choices]
@@ -56,6 +58,7 @@ class ChatTab:
             current = BASE
         return gr.update(choices=choices, value=current)
 
+    @per_visitor
     def respond(
         self,
         message: str,
@@ -67,6 +70,7 @@ class ChatTab:
         temperature: float,
         top_p: float,
         system_prompt: str,
+        request: gr.Request | None = None,
         **form: Any,
     ) -> Iterator[list]:
         """Stream replies: yields [textbox, chatbot, base chatbot] as the text grows."""
@@ -117,12 +121,14 @@ class ChatTab:
                 target[-1] = {"role": "assistant", "content": EMPTY}
                 yield ["", [*history], [*base_history]]
 
-    def mode(self, source: str | None) -> list:
+    @per_visitor
+    def mode(self, source: str | None, request: gr.Request | None = None) -> list:
         """[chat area, compare box, classifier area]: a classification run shows the classifier, others the chat."""
         classifier = self.studio.source_kind(source) == "classifier"
         return [gr.update(visible=not classifier), gr.update(visible=not classifier), gr.update(visible=classifier)]
 
-    def classify(self, source: str | None, text: str, text_pair: str) -> Any:
+    @per_visitor
+    def classify(self, source: str | None, text: str, text_pair: str, request: gr.Request | None = None) -> Any:
         """The labels of a text, most likely first, with their probabilities (a gr.Label value)."""
         try:
             answer = self.studio.classify(source or "", text or "", text_pair or "")
@@ -286,10 +292,8 @@ def wire(tab: ChatTab, config: ConfigTab, demo: gr.Blocks, chat_tab: Any) -> Non
     outputs = [tab.textbox, tab.chatbot, tab.base_chatbot]
     streaming = {"show_progress": "minimal", "concurrency_id": "chat", "concurrency_limit": 1}
     # The Configure form reaches `respond` by field name (the base model is the form's model).
-    tab.send_btn.click(tab.respond, inputs, outputs, inputs_kwargs=config.form, api_name="chat", **streaming)
-    tab.textbox.submit(
-        tab.respond, inputs, outputs, inputs_kwargs=config.form, api_visibility="undocumented", **streaming
-    )
+    for trigger in (tab.send_btn.click, tab.textbox.submit):  # API clients use /chat (ui/api.py)
+        trigger(tab.respond, inputs, outputs, inputs_kwargs=config.form, api_visibility="private", **streaming)
     tab.clear_btn.click(
         lambda: [[], []], None, [tab.chatbot, tab.base_chatbot], queue=False, api_visibility="undocumented"
     )
@@ -313,6 +317,6 @@ def wire(tab: ChatTab, config: ConfigTab, demo: gr.Blocks, chat_tab: Any) -> Non
     )
     classify_io = ([tab.source, tab.classify_text, tab.classify_pair], tab.classify_result)
     queued = {"concurrency_id": "chat", "concurrency_limit": 1}  # one model at work at a time, as for chat
-    tab.classify_btn.click(tab.classify, *classify_io, api_name="classify", **queued)
-    tab.classify_text.submit(tab.classify, *classify_io, api_visibility="undocumented", **queued)
+    for trigger in (tab.classify_btn.click, tab.classify_text.submit):  # API clients use /classify (ui/api.py)
+        trigger(tab.classify, *classify_io, api_visibility="private", **queued)
     demo.load(tab.sources, tab.source, tab.source, api_visibility="undocumented", show_progress="hidden")

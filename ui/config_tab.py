@@ -24,9 +24,9 @@ from finetune.config import FIELD_NAMES, FIELDS, MAX_YAML_BYTES, field_groups, f
 from finetune.errors import UserError
 from finetune.studio import Studio, field_problem
 from ui.formatting import one_line, plain, preview_html, size
+from ui.visitor import per_visitor
 
 YAML_LIMIT_BYTES = MAX_YAML_BYTES  # the backend parser's own bound: a larger file is not read at all
-DATA_LIMIT_BYTES = 200 * 1024**2
 DATA_TYPES = (".jsonl", ".json", ".csv", ".parquet")  # finetune.data.FILE_TYPES (not imported: it pulls in datasets)
 OPEN_GROUPS = ("Model", "Data", "Objective", "Method")
 COMMAND_TITLES = {
@@ -228,7 +228,8 @@ class ConfigTab:
         return isinstance(answer, dict) and stamp == form_stamp(values)
 
     # ----- handlers (plain functions of the form values; tests call them directly)
-    def verify(self, **values: Any) -> tuple[dict[str, Any], str]:
+    @per_visitor
+    def verify(self, request: gr.Request | None = None, **values: Any) -> tuple[dict[str, Any], str]:
         """Check settings as Start will (files exist, Hub ids resolve, columns are found, output_dir is free):
         ({problems}, form stamp)."""
         _, problems = self.studio.verify(values)
@@ -241,11 +242,13 @@ class ConfigTab:
         problems = answer["problems"]
         return self.problem_updates(problems, ok_text="✓ All settings are valid." if not problems else "")
 
-    def check(self, **values: Any) -> list:
+    @per_visitor
+    def check(self, request: gr.Request | None = None, **values: Any) -> list:
         """Check settings in one call (the API and tests): every check Start makes before a run exists."""
         return self.show_verified(*self.verify(**values), **values)
 
-    def check_quiet(self, **values: Any) -> list:
+    @per_visitor
+    def check_quiet(self, request: gr.Request | None = None, **values: Any) -> list:
         """The cheap check (no file or network access) after each edit, without the "all valid" line; also
         returns the form to keep in the browser's storage."""
         _, problems = self.studio.check(values)
@@ -260,7 +263,8 @@ class ConfigTab:
         defaults = self.studio.default_values()
         return [defaults[n] for n in FIELD_NAMES] + self.problem_updates({})
 
-    def make_preview(self, **values: Any) -> tuple[dict[str, Any], str]:
+    @per_visitor
+    def make_preview(self, request: gr.Request | None = None, **values: Any) -> tuple[dict[str, Any], str]:
         """The first examples as the model sees them: ({html, problems}, form stamp)."""
         _, problems = self.studio.check(values)
         if problems:
@@ -277,11 +281,13 @@ class ConfigTab:
             return ["<p>" + STALE.format(button="<b>Preview data</b>") + "</p>", *[gr.skip()] * len(self.error_outputs)]
         return [answer["html"], *self.problem_updates(answer["problems"])]
 
-    def show_preview(self, **values: Any) -> list:
+    @per_visitor
+    def show_preview(self, request: gr.Request | None = None, **values: Any) -> list:
         """[preview HTML, *error updates] in one call (the API and tests)."""
         return self.show_preview_answer(*self.make_preview(**values), **values)
 
-    def save(self, **values: Any) -> list:
+    @per_visitor
+    def save(self, request: gr.Request | None = None, **values: Any) -> list:
         """[file update, *error updates]: the form as run.yaml, which the browser downloads at once."""
         config, problems = self.studio.check(values)
         if config is None:
@@ -312,10 +318,14 @@ class ConfigTab:
         loaded = config.to_dict()
         return [loaded[n] for n in FIELD_NAMES] + self.problem_updates({}, ok_text=f"Loaded `{path.name}`.")
 
-    def use_data_file(self, file: Any) -> tuple[Any, Any, str]:
-        """Keep an uploaded data file (under a name of its own) and point the `dataset` field at it."""
+    @per_visitor
+    def use_data_file(self, file: Any, request: gr.Request | None = None) -> tuple[Any, Any, str]:
+        """Keep an uploaded data file (this visitor's, under a name of its own, within the operator's limits) and
+        point the `dataset` field at it (`upload:NAME`)."""
         try:
-            path = _upload_path(file, DATA_TYPES, DATA_LIMIT_BYTES, "dataset")
+            if file is None:
+                raise UserError("dataset: no file was uploaded", "dataset")
+            path = Path(getattr(file, "name", None) or str(file))
             target = self.studio.add_upload(path, path.name)
         except UserError as exc:
             warn(str(exc))
@@ -326,7 +336,10 @@ class ConfigTab:
             return gr.update(), error_update(message), ""
         return target, error_update(None), f"Using the uploaded file `{plain(path.name)}` as the dataset."
 
-    def make_commands(self, gpus: Any = 2, nodes: Any = 1, **values: Any) -> tuple[dict[str, Any], str]:
+    @per_visitor
+    def make_commands(
+        self, gpus: Any = 2, nodes: Any = 1, request: gr.Request | None = None, **values: Any
+    ) -> tuple[dict[str, Any], str]:
         """The CLI, torchrun and deepspeed commands for these settings: ({text, problems}, form stamp)."""
         _, problems = self.studio.check(values)
         if not problems:
@@ -353,7 +366,8 @@ class ConfigTab:
         code = gr.update(value=answer["text"], visible=bool(answer["text"]))
         return [code, *self.problem_updates(shown or problems)]
 
-    def show_commands(self, gpus: Any = 2, nodes: Any = 1, **values: Any) -> list:
+    @per_visitor
+    def show_commands(self, gpus: Any = 2, nodes: Any = 1, request: gr.Request | None = None, **values: Any) -> list:
         """[code update, *error updates] in one call (the API and tests)."""
         return self.show_commands_answer(*self.make_commands(gpus, nodes, **values), **values)
 
@@ -483,8 +497,15 @@ def wire_slow(
     answer only if the form still holds those values (the answer holder travels back in as the first input)."""
     holders = [tab.answers[action], tab.stamps[action]]
     quiet = {"show_progress": "hidden", "api_visibility": "private"}
+    # Callable by API clients by name, but not in the documented API (ui/api.py) nor among the MCP tools.
     trigger(lambda: pending[1], None, pending[0], queue=False, **quiet).then(
-        work, extra_inputs or None, holders, inputs_kwargs=tab.form, api_name=api_name, show_progress="hidden"
+        work,
+        extra_inputs or None,
+        holders,
+        inputs_kwargs=tab.form,
+        api_name=api_name,
+        api_visibility="undocumented",
+        show_progress="hidden",
     ).then(show, holders, outputs, inputs_kwargs=tab.form, **quiet)
 
 

@@ -29,6 +29,7 @@ from ui.formatting import (
     plain,
     verdict_markdown,
 )
+from ui.visitor import per_visitor
 
 MEMORY_FIELDS = (
     "model",
@@ -113,8 +114,15 @@ class MemoryTab:
         return form
 
     # ----- handlers
+    @per_visitor
     def estimate_for(
-        self, device: str, card: str, custom_gib: float | None, gpus: float | None, **values: Any
+        self,
+        device: str,
+        card: str,
+        custom_gib: float | None,
+        gpus: float | None,
+        request: gr.Request | None = None,
+        **values: Any,
     ) -> tuple[list, str]:
         """The estimate's updates with the inputs they were computed for (shown only if those still hold)."""
         return self.estimate(device, card, custom_gib, gpus, **values), _stamp(device, card, custom_gib, gpus, values)
@@ -136,7 +144,16 @@ class MemoryTab:
         """How many components an estimate updates (see `estimate`)."""
         return 8 + len(self.errors)
 
-    def estimate(self, device: str, card: str, custom_gib: float | None, gpus: float | None, **values: Any) -> list:
+    @per_visitor
+    def estimate(
+        self,
+        device: str,
+        card: str,
+        custom_gib: float | None,
+        gpus: float | None,
+        request: gr.Request | None = None,
+        **values: Any,
+    ) -> list:
         """The estimate for the Configure form with this tab's fields on top.
 
         Returns updates for: verdict, chart, breakdown table, comparisons, advice table, advice choice, apply button,
@@ -385,7 +402,7 @@ def wire(tab: MemoryTab, config: ConfigTab, demo: gr.Blocks) -> None:
     tab.estimate_btn.click(
         lambda: "⏳ Estimating…", None, tab.verdict, queue=False, show_progress="hidden", api_visibility="private"
     ).then(
-        tab.estimate_for, inputs, tab.answer, inputs_kwargs=tab.form, api_name="estimate", show_progress="hidden"
+        tab.estimate_for, inputs, tab.answer, inputs_kwargs=tab.form, api_visibility="private", show_progress="hidden"
     ).then(
         tab.show_estimate,
         [tab.answer, *inputs],

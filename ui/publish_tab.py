@@ -16,6 +16,7 @@ from finetune.errors import UserError
 from finetune.studio import Studio
 from ui.config_tab import warn
 from ui.formatting import plain, run_title
+from ui.visitor import per_visitor
 
 NO_GGUF = "no"  # the GGUF choice that pushes none
 
@@ -36,13 +37,15 @@ class PublishTab:
     export_btn: Any = None
     export_result: Any = None
 
-    def runs(self, current: str | None = None) -> dict:
+    @per_visitor
+    def runs(self, current: str | None = None, request: gr.Request | None = None) -> dict:
         """Finished runs first (they can be pushed), newest first."""
         runs = sorted(self.studio.runs(), key=lambda r: r.status != "completed")  # stable: newest first within each
         choices = [(f"{run_title(r)} · {r.status} · {r.run_id}", r.run_id) for r in runs]
         ids = [v for _, v in choices]
         return gr.update(choices=choices, value=current if current in ids else (ids[0] if ids else None))
 
+    @per_visitor
     def push(
         self,
         run_id: str | None,
@@ -52,6 +55,7 @@ class PublishTab:
         merged: bool,
         oauth_token: gr.OAuthToken | None = None,
         gguf: str = NO_GGUF,
+        request: gr.Request | None = None,
     ) -> list:
         """[result message, token box]: the token box is emptied whatever happens. A pasted token wins over the
         Hugging Face sign-in (`oauth_token`, filled in by gradio on a Space)."""
@@ -69,7 +73,15 @@ class PublishTab:
         what = ("merged model" if merged else "adapter") + (f" and a {also} GGUF" if also else "")
         return [f"✓ Pushed the {what} of `{run_id}` to [{plain(url)}]({plain(url)}).", ""]
 
-    def export(self, run_id: str | None, fmt: str, quant: str, progress: gr.Progress = gr.Progress()) -> str:  # noqa: B008
+    @per_visitor
+    def export(
+        self,
+        run_id: str | None,
+        fmt: str,
+        quant: str,
+        progress: gr.Progress = gr.Progress(),  # noqa: B008
+        request: gr.Request | None = None,
+    ) -> str:
         """The status line of an export: what was written in the run's exports/ folder and its size. While it runs,
         gradio's progress bar shows each stage (merging, tokenizer, weights, Modelfile)."""
         if not run_id:
@@ -172,10 +184,10 @@ def wire(tab: PublishTab, demo: gr.Blocks, publish_tab: Any) -> None:
         tab.push,
         [tab.run, tab.repo_id, tab.token, tab.private, tab.merged, tab.gguf],
         [tab.result, tab.token],
-        api_name="publish",
+        api_visibility="private",  # API clients use /publish (ui/api.py)
     )
     tab.export_btn.click(
-        tab.export, [tab.run, tab.export_format, tab.export_quant], tab.export_result, api_name="export"
+        tab.export, [tab.run, tab.export_format, tab.export_quant], tab.export_result, api_visibility="private"
     )
     for trigger in (demo.load, publish_tab.select):
         trigger(tab.runs, tab.run, tab.run, api_visibility="undocumented", show_progress="hidden")

@@ -24,6 +24,7 @@ from finetune.errors import BusyError, UserError
 from finetune.studio import Studio
 from ui.config_tab import ConfigTab
 from ui.formatting import one_line, plain, preview_html
+from ui.visitor import per_visitor
 
 GOALS = {
     "sft": "Style or instructions: answer like the examples (SFT)",
@@ -310,6 +311,7 @@ class StartTab:
         ticket = self.tickets.issue(session_of(request), "proposal")
         return {self.proposal_ticket: ticket, self.proposal: PENDING_PROPOSAL, self.message: ""}
 
+    @per_visitor
     def propose(self, data: dict, request: gr.Request | None = None) -> dict:
         """Propose a configuration that fits the chosen hardware and write it into the shared form; dropped if the
         choices changed while it was worked out."""
@@ -347,6 +349,7 @@ class StartTab:
             self.proposed: proposed,
         }
 
+    @per_visitor
     def look_at_data(self, data: dict, request: gr.Request | None = None) -> dict:
         """The data's token-length statistics and its first examples as the model sees them (dropped if stale)."""
         session = session_of(request)
@@ -396,7 +399,8 @@ class StartTab:
             self.summary: run_summary(form, data.get(self.proposed)),
         }
 
-    def use_upload(self, file: Any) -> dict:
+    @per_visitor
+    def use_upload(self, file: Any, request: gr.Request | None = None) -> dict:
         """Keep an uploaded data file (the app's upload rules) and choose it as the data."""
         try:
             path = Path(getattr(file, "name", None) or str(file))
@@ -410,17 +414,16 @@ class StartTab:
             self.message: f"Using the uploaded file `{plain(path.name)}` as the data.",
         }
 
+    @per_visitor
     def start(self, data: dict, request: gr.Request | None = None) -> dict:
         """Start a run with the shared form (as the Train tab's Start does), then show it on the Train tab."""
-        from ui.train_tab import owner_of
-
         form = self.form(data)
         _, problems = self.studio.check(form)
         if problems:
             name, problem = next(iter(problems.items()))
             return {self.message: f"⚠ Not started: {plain(problem)} (see **{field_label(name)}** in Configure)."}
         try:
-            state = self.studio.start(form, owner=owner_of(request))
+            state = self.studio.start(form)
         except BusyError as exc:
             return {self.message: f"⚠ {plain(exc)}"}
         except UserError as exc:

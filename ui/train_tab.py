@@ -37,6 +37,7 @@ from ui.formatting import (
     sample_rows,
     size,
 )
+from ui.visitor import per_visitor
 
 TICK_SECONDS = 1.0
 SERIES = ("train", "eval")
@@ -113,32 +114,6 @@ def changed_settings(values: dict[str, Any], defaults: dict[str, Any]) -> list[s
     return out
 
 
-def signed_in_user(request: gr.Request | None) -> str | None:
-    """The Hugging Face user signed in with the page's login button (a Space's OAuth session), if any."""
-    underlying = getattr(request, "request", None) if request is not None else None
-    scope = getattr(underlying, "scope", None)
-    session = scope.get("session") if isinstance(scope, dict) else None
-    info = session.get("oauth_info") if isinstance(session, dict) else None
-    if not isinstance(info, dict) or (info.get("expires_at") or float("inf")) < time.time():
-        return None
-    name = (info.get("userinfo") or {}).get("preferred_username")
-    return str(name) if name else None
-
-
-def owner_of(request: gr.Request | None) -> str:
-    """Who starts a run, as other users are told: the login name (password or Hugging Face sign-in), else the
-    browser's address."""
-    if request is None:
-        return "the web app"
-    if getattr(request, "username", None):
-        return str(request.username)
-    user = signed_in_user(request)
-    if user:
-        return user
-    host = getattr(getattr(request, "client", None), "host", None)
-    return f"a browser at {host}" if host else "the web app"
-
-
 @dataclass
 class TrainTab:
     studio: Studio
@@ -165,7 +140,8 @@ class TrainTab:
     shown: Any = None
 
     # ----- what is about to run
-    def describe(self, **values: Any) -> tuple[str, str]:
+    @per_visitor
+    def describe(self, request: gr.Request | None = None, **values: Any) -> tuple[str, str]:
         """(the summary of what Start would run, the form stamp it is for)."""
         try:
             preview = self.studio.preview_run(values)
@@ -258,7 +234,8 @@ class TrainTab:
             self.resume_btn: gr.update(interactive=bool(chosen and chosen.resumable and not active)),
         }
 
-    def tick(self, viewing: str, shown: tuple | list | None) -> dict:
+    @per_visitor
+    def tick(self, viewing: str, shown: tuple | list | None, request: gr.Request | None = None) -> dict:
         """Called by the timer: updates for whatever changed since `shown` (the keys drawn last), nothing else."""
         state = self.studio.state()
         if not viewing and state is not None and state.active:
@@ -277,7 +254,8 @@ class TrainTab:
                     out[self.message] = ""  # "Started…", "Resuming…" or "busy" ends with the run it was about
         return out
 
-    def attach(self) -> dict:
+    @per_visitor
+    def attach(self, request: gr.Request | None = None) -> dict:
         """On page load: follow the running run, else show the newest run; same outputs as `tick`."""
         state = self.studio.state()
         if state is not None and state.active:
@@ -287,7 +265,8 @@ class TrainTab:
             viewing = runs[0].run_id if runs else ""
         return self.tick(viewing, None)
 
-    def select(self, run_id: str | None) -> dict:
+    @per_visitor
+    def select(self, run_id: str | None, request: gr.Request | None = None) -> dict:
         """Show another run: same outputs as `tick`, redrawn."""
         return self.tick(run_id or "", None)
 
@@ -303,6 +282,7 @@ class TrainTab:
             return {"processes": count}
         return {}
 
+    @per_visitor
     def start(self, request: gr.Request | None = None, processes: Any = 1, **values: Any) -> dict:
         """Start a run from the Configure form (and the processes choice): {message, viewing, shown, *Configure error
         outputs}."""
@@ -314,7 +294,7 @@ class TrainTab:
             text = f"⚠ Not started: {plain(first)}{more}. Fix it in the Configure tab."
             return {self.message: text, **dict(zip(problems_out, self.config.problem_updates(problems), strict=True))}
         try:
-            state = self.studio.start(values, owner=owner_of(request), **self.start_kwargs(processes))
+            state = self.studio.start(values, **self.start_kwargs(processes))
         except BusyError as exc:
             warn(str(exc))
             return {self.message: f"⚠ {plain(exc)}"}
@@ -330,17 +310,25 @@ class TrainTab:
         clean = dict(zip(problems_out, self.config.problem_updates({}), strict=True))
         return {self.message: message, self.viewing: state.run_id, self.shown: None, **clean}
 
-    def stop(self) -> str:
-        if self.studio.stop():
+    @per_visitor
+    def stop(self, request: gr.Request | None = None, run: str | None = None) -> str:
+        """Stop `run` (or this visitor's run training now) after a checkpoint. `request` first: the button sends no
+        input, and gradio puts the request where the handler's signature has it."""
+        try:
+            stopping = self.studio.stop(run)
+        except UserError as exc:
+            return f"⚠ {plain(exc)}"
+        if stopping:
             return "■ Stopping: the current step finishes and a checkpoint is saved, so you can resume later."
         return "Nothing is running."
 
+    @per_visitor
     def resume(self, request: gr.Request | None, run_id: str | None) -> dict:
         """{message, viewing, shown} (only the message when nothing resumes)."""
         if not run_id:
             return {self.message: "Pick a run under *Runs* first."}
         try:
-            state = self.studio.resume(run_id, owner=owner_of(request))
+            state = self.studio.resume(run_id)
         except UserError as exc:
             warn(str(exc))
             return {self.message: f"⚠ {plain(exc)}"}
@@ -491,7 +479,10 @@ def wire(tab: TrainTab, config: ConfigTab, demo: gr.Blocks, train_tab: Any = Non
         tab.message,
     ]
     quiet = {"show_progress": "hidden", "concurrency_limit": None}
-    tab.timer.tick(tab.tick, [tab.viewing, tab.shown], page, api_name="status", **quiet)
+    # The page's own poll (bench/ui_latency.py measures it); API clients use /status (ui/api.py).
+    tab.timer.tick(
+        tab.tick, [tab.viewing, tab.shown], page, api_name="page_status", api_visibility="undocumented", **quiet
+    )
     demo.load(tab.attach, None, page, api_visibility="undocumented", **quiet)
     demo.load(tab.processes_choice, None, tab.processes, api_visibility="private", show_progress="hidden")
     # What Start would run: said when the tab opens (pending first), shown only for the form it was computed for.
@@ -512,13 +503,17 @@ def wire(tab: TrainTab, config: ConfigTab, demo: gr.Blocks, train_tab: Any = Non
         tab.start,
         None,
         [tab.message, tab.viewing, tab.shown, *config.error_outputs],
-        inputs_kwargs={**config.form, "processes": tab.processes},  # the form first: API clients send it in order
-        api_name="start",
+        inputs_kwargs={**config.form, "processes": tab.processes},
+        api_visibility="private",  # API clients use /start (ui/api.py)
         concurrency_limit=None,
     )
-    tab.stop_btn.click(tab.stop, None, tab.message, api_name="stop", concurrency_limit=None)
+    tab.stop_btn.click(tab.stop, None, tab.message, api_visibility="private", concurrency_limit=None)
     tab.resume_btn.click(
-        tab.resume, tab.run_pick, [tab.message, tab.viewing, tab.shown], api_name="resume", concurrency_limit=None
+        tab.resume,
+        tab.run_pick,
+        [tab.message, tab.viewing, tab.shown],
+        api_visibility="private",
+        concurrency_limit=None,
     )
     tab.run_pick.input(tab.select, tab.run_pick, page, api_visibility="undocumented", **quiet)
     tab.refresh_btn.click(tab.select, tab.viewing, page, api_visibility="undocumented", **quiet)

@@ -5,9 +5,12 @@
 
 LoRA adapters are merged onto the base in its saved precision; a QLoRA adapter is merged onto the full-precision base
 (never 4-bit), with a warning that this is not exactly the model training evaluated. A full fine-tune's run directory
-already holds the model. Everything is written into a hidden folder beside the target and renamed into place at the
-end, so a failed export leaves nothing under the final name. Export writes only under `--out`, or under the run's
-`exports/` folder, never into the run's own files. Its output is scanned for local paths like a Hub push.
+already holds the model. Everything is written into a hidden `.export-*` folder beside the target and renamed into
+place at the end, so a failed export (a full disk, a file-size limit, a folder it cannot write) leaves nothing under
+the final name and says why in one line; such folders left by an export that was killed are removed by the next one.
+Export writes only under `--out` (a path without '..' or symbolic links), or under the run's `exports/` folder, never
+into the run's own files; damaged weights are refused before any work. Its output is scanned for local paths like a
+Hub push.
 torch / transformers / peft / gguf are imported inside the functions.
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -22,14 +26,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from finetune.atomic import read_json, write_json
 from finetune.config import TrainConfig
 from finetune.errors import UserError, os_reason
+from finetune.failures import disk_error
+from finetune.pids import own_start, same_process
 from finetune.publish.public import FULL_MODEL_FILES, TOKENIZER_FILES, check_no_local_paths, looks_like_path
 from finetune.rundir import RunDir
 
 FORMATS = ("merged", "gguf")
 QUANTS = ("f16", "q8_0")
 EXPORTS_FOLDER = "exports"
+STAGE_PREFIX = ".export-"  # the hidden folder an export is written in before it is renamed into place
+STAGE_OWNER = "export-owner.json"  # in it: the pid and start time of the export writing it
 QLORA_WARNING = (
     "warning: this qlora adapter was trained against 4-bit rounded base weights; it is merged into the full-precision "
     "base, so the exported model differs slightly from the one you evaluated (check its answers before you ship it)"
@@ -84,19 +93,12 @@ def export_run(
     config = run.load_config()
     if config.task != "causal_lm":
         raise UserError(f"format: export supports causal_lm runs, not {config.task}; push the adapter", "format")
+    check_weights_readable(run)
     target = _target(run, fmt, quant, out)
     warnings = (QLORA_WARNING,) if config.method == "qlora" else ()
     for warning in warnings:
         say(warning)
-    with tempfile.TemporaryDirectory(prefix=".export-", dir=target.parent) as tmp:
-        stage = Path(tmp) / target.name
-        try:
-            main = _write(run, config, fmt, quant, stage, say)
-            check_no_local_paths(stage, config, run)
-            _replace(stage, target)
-        except OSError as exc:
-            raise UserError(f"out: cannot write the export: {os_reason(exc)}; nothing was written", "out") from None
-    main = target / main.relative_to(stage) if main != stage else target
+    main = _write_staged(run, config, fmt, quant, target, say)
     size = sum(p.stat().st_size for p in target.rglob("*") if p.is_file())
     result = ExportResult(target, main, size, warnings)
     say(result.summary())
@@ -105,10 +107,10 @@ def export_run(
 
 def check_format(fmt: str, quant: str | None) -> tuple[str, str | None]:
     """The format and quantisation, checked: (merged, None) or (gguf, f16|q8_0)."""
-    fmt = (fmt or "").strip().lower()
+    fmt = str(fmt or "").strip().lower()  # a number through the API is refused by name like any other value
     if fmt not in FORMATS:
         raise UserError(f"format: expected one of {', '.join(FORMATS)}, got {fmt!r}", "format")
-    quant = (quant or "").strip().lower() or None
+    quant = str(quant or "").strip().lower() or None
     if fmt == "merged" and quant:
         raise UserError("quant: only for --format gguf (a merged model keeps its own precision)", "quant")
     if fmt == "gguf":
@@ -126,10 +128,27 @@ def finished_run(run_dir: str | Path) -> RunDir:
     return find_finished_run(run_dir, runs_root(), "export")
 
 
+def check_weights_readable(run: RunDir) -> None:
+    """Refuse, naming the file, a run whose saved weights are cut short or damaged, before minutes of work."""
+    from safetensors import SafetensorError, safe_open
+
+    for path in sorted(run.path.glob("*.safetensors")):
+        try:
+            with safe_open(str(path), "pt"):
+                pass
+        except (SafetensorError, OSError) as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UserError(
+                f"run_dir: {run.name}/{path.name} cannot be read ({reason}): the file is damaged or cut short; "
+                "train the run again or resume it from a checkpoint",
+                "run_dir",
+            ) from None
+
+
 def _target(run: RunDir, fmt: str, quant: str | None, out: str | Path | None) -> Path:
     """Where the export goes; a user's --out must not exist yet (or be empty); the default is replaced each time."""
     if out:
-        target = Path(out).expanduser().absolute()
+        target = _out_path(out)
         if target.exists() and (not target.is_dir() or any(target.iterdir())):
             raise UserError(f"out: {target.name} already exists and is not empty; pick a new folder", "out")
         if target.resolve().is_relative_to(run.path.resolve()) and EXPORTS_FOLDER not in target.parts:
@@ -141,6 +160,67 @@ def _target(run: RunDir, fmt: str, quant: str | None, out: str | Path | None) ->
     except OSError as exc:
         raise UserError(f"out: cannot create {target.parent.name}: {os_reason(exc)}", "out") from None
     return target
+
+
+def _out_path(out: str | Path) -> Path:
+    """--out as an absolute path that means what it says: through '..' or a symbolic link it is refused, naming
+    where it really leads (a link can be changed between the check and the write)."""
+    given = Path(out).expanduser()
+    target = given.absolute()
+    if ".." in given.parts:
+        raise UserError(f"out: {out} goes through '..'; give the folder's own path ({target.resolve()})", "out")
+    real = target.resolve()
+    if real != target:
+        raise UserError(f"out: {out} goes through a symbolic link; give the folder's real path ({real})", "out")
+    return target
+
+
+def _write_staged(run: RunDir, config: TrainConfig, fmt: str, quant: str | None, target: Path, say: Progress) -> Path:
+    """Write the export into a hidden `.export-*` folder beside `target`, then rename it into place: whatever fails
+    (a full disk, a file-size limit, a folder that cannot be written), nothing is left under the final name.
+    Returns the export's main file."""
+    remove_stale_stages(target.parent)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=STAGE_PREFIX, dir=target.parent))
+    except OSError as exc:
+        raise _not_written(exc, run, target.parent) from None
+    try:
+        write_json(tmp / STAGE_OWNER, {"pid": os.getpid(), "started": own_start()})
+        stage = tmp / target.name
+        main = _write(run, config, fmt, quant, stage, say)
+        check_no_local_paths(stage, config, run)
+        _replace(stage, target)
+    except UserError:
+        raise
+    except Exception as exc:  # torch and safetensors report a full disk in their own words
+        disk = disk_error(exc, target.parent)
+        if disk is None and not isinstance(exc, OSError):
+            raise
+        raise _not_written(disk or exc, run, target.parent) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target / main.relative_to(stage) if main != stage else target
+
+
+def _not_written(exc: OSError, run: RunDir, folder: Path) -> UserError:
+    """The one line for a failed write, naming the folder (the file that failed was in the hidden stage); the run's
+    own exports/ folder by the run's name, never by a server path."""
+    reason = exc.strerror or type(exc).__name__
+    shown = folder.relative_to(run.path.parent) if folder.is_relative_to(run.path.parent) else folder
+    return UserError(f"out: cannot write the export in {shown}: {reason}; nothing was written", "out")
+
+
+def remove_stale_stages(folder: Path) -> None:
+    """Delete `.export-*` folders that exports killed mid-way left in `folder`: only those that carry an export's
+    owner file naming a process that has ended (never one still being written, never a folder we did not make)."""
+    try:
+        stages = [p for p in folder.glob(STAGE_PREFIX + "*") if p.is_dir() and not p.is_symlink()]
+    except OSError:
+        return
+    for stage in stages:
+        owner = read_json(stage / STAGE_OWNER)
+        if isinstance(owner, dict) and not same_process(owner.get("pid"), owner.get("started")):
+            shutil.rmtree(stage, ignore_errors=True)
 
 
 def _replace(stage: Path, target: Path) -> None:

@@ -262,6 +262,18 @@ def hub_endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT", "").strip() or constants.ENDPOINT).rstrip("/")
 
 
+def token_user(token: str) -> str | None:
+    """The Hub user a token belongs to (whoami), or None when the Hub refuses it or cannot be reached."""
+    from huggingface_hub import HfApi
+
+    try:
+        info = HfApi(endpoint=hub_endpoint(), library_name="finetune-studio").whoami(token=token)
+    except Exception:  # a bad token, no network, an offline hub: no identity, never an error page
+        return None
+    name = info.get("name") if isinstance(info, dict) and info.get("type", "user") == "user" else None
+    return str(name) if name else None
+
+
 def resolve_token(token: str | None, allow_env: bool = True) -> str:
     """The token to use: the given one, else (if allow_env) `HF_TOKEN`, else a stored `hf auth login`."""
     if token and token.strip():
