@@ -95,12 +95,17 @@ class RunPlan:
     reference: str | None = None  # dpo/kto: "adapter-off" (the base under the adapter) or "copy" (a frozen copy)
     liger: bool = False  # Liger's fused kernels patch the model (CUDA + liger-kernel installed)
     packing: bool = False  # micro batches without padding, attention confined per example (finetune/packing.py)
-    packing_note: str = ""  # why packing is on or off for this run, in one line for the run log
+    packing_note: str = ""  # why packing is on or off for this run, in a few words
 
     @property
     def trainer_optim(self) -> str:
         """`TrainingArguments.optim` for this plan."""
         return TRAINER_OPTIMIZERS[self.optimizer]
+
+    @property
+    def packing_line(self) -> str:
+        """The run log's line on packing: 'packing: on: ...' or 'packing: off: why'."""
+        return f"packing: {'on' if self.packing else 'off'}: {self.packing_note}"
 
     @property
     def is_classifier(self) -> bool:
@@ -226,15 +231,15 @@ def packing_for(config: TrainConfig) -> tuple[bool, str]:
     """Whether micro batches train without padding (`finetune.packing`), and the reason in one line. On where it
     helps: a causal LM's sft with more than one example per micro batch (one example has no padding to remove)."""
     if not config.packing:
-        return False, "packing: off (packing: false): each micro batch is padded to its longest example"
+        return False, "packing: false in the settings"
     if config.task == "sequence_classification":
-        return False, "packing: off: classification reads one label per padded row, from its last token"
+        return False, "classification reads one label per padded row, from its last token"
     why = PACKING_BY_OBJECTIVE.get(config.objective, f"the {config.objective} trainer has no padding-free path")
     if why:
-        return False, f"packing: off: {why}"
+        return False, why
     if config.per_device_train_batch_size == 1:
-        return False, "packing: off: one example per micro batch has no padding to remove"
-    return True, "packing: on: each micro batch is one row without padding, attention confined to each example"
+        return False, "one example per micro batch has no padding to remove"
+    return True, "each micro batch is one row without padding, attention confined to each example"
 
 
 # The causal-LM model families (config.json's model_type) liger-kernel 0.8.5 patches: the text models of its

@@ -90,6 +90,8 @@ class RunPreview:
     processes: int = 1
     estimate_bytes: int | None = None  # peak memory per device; None when it could not be estimated
     estimate_note: str = ""  # why there is no estimate
+    packing: bool = False  # micro batches without padding (the plan's decision)
+    packing_note: str = ""  # the plan's reason, in one line
 
 
 def field_problem(exc: BaseException, default_field: str = "config") -> dict[str, str]:
@@ -340,6 +342,8 @@ class Studio:
             processes=int(plan.world_size),
             estimate_bytes=peak,
             estimate_note=note,
+            packing=plan.packing,
+            packing_note=plan.packing_note,
         )
 
     # ----------------------------------------------------------------- runs

@@ -138,7 +138,7 @@ def test_the_plan_says_where_packing_applies_and_why_not(tiny_model_dir):
         plan = plan_for(tiny_config(tiny_model_dir, **changes), device="cpu")
         return plan.packing, plan.packing_note
 
-    assert decision() == (True, decision()[1]) and decision()[1].startswith("packing: on")
+    assert decision() == (True, "each micro batch is one row without padding, attention confined to each example")
     assert decision(packing=False)[0] is False
     assert decision(objective="dpo")[0] is False and "TRL 1.16's DPO trainer" in decision(objective="dpo")[1]
     assert "KTO" in decision(objective="kto")[1] and "ORPO" in decision(objective="orpo")[1]
@@ -249,3 +249,14 @@ def test_on_a_gpu_a_packed_micro_batch_has_the_padded_loss_and_gradients(tiny_mo
     assert grad_gap(grads_packed, grads_padded) <= (EXACT if dtype == "float32" else 5e-2)
     uses_varlen = dtype == "bfloat16" and packing._varlen_function() is not None
     assert bool(calls) == uses_varlen, (calls, torch.__version__)
+
+
+def test_the_train_tab_says_how_batches_are_laid_out_before_start(tiny_model_dir):
+    from finetune.studio import Studio
+    from ui.train_tab import plan_markdown
+
+    values = tiny_config(tiny_model_dir).to_dict()
+    text = plan_markdown(Studio().preview_run(values, estimate=False), [])
+    assert "No compute on padding: each micro batch is packed into one row" in text
+    dpo = plan_markdown(Studio().preview_run({**values, "objective": "dpo"}, estimate=False), [])
+    assert "Micro batches are padded to their longest example (TRL 1.16's DPO trainer has padding-free" in dpo

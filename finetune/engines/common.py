@@ -83,7 +83,7 @@ def packs_batches(model: Any, plan: RunPlan, progress: Progress) -> bool:
     (`finetune.packing.enable`); otherwise padded micro batches, and the run log says why in one line."""
     if not plan.packing:
         if plan.config.packing:
-            progress.message(plan.packing_note)
+            progress.message(plan.packing_line)
         return False
     from finetune import packing
 
@@ -91,7 +91,7 @@ def packs_batches(model: Any, plan: RunPlan, progress: Progress) -> bool:
     if problem is not None:
         progress.message(f"packing: off: {problem}; this run pads its micro batches instead")
         return False
-    progress.message(plan.packing_note)
+    progress.message(plan.packing_line)
     return True
 
 
