@@ -188,8 +188,9 @@ def set_kernel(model: Any, kernel: str) -> None:
     model.get_base_model().set_attn_implementation(name)
 
 
-def run_kernels(args: argparse.Namespace, model_dir: Path, report: Report) -> None:
-    """Forward + backward of the same micro batches with each kernel: real tokens/s, peak, loss gap to padded."""
+def run_kernels(args: argparse.Namespace, model_dir: Path, report: Report) -> str:
+    """Forward + backward of the same micro batches with each kernel: real tokens/s, peak, loss gap to padded. Returns
+    a one-line summary."""
     import random
 
     import torch
@@ -213,6 +214,7 @@ def run_kernels(args: argparse.Namespace, model_dir: Path, report: Report) -> No
         models.enable_checkpointing(model)
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if args.cuda else torch.autocast("cpu", enabled=False)
     real = sum(len(f["input_ids"]) for batch in batches for f in batch)
+    padded_tokens = sum(len(batch) * max(len(f["input_ids"]) for f in batch) for batch in batches)
     kernels = kernels_here(args.cuda)
     results: dict[str, dict[str, Any]] = {k: {"times": [], "losses": [], "peak": 0} for k in kernels}
     for rep in range(args.kernel_reps + 1):  # rep 0: warm-up, and the peak
@@ -248,10 +250,13 @@ def run_kernels(args: argparse.Namespace, model_dir: Path, report: Report) -> No
     report.print()
     report.print(
         f"attention kernels, in this process: forward + backward of the same {len(batches)} micro batches of "
-        f"{args.batch} ({real} real tokens), median of {args.kernel_reps}, alternating order; peak: "
+        f"{args.batch} ({real} real tokens, padding share {1 - real / padded_tokens:.0%}), median of "
+        f"{args.kernel_reps}, alternating order, gradient checkpointing {args.gradient_checkpointing}; peak: "
         f"{'torch.cuda.max_memory_allocated()' if args.cuda else 'live tensor bytes (our counter)'}"
     )
     report.print(table(["kernel", "real tok/s", "vs padded", "peak MiB", "loss gap to padded"], rows_out))
+    ratios = ", ".join(f"{row[0]} {row[2]:.2f}x" for row in rows_out[1:])
+    return f"real tokens/s vs padded: {ratios}; largest loss gap {max(float(row[4]) for row in rows_out):.0e}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -296,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also compare the layouts and attention kernels in this process (padded sdpa, ours, transformers' "
         "block mask; on a GPU flex attention and flash-attn 2 when installed)",
     )
+    parser.add_argument("--only-kernels", action="store_true", help="the kernel comparison alone (no runs)")
     parser.add_argument("--kernel-batches", type=int, default=4, help="micro batches per kernel pass")
     parser.add_argument("--kernel-reps", type=int, default=3, help="timed passes per kernel (after a warm-up)")
     parser.add_argument("--out", default=str(RESULTS), help="results folder or .md file; '' = do not save")
@@ -355,7 +361,7 @@ def main(argv: list[str] | None = None) -> str:
     sides = [s.strip() for s in args.sides.split(",") if s.strip()]
     if set(sides) - set(SIDES) or not {"packed", "padded", "plain"} <= set(sides):
         raise SystemExit(f"--sides: choose from {', '.join(SIDES)}, with packed, padded and plain")
-    report = Report("packing" if not args.cuda else "packing-gpu")
+    report = Report(("packing" if not args.cuda else "packing-gpu") + ("-kernels" if args.only_kernels else ""))
     work = Path(tempfile.mkdtemp(prefix="bench-packing-"))
     try:
         model, described = prepare_model(args, work)
@@ -368,6 +374,10 @@ def main(argv: list[str] | None = None) -> str:
             f"threads per process: {args.threads or 'torch default'}"
         )
         report.print(f"load average before: {loadavg()}")
+        if args.only_kernels:
+            summary = run_kernels(args, model, report)
+            report.print(f"load average after: {loadavg()}")
+            return report.finish(args.out, f"packing kernels on {device}: {summary}")
         runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
         for i in range(args.repeats):
             shift = i % len(sides)
