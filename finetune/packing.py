@@ -82,8 +82,8 @@ def packed_attention(
         why = f"{', '.join(refused)} is" if refused else "a cache or several rows are"
         raise NotImplementedError(f"packed attention: {why} not supported")
     window = kwargs.get("sliding_window")
-    if _varlen_usable(query, window):
-        return _varlen(module, query, key, value, cu, kwargs.get("max_length_q"), dropout, scaling), None
+    if _varlen_usable(query, window, dropout):
+        return _varlen(module, query, key, value, cu, kwargs.get("max_length_q"), scaling), None
     return _per_example(module, query, key, value, _bounds(cu), dropout, scaling, window), None
 
 
@@ -146,9 +146,10 @@ def _window_mask(length: int, window: int, device: Any) -> Any:
     return (distance >= 0) & (distance < window)
 
 
-def _varlen_usable(query: Any, window: int | None) -> bool:
-    """torch's varlen flash kernel: CUDA, 16-bit tensors, no sliding window, and a torch that has it."""
-    if not query.is_cuda or window or query.dtype not in _half_dtypes():
+def _varlen_usable(query: Any, window: int | None, dropout: float) -> bool:
+    """torch's varlen flash kernel: CUDA, 16-bit tensors, no sliding window or attention dropout (it has neither
+    here), and a torch that has it."""
+    if not query.is_cuda or window or dropout or query.dtype not in _half_dtypes():
         return False
     return _varlen_function() is not None
 
@@ -169,13 +170,11 @@ def _varlen_function() -> Any:
     return varlen_attn if wanted <= set(inspect.signature(varlen_attn).parameters) else None
 
 
-def _varlen(module: Any, query: Any, key: Any, value: Any, cu: Any, max_len: Any, dropout: float, scale: Any) -> Any:
+def _varlen(module: Any, query: Any, key: Any, value: Any, cu: Any, max_len: Any, scale: Any) -> Any:
     """One varlen flash call over every example (causal within each): (1, tokens, heads, dim)."""
     import torch
 
-    if dropout:
-        raise NotImplementedError("packed attention: attention dropout is not supported by the varlen kernel")
-    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (tokens, heads, dim)
+    q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))  # (tokens, heads, dim)
     if max_len is None:
         bounds = _bounds(cu)
         max_len = max(end - start for start, end in zip(bounds, bounds[1:], strict=False))
