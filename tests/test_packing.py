@@ -109,7 +109,7 @@ def same_runs(tiny_model_dir, chat_rows, tmp_path_factory):
     for backend in ("trainer", "deepspeed"):
         for on in (True, False):
             config = tiny_config(
-                tiny_model_dir, dataset=str(chat_rows), max_seq_length=MAX_SEQ, max_steps=4, lora_dropout=0.0,
+                tiny_model_dir, dataset=str(chat_rows), max_seq_length=MAX_SEQ, max_steps=3, lora_dropout=0.0,
                 packing=on, backend=backend, output_dir=str(tmp_path_factory.mktemp("run") / "run"),
             )  # fmt: skip
             state = RunManager(tmp_path_factory.mktemp("root")).start(config, background=False)
@@ -122,7 +122,7 @@ def same_runs(tiny_model_dir, chat_rows, tmp_path_factory):
 def test_packing_trains_the_same_examples_to_the_same_losses(same_runs, backend):
     packed, padded = same_runs[backend, True], same_runs[backend, False]
     logs = {run: run.read_events(("log",)) for run in (packed, padded)}
-    assert [e["step"] for e in logs[packed]] == [1, 2, 3, 4]
+    assert [e["step"] for e in logs[packed]] == [1, 2, 3]
     for a, b in zip(logs[packed], logs[padded], strict=True):
         # The same examples each step; and the packed run counts every real token (the padded run counts its mask; a
         # count of the ids that are not the pad id would miss the <|im_end|> tokens inside the text).
@@ -175,7 +175,7 @@ def softcapped_model(tmp_path_factory) -> Path:
 
 
 def test_a_model_whose_attention_cannot_be_switched_trains_padded_and_says_why(softcapped_model, tmp_path):
-    config = tiny_config(softcapped_model, max_steps=2, output_dir=str(tmp_path / "run"))
+    config = tiny_config(softcapped_model, max_steps=1, output_dir=str(tmp_path / "run"))
     assert plan_for(config, device="cpu").packing  # the plan would pack: only the model itself can tell
     state = RunManager(tmp_path / "root").start(config, background=False)
     assert state.status == "completed", state.error

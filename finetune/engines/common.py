@@ -27,7 +27,6 @@ class Prepared:
     prompts: list[str]
     precision: str
     plan: RunPlan
-    packed: bool = False  # micro batches without padding (the plan's decision, once the model proved it confines)
 
 
 def prepare_run(config: TrainConfig, progress: Progress) -> Prepared:
@@ -65,16 +64,14 @@ def prepare_run(config: TrainConfig, progress: Progress) -> Prepared:
     progress.message(
         f"model: {total / 1e6:.1f}M parameters, {trainable / 1e6:.2f}M trainable ({trainable / total:.2%})"
     )
-    packed = packs_batches(model, plan, progress)
     return Prepared(
         tokenizer=tokenizer,
         model=model,
         data=prepared_data,
-        collator=data.collator(config, tokenizer, packing=packed),
+        collator=data.collator(config, tokenizer, packing=packs_batches(model, plan, progress)),
         prompts=data.heldout_prompts(config),
         precision=precision,
         plan=plan,
-        packed=packed,
     )
 
 
