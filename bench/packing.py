@@ -198,7 +198,6 @@ def run_kernels(args: argparse.Namespace, model_dir: Path, report: Report) -> st
 
     from finetune import data, models
     from finetune.config import TrainConfig
-    from finetune.memory.trace import LiveBytes
 
     config = TrainConfig(
         model=str(model_dir), dataset=str(args.data), eval_split="", max_seq_length=args.seq, lora_dropout=0.0,
@@ -218,32 +217,16 @@ def run_kernels(args: argparse.Namespace, model_dir: Path, report: Report) -> st
     padded_tokens = sum(len(batch) * max(len(f["input_ids"]) for f in batch) for batch in batches)
     kernels = kernels_here(args.cuda)
     results: dict[str, dict[str, Any]] = {k: {"times": [], "losses": [], "peak": 0} for k in kernels}
+    failed: dict[str, str] = {}
     for rep in range(args.kernel_reps + 1):  # rep 0: warm-up, and the peak
-        for kernel in kernels if rep % 2 else kernels[::-1]:
-            set_kernel(model, kernel)
-            counter = LiveBytes() if rep == 0 and not args.cuda else None
-            if args.cuda:
-                torch.cuda.reset_peak_memory_stats()
-            started = time.perf_counter()
-            for features in batches:
-                batch = kernel_batch(kernel, features, padded, packed)
-                batch = {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()}
-                with amp, counter if counter is not None else contextlib.nullcontext():
-                    loss = model(**batch).loss
-                    loss.backward()
-                model.zero_grad(set_to_none=True)
-                if rep == 0:
-                    results[kernel]["losses"].append(float(loss.detach()))
-            if args.cuda:
-                torch.cuda.synchronize()
-                results[kernel]["peak"] = max(results[kernel]["peak"], torch.cuda.max_memory_allocated())
-            elif counter is not None:
-                results[kernel]["peak"] = counter.peak
-            if rep > 0:
-                results[kernel]["times"].append(time.perf_counter() - started)
+        for kernel in [k for k in (kernels if rep % 2 else kernels[::-1]) if k not in failed]:
+            try:
+                kernel_pass(model, kernel, batches, padded, packed, results[kernel], rep, args, amp)
+            except Exception as exc:  # noqa: BLE001 - a kernel this machine cannot run is reported, not fatal
+                failed[kernel] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:100]}"
     reference = results["padded"]
     rows_out = []
-    for kernel in kernels:
+    for kernel in [k for k in kernels if k not in failed]:
         r = results[kernel]
         tps = real / median(r["times"])
         gap = max(abs(a - b) / abs(b) for a, b in zip(r["losses"], reference["losses"], strict=True))
@@ -256,8 +239,42 @@ def run_kernels(args: argparse.Namespace, model_dir: Path, report: Report) -> st
         f"{'torch.cuda.max_memory_allocated()' if args.cuda else 'live tensor bytes (our counter)'}"
     )
     report.print(table(["kernel", "real tok/s", "vs padded", "peak MiB", "loss gap to padded"], rows_out))
+    for kernel, why in failed.items():
+        report.print(f"{kernel}: failed here ({why})")
     ratios = ", ".join(f"{row[0]} {row[2]:.2f}x" for row in rows_out[1:])
     return f"real tokens/s vs padded: {ratios}; largest loss gap {max(float(row[4]) for row in rows_out):.0e}"
+
+
+def kernel_pass(
+    model: Any, kernel: str, batches: list, padded: Any, packed: Any, result: dict, rep: int, args: Any, amp: Any
+) -> None:
+    """Forward + backward of every micro batch with one kernel; its time (timed reps), peak and losses (rep 0)."""
+    import torch
+
+    from finetune.memory.trace import LiveBytes
+
+    set_kernel(model, kernel)
+    device = next(model.parameters()).device
+    counter = LiveBytes() if rep == 0 and not args.cuda else None
+    if args.cuda:
+        torch.cuda.reset_peak_memory_stats()
+    started = time.perf_counter()
+    for features in batches:
+        batch = kernel_batch(kernel, features, padded, packed)
+        batch = {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()}
+        with amp, counter if counter is not None else contextlib.nullcontext():
+            loss = model(**batch).loss
+            loss.backward()
+        model.zero_grad(set_to_none=True)
+        if rep == 0:
+            result["losses"].append(float(loss.detach()))
+    if args.cuda:
+        torch.cuda.synchronize()
+        result["peak"] = max(result["peak"], torch.cuda.max_memory_allocated())
+    elif counter is not None:
+        result["peak"] = counter.peak
+    if rep > 0:
+        result["times"].append(time.perf_counter() - started)
 
 
 def build_parser() -> argparse.ArgumentParser:
