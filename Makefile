@@ -6,8 +6,11 @@ STAMP := $(VENV)/.installed
 # The venv's tools (torchrun, deepspeed, its ninja) come first, so DeepSpeed's JIT-built ops are not rebuilt
 # whenever a different ninja happens to be on PATH.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+# llama.cpp (llama-cpp-python) for the tests that load exported GGUF files: a prebuilt CPU wheel beside the repository
+# (a source build takes 15-45 min). Without it those tests skip with a one-line reason.
+LLAMA_WHEEL := $(firstword $(wildcard ../shared/wheels/llama_cpp_python-*.whl))
 
-.PHONY: run test lint install
+.PHONY: run test lint install llama-cpp
 
 install: $(STAMP)
 
@@ -22,8 +25,13 @@ $(STAMP): requirements.txt requirements-dev.txt
 run: $(STAMP)
 	$(PY) app.py
 
-test: $(STAMP)
+test: $(STAMP) llama-cpp
 	$(PY) -m pytest
+
+# Installs the wheel once, only when ../shared/wheels has it and the venv lacks llama_cpp (never replaces a copy).
+llama-cpp: $(STAMP)
+	@if [ -n "$(LLAMA_WHEEL)" ] && ! $(PY) -c "import importlib.util as u, sys; sys.exit(u.find_spec('llama_cpp') is None)"; then \
+		echo "installing $(LLAMA_WHEEL)"; $(PY) -m pip install --quiet "$(LLAMA_WHEEL)"; fi
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -1,17 +1,21 @@
-"""GGUF export on the default run: size of the f16 and q8_0 files, and how closely they agree with the merged model.
+"""The default run's exports measured in real llama.cpp: sizes, agreement with the merged model, tokenization, greedy
+answers, the LoRA GGUF over the base, and the prompt an Ollama Modelfile builds.
 
     python bench/export_gguf.py [--steps 40] [--out bench/results/export_gguf.md]
+    python bench/export_gguf.py --run HOME/runs/RUN_ID     # measure a finished default run instead of training one
 
 Trains the default run (embedded SmolLM2-135M-Instruct, bundled pirate data, LoRA; `--steps` shortens it) in a fresh
-studio home, exports it as merged and as GGUF (f16, q8_0), reads each GGUF back with transformers and compares the
-next-token argmax with the merged model's on text the run never saw; the tokenizer read from the file must encode that
-text exactly as the original. Headline: `export gguf: f16 N MB agree P%, q8_0 N MB agree P%, tokenizer identical`.
+studio home and exports it merged, as f16 and q8_0 GGUF and as a LoRA GGUF (`tests/llama_cpp_support.py`, the code the
+tests use). llama-cpp-python loads each file; on text the run never saw, the share of positions whose top-1 next token
+matches the merged model's in transformers is its agreement; the hard strings must tokenize as the trained tokenizer
+does; greedy answers to 5 chat prompts are compared token for token. The Ollama path renders the Modelfile as Ollama
+does and answers that prompt in llama.cpp; the same prompts without the Modelfile's SYSTEM show what the old Modelfile
+sent. Headline: `export gguf in llama.cpp: f16 P% (A/5 answers), q8_0 P%, lora P%, tokenization T/N, ollama A/5`.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -19,72 +23,100 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-UNSEEN = (
-    "The lighthouse keeper counted the ships that passed each evening and wrote their names in a small blue book. "
-    "Some nights the fog was so thick that he could only hear the bells, and he guessed at the names instead."
-)
+
+def _size(path: Path) -> str:
+    from finetune.publish.export import human_size
+
+    return human_size(path.stat().st_size)
 
 
-def agreement(merged_dir: Path, gguf: Path, text: str) -> tuple[float, bool]:
-    """(share of positions whose next-token argmax matches the merged model's, tokenizer encodes identically)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _steps(run: Path) -> int:
+    """The steps a finished run trained (its status)."""
+    import json
 
-    original = AutoTokenizer.from_pretrained(str(merged_dir))
-    from_file = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    ids = original(text, return_tensors="pt")["input_ids"]
-    same_tokens = from_file(text)["input_ids"] == ids[0].tolist()
-    merged = AutoModelForCausalLM.from_pretrained(str(merged_dir), dtype=torch.float32).eval()
-    read = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
-    with torch.no_grad():
-        a, b = merged(ids).logits.argmax(-1), read(ids).logits.argmax(-1)
-    return float((a == b).float().mean()), same_tokens
+    return int(json.loads((run / "status.json").read_text(encoding="utf-8"))["step"])
+
+
+def _trained(exports: object) -> str:
+    seconds = exports.seconds  # type: ignore[attr-defined]
+    return f"training {seconds['train']:.0f} s" if "train" in seconds else "the run was trained before, with --run"
 
 
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40, help="training steps (the default run has 40)")
     parser.add_argument("--out", default="bench/results/export_gguf.md", help="report file ('' for none)")
+    parser.add_argument("--run", default="", help="a finished default run in its studio home (HOME/runs/RUN_ID)")
     args = parser.parse_args(argv)
-    home = Path(tempfile.mkdtemp(prefix="bench-export-"))
-    os.environ["FINETUNE_STUDIO_HOME"] = str(home)
 
-    from finetune.config import TrainConfig
-    from finetune.publish.export import export_run
-    from finetune.runs import RunManager
+    from tests import llama_cpp_support as llama
 
+    if not llama.available():
+        raise SystemExit(f"export_gguf: {llama.SKIP_REASON}")
     started = time.time()
-    state = RunManager().start(TrainConfig(max_steps=args.steps), background=False)
-    assert state.status == "completed", state.error
-    trained = time.time() - started
-    merged = export_run(state.run_dir, "merged")
-    rows, parts = [], []
-    for quant in ("f16", "q8_0"):
-        t0 = time.time()
-        result = export_run(state.run_dir, "gguf", quant)
-        took = time.time() - t0
-        share, same = agreement(merged.folder, result.main, UNSEEN)
-        tokens = "identical" if same else "DIFFERENT"
-        rows.append(f"| {quant} | {result.size} | {share:.1%} | {tokens} | {took:.0f} s |")
-        parts.append(f"{quant} {result.size} agree {share:.1%}")
-        if not same:
-            parts.append(f"{quant} tokenizer DIFFERENT")
+    if args.run:
+        exports = llama.export_all(Path(args.run).absolute())
+        args.steps = _steps(exports.run)
+    else:
+        home = Path(tempfile.mkdtemp(prefix="bench-export-"))
+        print(f"studio home: {home}", file=sys.stderr, flush=True)
+        # No step-0 sample answers: they do not change the trained weights and take minutes on a loaded CPU.
+        exports = llama.default_run_exports(home, samples=False, max_steps=args.steps)
+    figures = llama.measure(exports)
+    n, hard = len(llama.CHAT_PROMPTS), figures["hard_strings"]
+    tokenized = hard - len(figures["tokenization_differs"])
+    rows = [
+        f"| f16 GGUF | {_size(exports.f16)} | {figures['f16_agreement']:.1%} | {figures['f16_same_answers']}/{n} |",
+        f"| q8_0 GGUF | {_size(exports.q8_0)} | {figures['q8_0_agreement']:.1%} | |",
+        f"| base f16 GGUF + LoRA GGUF | {_size(exports.lora)} (adapter) | {figures['lora_agreement']:.1%} "
+        f"| {figures['lora_same_answers']}/{n} |",
+        f"| base f16 GGUF alone (no adapter) | {_size(exports.base_gguf)} | {figures['base_agreement']:.1%} | |",
+    ]
+    answers = [
+        f"| {prompt} | {merged!r} | {ollama!r} | {old!r} |"
+        for prompt, merged, ollama, old in zip(
+            llama.CHAT_PROMPTS,
+            figures["answers"],
+            figures["ollama_answers"],
+            figures["answers_without_system"],
+            strict=True,
+        )
+    ]
     headline = (
-        f"export gguf: {', '.join(parts)}, tokenizer identical"
-        if "DIFFERENT" not in " ".join(parts)
-        else (f"export gguf: {', '.join(parts)}")
+        f"export gguf in llama.cpp: f16 {figures['f16_agreement']:.1%} ({figures['f16_same_answers']}/{n} answers), "
+        f"q8_0 {figures['q8_0_agreement']:.1%}, lora {figures['lora_agreement']:.1%} "
+        f"({figures['lora_same_answers']}/{n}), tokenization {tokenized}/{hard}, "
+        f"ollama {figures['ollama_same_answers']}/{n}"
     )
     report = "\n".join(
         [
-            "# GGUF export of the default run",
+            "# The default run's exports in llama.cpp",
             "",
-            f"Default run (embedded SmolLM2-135M-Instruct, bundled pirate data, LoRA), {args.steps} steps, trained in "
-            f"{trained:.0f} s on this machine's CPU; merged export {merged.size}. Agreement: next-token argmax of the "
-            "GGUF read back with transformers vs the merged model, on a text the run never saw.",
+            f"Default run (embedded SmolLM2-135M-Instruct, bundled pirate data, LoRA), {args.steps} steps; "
+            f"{'exports' if args.run else 'training, exports'} and measuring took {time.time() - started:.0f} s on "
+            "this machine's CPU "
+            f"({_trained(exports)}). llama-cpp-python {llama.llama_cpp.__version__} (CPU).",
             "",
-            "| quant | file | agreement | tokenizer | export time |",
-            "|---|---|---|---|---|",
+            f"Agreement: top-1 next token of llama.cpp vs the merged model in transformers at {figures['positions']} "
+            f"positions of a text the run never saw. Answers: greedy, {llama.ANSWER_TOKENS} tokens at most, to {n} "
+            "chat prompts, identical token for token.",
+            "",
+            "| file | size | agreement | greedy answers identical |",
+            "|---|---|---|---|",
             *rows,
+            "",
+            f"Tokenization: {tokenized} of {hard} hard strings (emoji, code, CJK, RTL, specials) tokenized by "
+            "llama.cpp exactly as the trained tokenizer does.",
+            "",
+            "Ollama: the Modelfile's TEMPLATE and SYSTEM rendered as Ollama renders them "
+            f"{'give' if figures['ollama_prompt_is_the_training_prompt'] else 'do NOT give'} the training prompt; "
+            f"llama.cpp (f16) answers that prompt as the merged model answers the training prompt for "
+            f"{figures['ollama_same_answers']}/{n} prompts. Without the SYSTEM line (the old Modelfile) the prompt "
+            "lacks SmolLM2's default system prompt, which every training example carried:",
+            "",
+            "| prompt | merged model (training prompt) | llama.cpp, Modelfile prompt | llama.cpp, without SYSTEM |",
+            "|---|---|---|---|",
+            *answers,
             "",
             f"`{headline}`",
             "",

@@ -6,8 +6,10 @@ meta device matches the published size (tests/test_catalogue.py). It lets the es
 `meta-llama/Llama-3.1-8B` and the others offline, for gated repositories, and in well under a second. Rope scaling
 tables that do not change memory (Phi-3.5's longrope factors) are left out.
 
-Also here: whether the Hugging Face Hub can be reached, asked once with a short timeout, so that an unknown id fails
-in seconds when the machine is offline instead of after the Hub client's retries.
+Also here: the common GPU cards and the memory a program can use on each (what the Start and Memory tabs offer, and
+what a proposal names when a run needs a larger card); and whether the Hugging Face Hub can be reached, asked once
+with a short timeout, so that an unknown id fails in seconds when the machine is offline instead of after the Hub
+client's retries.
 """
 
 from __future__ import annotations
@@ -22,6 +24,29 @@ from pathlib import Path
 from typing import Any
 
 BUNDLED_MODELS = Path(__file__).parent / "bundled" / "models"
+
+# Memory a process can allocate on common cards, in GiB, smallest first (torch.cuda.get_device_properties()
+# .total_memory; the marketing size in the name is decimal GB and includes memory the driver keeps). The consumer
+# cards' figures are about what such a card reports, rounded down.
+GPU_CARDS: dict[str, float] = {
+    "RTX 4060 (8 GB)": 7.6,
+    "RTX 3080 (10 GB)": 9.6,
+    "RTX 3060 (12 GB)": 11.6,
+    "T4 (16 GB)": 14.7,
+    "RTX 4080 (16 GB)": 15.6,
+    "V100 (16 GB)": 15.8,
+    "L4 (24 GB)": 22.0,
+    "A10G (24 GB)": 22.0,
+    "RTX 4090 (24 GB)": 23.6,
+    "RTX 3090 (24 GB)": 23.7,
+    "V100 (32 GB)": 31.7,
+    "A100 (40 GB)": 39.4,
+    "L40S (48 GB)": 44.4,
+    "A6000 (48 GB)": 47.5,
+    "A100 (80 GB)": 79.1,
+    "H100 (80 GB)": 79.1,
+    "H200 (141 GB)": 139.8,
+}
 HUB_HOST = "huggingface.co"
 REACH_TIMEOUT = 3.0  # seconds to resolve and connect to the Hub before calling it unreachable
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")

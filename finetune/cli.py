@@ -1,4 +1,5 @@
-"""Command line: python -m finetune {train,estimate,chat,push,export,launch-command}. Bad input: one line, exit 2."""
+"""Command line: python -m finetune {train,propose,estimate,chat,push,export,launch-command}. Bad input: one line,
+exit 2."""
 
 from __future__ import annotations
 
@@ -74,6 +75,24 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--max-new-tokens", type=int, default=128)
     chat.add_argument("--prompt", help="answer this one prompt and exit")
     chat.set_defaults(func=cmd_chat)
+
+    propose = sub.add_parser(
+        "propose",
+        help="propose settings that fit a GPU for a model, data and goal (what the Start tab proposes)",
+        description="The configuration the app's Start tab proposes, from the same search: the fastest settings that "
+        "fit with headroom (max(5%% of the card, 1 GiB)), keeping every row of the data whole where any combination "
+        "can, at the same effective batch. When nothing fits, it names the smallest card (or number of GPUs) that "
+        "holds the run. No weights are downloaded; the data is read to measure its token lengths. A setting given "
+        "with --set is kept as set.",
+    )
+    add_config_args(propose)
+    propose.add_argument("--model", help="a Hub id, a local model folder or the embedded model (default: the config's)")
+    propose.add_argument("--data", help="a data file, a Hub dataset id or bundled:pirate (default: the config's)")
+    propose.add_argument("--goal", default="sft", help="sft, dpo, orpo, kto or classification (default: sft)")
+    propose.add_argument("--gpu-gib", required=True, help="memory per GPU in GiB, or a card's name (e.g. l4, a100)")
+    propose.add_argument("--gpus", default="1", help="number of GPUs (default: 1)")
+    propose.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
+    propose.set_defaults(func=cmd_propose)
 
     # The sub-commands that live with the feature they drive, each registered by its own module.
     from finetune import launch, memory
@@ -228,6 +247,28 @@ def summary_line(state: Any, manager: Any) -> str:
     losses = f", loss {state.loss:.4f}" if state.loss is not None else ""
     evals = f", eval loss {state.eval_loss:.4f}" if state.eval_loss is not None else ""
     return f"{state.status}: step {state.step}/{state.max_steps} in {took:.0f}s{losses}{evals} → {state.run_dir}"
+
+
+# --------------------------------------------------------------------------- propose
+def cmd_propose(args: Any) -> int:
+    """Print the proposal for a model, data, goal and hardware (text, or JSON with --json)."""
+    import json
+
+    from finetune.cli_args import parse_count, parse_gib
+    from finetune.config import TrainConfig
+    from finetune.memory.advice import goal_settings, propose
+
+    values = load_config(args.config, args.set).to_dict()
+    pinned = tuple(parse_set_option(item)[0] for item in args.set or [])
+    values.update({k: v for k, v in (("model", args.model), ("dataset", args.data)) if v})
+    values.update(goal_settings(str(args.goal).strip().lower()))
+    gib = parse_gib(args.gpu_gib)
+    if gib is None:
+        raise UserError("--gpu-gib: give the memory of one GPU in GiB, or a card's name (e.g. l4)")
+    gpus = parse_count(args.gpus, "--gpus")
+    proposal = propose(TrainConfig.from_dict(values), device="cuda", gpus=gpus, gpu_gib=gib, pinned=pinned)
+    print(json.dumps(proposal.to_dict(), indent=2, default=str) if args.json else proposal.render_text())
+    return 0
 
 
 # --------------------------------------------------------------------------- chat

@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import argparse
+import math
+from typing import Any
 
 from finetune.config import TrainConfig, parse_set_option
+from finetune.errors import UserError
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -24,3 +27,34 @@ def load_config(path: str | None, sets: list[str] | None) -> TrainConfig:
         key, value = parse_set_option(item)
         base[key] = value
     return TrainConfig.from_dict(base)
+
+
+def parse_count(value: Any, flag: str) -> int:
+    """A whole number >= 1 from the command line (--gpus)."""
+    try:
+        n = int(str(value))
+    except ValueError:
+        raise UserError(f"{flag}: {value!r} is not a whole number") from None
+    if n < 1:
+        raise UserError(f"{flag}: must be 1 or more")
+    return n
+
+
+def parse_gib(value: Any, flag: str = "--gpu-gib") -> float | None:
+    """GPU memory: a positive number of GiB, or the name of a common card (case and spaces ignored); None if empty."""
+    from finetune.catalogue import GPU_CARDS
+
+    if value in (None, ""):
+        return None
+    text = str(value).strip()
+    try:
+        gib = float(text)
+    except ValueError:
+        wanted = text.lower().replace(" ", "")
+        for name, size in GPU_CARDS.items():
+            if name.lower().replace(" ", "").startswith(wanted):
+                return size
+        raise UserError(f"{flag}: {text!r} is not a number of GiB or a known card ({', '.join(GPU_CARDS)})") from None
+    if not math.isfinite(gib) or gib <= 0:
+        raise UserError(f"{flag}: {text!r} must be a positive number of GiB")
+    return gib

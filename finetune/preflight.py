@@ -48,6 +48,8 @@ def preflight(config: TrainConfig) -> None:
         # Local data is small enough to read now: a bad file is refused before any run directory exists.
         train_raw, _ = data.load_raw(config)
         data.detect_format(list(train_raw.column_names), config)
+    else:
+        hub_dataset_ready(config)
     if config.model != EMBEDDED_MODEL or models.embedded_cache_dir().is_dir():
         from finetune.engines.common import check_sequence_length
 
@@ -61,6 +63,34 @@ def preflight(config: TrainConfig) -> None:
     gpu_only(config)
     preference_ready(config)
     plan.uses_liger(config, strict=True)  # liger_kernel: on where Liger cannot run is refused now
+
+
+def hub_dataset_ready(config: TrainConfig) -> None:
+    """A Hub dataset is loaded as Start will load it (downloaded once into the Hub cache, which the run then reads):
+    its splits and columns checked. Offline, only a copy already on this machine can be used; without one the answer
+    is one plain line at once, instead of the Hub client's error when the run starts."""
+    from finetune import catalogue, data
+    from finetune.config import BUNDLED_DATASET
+
+    if not catalogue.hub_reachable() and not _hub_copy_here(config.dataset):
+        raise ConfigError(
+            f"dataset: {config.dataset} is a Hub dataset, this machine cannot reach the Hugging Face Hub (offline) "
+            f"and has no copy of it; use a local file or {BUNDLED_DATASET}, or connect and check again",
+            "dataset",
+        )
+    train_raw, _ = data.load_raw(config)
+    data.detect_format(list(train_raw.column_names), config)
+
+
+def _hub_copy_here(dataset: str) -> bool:
+    """Whether the Hub cache on this machine holds files of this dataset repository (then it loads offline)."""
+    from huggingface_hub import constants
+
+    folder = Path(constants.HF_HUB_CACHE) / f"datasets--{dataset.replace('/', '--')}" / "snapshots"
+    try:
+        return folder.is_dir() and any(folder.iterdir())
+    except OSError:
+        return False
 
 
 def preference_ready(config: TrainConfig) -> None:

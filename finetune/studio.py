@@ -559,6 +559,50 @@ class Studio:
         with self._chat_lock:
             yield from stream_reply(model, tokenizer, messages, settings)
 
+    def chat_pair(
+        self, source: str, messages: list[dict[str, str]], base_messages: list[dict[str, str]], settings: Any
+    ) -> Iterator[tuple[str, str, BaseException | None]]:
+        """Stream a run's reply and its base model's reply (`base-of:RUN`) at the same time: yields (side, text so
+        far, None) for side "run" or "base" as either grows, or (side, "", error) when that side fails (the other
+        goes on). Both generate together under the one chat lock: the pair is one request."""
+        import queue
+
+        from finetune.inference import stream_reply
+
+        self.check_chat(messages, settings)
+        self.check_chat(base_messages, settings)
+        models: dict[str, tuple[Any, Any]] = {}
+        for side, which in (("run", source), ("base", BASE_OF + source)):
+            try:
+                models[side] = self._chat_model(which, None)
+            except Exception as exc:  # noqa: BLE001 - that side's answer is its error; the other still answers
+                yield side, "", exc
+        conversations = {"run": messages, "base": base_messages}
+        pieces: queue.Queue = queue.Queue()
+
+        def generate(side: str) -> None:
+            try:
+                for text in stream_reply(*models[side], conversations[side], settings):
+                    pieces.put((side, text, None))
+            except Exception as exc:  # noqa: BLE001 - reported on that side
+                pieces.put((side, "", exc))
+            finally:
+                pieces.put((side, None, None))
+
+        with self._chat_lock:
+            workers = [threading.Thread(target=generate, args=(side,), daemon=True) for side in models]
+            for worker in workers:
+                worker.start()
+            going = len(workers)
+            while going:
+                side, text, error = pieces.get()
+                if text is None and error is None:
+                    going -= 1
+                    continue
+                yield side, text, error
+            for worker in workers:
+                worker.join()
+
     def _chat_model(self, source: str, base_values: dict | None) -> tuple[Any, Any]:
         from finetune.inference import adapter_dir, load_for_chat
 
@@ -661,8 +705,16 @@ class Studio:
         )
 
     # ----------------------------------------------------------------- export
+    @staticmethod
+    def export_formats() -> tuple[str, ...]:
+        """The export formats, in the order a picker offers them (merged, gguf, gguf-lora)."""
+        from finetune.publish.export import FORMATS
+
+        return FORMATS
+
     def export(self, run_id: str, fmt: str, quant: str | None = None, progress: Any = None) -> Any:
-        """Export a finished run under its exports/ folder (merged model, or GGUF + Modelfile); an ExportResult."""
+        """Export a finished run under its exports/ folder (merged model, GGUF + Modelfile, or the adapter as a
+        llama.cpp LoRA GGUF); an ExportResult."""
         from finetune.publish import export
 
         run = self._run(run_id)
@@ -705,12 +757,35 @@ class Studio:
 
         return data_stats(self.config(values))
 
-    def propose(self, values: dict[str, Any], device: str = "cuda", gpus: int = 1, gpu_gib: float | None = None) -> Any:
-        """A complete configuration like `values` that fits `gpu_gib` GiB per device: a `Proposal` (values, reasons,
-        estimate, fits, changes); the best memory advice applied when the settings as given do not fit."""
+    def propose(
+        self,
+        values: dict[str, Any],
+        device: str = "cuda",
+        gpus: int = 1,
+        gpu_gib: float | None = None,
+        pinned: tuple[str, ...] = (),
+    ) -> Any:
+        """The one search's answer for these settings on `gpus` devices of `gpu_gib` GiB: a `Proposal` (values,
+        reasons, estimate, fits with headroom, changes; when nothing fits, the hardware `needed`). `pinned` fields
+        (set by the user on purpose) are kept; `python -m finetune propose` gives the same answer."""
         from finetune.memory import propose
 
-        return propose(self.config(values), device=device, gpus=gpus, gpu_gib=gpu_gib)
+        return propose(self.config(values), device=device, gpus=gpus, gpu_gib=gpu_gib, pinned=tuple(pinned))
+
+    @staticmethod
+    def goal_settings(goal: str) -> dict[str, str]:
+        """The task and objective a goal sets (sft, dpo, orpo, kto, classification), as `propose --goal` does."""
+        from finetune.memory.advice import goal_settings
+
+        return goal_settings(goal)
+
+    @staticmethod
+    def embedded_ready() -> bool:
+        """Whether the embedded model is converted already (its first use converts it, once: about a minute)."""
+        from finetune.models import embedded_cache_dir
+
+        folder = embedded_cache_dir()
+        return (folder / "model.safetensors").is_file() and (folder / "config.json").is_file()
 
     # ---- multi-process
     @staticmethod

@@ -5,8 +5,9 @@ Run: python scripts/make_mixed_lengths.py  (writes finetune/bundled/mixed-length
 Real instruction and chat sets hold many short exchanges and a long tail of long ones (a pasted document to summarise,
 a long explanation): row lengths are roughly log-normal. Here each row's length in words is drawn from a log-normal
 with a median of about 90 words (about 120 SmolLM2 tokens), cut to 24..1450 words (about 30..1900 tokens), so about
-half the rows are under 120 tokens, one in ten is over 450 and a few are over 1000. Three kinds of rows: a short question
-with a short answer, a question with a long explanation, and a long log pasted into the prompt with a short summary.
+half the rows are under 120 tokens, one in ten is over 450 and a few are over 1000. Three kinds of rows: a short
+question with a short answer, a question with a long explanation, and a long log pasted into the prompt with a short
+summary.
 The text is made up from a small vocabulary of the sea (deterministic, seed 7); what a bench needs is its lengths.
 """
 

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import sys
+from pathlib import Path
 
 # Tests never reach the network; set before transformers / huggingface_hub are imported.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+# DeepSpeed builds a C++ op (shm_comm) on first use into torch's extensions cache and rebuilds it whenever its build
+# command changes. The command names the virtualenv's path, so checkouts sharing ~/.cache rebuilt it for each other
+# at every switch (4 to 9 minutes each on a loaded 2-core machine, past the DeepSpeed tests' deadlines). One cache
+# per virtualenv path (subprocesses inherit it) builds it once.
+_VENV_KEY = hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions" / f"venv-{_VENV_KEY}"))
 
 import pytest  # noqa: E402
 
@@ -19,6 +28,20 @@ from tests.tiny import build_llama  # noqa: E402
 def tiny_model_dir(tmp_path_factory):
     """A tiny random Llama + ChatML tokenizer on disk (2 layers, hidden 64)."""
     return build_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def smollm_tokenizer_dir(tmp_path_factory):
+    """SmolLM2's tokenizer (from the embedded model), for tiny models exported as GGUF."""
+    from tests.tiny import save_embedded_tokenizer
+
+    return save_embedded_tokenizer(tmp_path_factory.mktemp("smollm2-tokenizer"))
+
+
+@pytest.fixture(scope="session")
+def tiny_smollm_dir(tmp_path_factory, smollm_tokenizer_dir):
+    """The tiny random Llama with SmolLM2's tokenizer: a GGUF of it is one llama.cpp loads and tokenizes."""
+    return build_llama(tmp_path_factory.mktemp("tiny-smollm"), tokenizer_dir=smollm_tokenizer_dir)
 
 
 @pytest.fixture(autouse=True)

@@ -186,6 +186,21 @@ def measured_peak(config: TrainConfig) -> int:
     return counter.peak
 
 
+ESTIMATED_CHARS_PER_TOKEN = 4  # finetune.data_stats.CHARS_PER_TOKEN: lengths where the model's tokenizer is offline
+TEMPLATE_TOKENS = 4  # finetune.data_stats.TEMPLATE_TOKENS: added per text column in that estimate
+
+
+def write_token_rows(path: Path, lengths: list[int]) -> Path:
+    """Text rows that count `lengths` tokens each where the model's own tokenizer cannot be loaded (a bundled Hub
+    model offline, with no embedded tokenizer converted: about 4 characters per token, plus the template's)."""
+    words = "the ship sails at dawn and the crew sings of gold "
+    rows = []
+    for n in lengths:
+        chars = ESTIMATED_CHARS_PER_TOKEN * (n - TEMPLATE_TOKENS)
+        rows.append({"text": (words * (chars // len(words) + 1))[:chars]})
+    return write_jsonl(path, rows)
+
+
 # ----------------------------------------------------------------------------- real disks that refuse writes
 @contextlib.contextmanager
 def small_disk(folder: Path, free_bytes: int | None = None, read_only: bool = False) -> Iterator[Path]:

@@ -1,5 +1,7 @@
-"""Advice that keeps the task feasible: combinations ranked by an honest cost (slowdown, what is trained, data cut
-off measured on the data's own token lengths), the 8B QLoRA case on a 24 GB card, and the first screen's proposal."""
+"""The one search's options: combinations ranked by an honest cost (slowdown, what is trained, data cut off measured
+on the data's own token lengths), the effective batch always kept, "fits" meaning headroom is left ("tight" inside
+it), the 8B QLoRA case on a 24 GB card, and the proposal on the tiny model. The first screen's cases on real model
+shapes are in tests/test_propose.py."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import pytest
 from finetune import memory
 from finetune.config import FIELDS, TrainConfig
 from finetune.data_stats import data_stats
+from finetune.memory.search import cut_words, whole_length
 from finetune.studio import Studio
 from tests.helpers import tiny_config, write_jsonl
 
@@ -79,21 +82,23 @@ def test_cutting_rows_that_are_all_shorter_is_free(tiny_model_dir, short_rows):
     assert est.advice[0].keeps_data and est.advice[0].fits
 
 
-def test_cutting_long_rows_is_costed_and_ranked_after_options_that_keep_them(tiny_model_dir, long_rows):
+def test_cuts_are_priced_on_the_datas_lengths_and_said_in_rows_and_tokens(tiny_model_dir, long_rows):
+    """Every row is longer than the 512 positions the tiny model takes: no option can keep the data whole, so each
+    one says what its length cuts, measured on the data, and they rank by their whole cost."""
     config = tiny_config(
         tiny_model_dir, dataset=str(long_rows), method="full", per_device_train_batch_size=8, max_seq_length=512
     )
     est = memory.estimate(config, device="cpu", gpu_gib=fitting_capacity(config))
-    assert est.advice and est.advice[0].keeps_data
-    cuts = [a for a in est.advice if "max_seq_length" in a.changes]
-    for a in cuts:
-        assert a.data_lost == pytest.approx(data_stats(config).tokens_lost(a.changes["max_seq_length"]))
-        assert a.data_lost > 0.01 and "cuts" in a.cost
-    whole = [a.keeps_data for a in est.advice]
-    assert whole == sorted(whole, reverse=True)  # every option that keeps the data before any that cuts it
+    stats = data_stats(config)
+    assert est.advice and whole_length(config, stats) == 512 < stats.max
     for a in est.advice:
+        seq = a.changes.get("max_seq_length", 512)
+        assert a.data_lost == pytest.approx(stats.tokens_lost(seq)) and a.cut == cut_words(stats, seq)
+        assert f"50 of 50 rows lose up to {stats.max - seq} tokens each" in a.cost
         assert config.replace(**a.changes).effective_batch_size == config.effective_batch_size
         assert "time" in a.cost or "speed" in a.cost  # each option states its speed cost
+    scores = [a.score for a in est.advice if a.fits]
+    assert scores == sorted(scores)
 
 
 def test_a_hub_dataset_is_never_downloaded_for_advice_and_its_cuts_rank_last(tiny_model_dir, monkeypatch):
@@ -140,7 +145,9 @@ def test_8b_qlora_on_a_24gb_card_keeps_2048_tokens_and_batch_8(llama_8b_qlora, c
     assert est.fits is False and est.advice
     top = est.advice[0]
     chosen = llama_8b_qlora.replace(**top.changes)
-    assert chosen.max_seq_length == 2048 and chosen.effective_batch_size == 8 and top.keeps_data
+    assert chosen.max_seq_length == 2048 and chosen.effective_batch_size == 8
+    # Rows of up to 3,784 tokens: 4,096 keeps them whole, but no combination holds it; so 2048 stays, and says so.
+    assert top.cut == cut_words(data_stats(llama_8b_qlora), 2048) and top.cut.startswith("28 of 50 rows lose up to")
     assert chosen.gradient_checkpointing and chosen.method == "qlora"
     assert top.fits and top.new_total_bytes <= card * memory.GiB
     assert advice_seconds < 20, f"advice took {advice_seconds:.1f} s"
@@ -152,8 +159,10 @@ def test_8b_qlora_on_a_24gb_card_keeps_2048_tokens_and_batch_8(llama_8b_qlora, c
             for a in ("--set", f"{k}={getattr(llama_8b_qlora, k)}")]  # fmt: skip
     args = parser.parse_args(["estimate", *sets, "--set", "gradient_accumulation_steps=1", "--gpu-gib", "l4", "--json"])
     assert args.func(args) == 0
-    listed = json.loads(capsys.readouterr().out)["advice"]
+    answer = json.loads(capsys.readouterr().out)
+    listed = answer["advice"]
     assert [(a["title"], a["changes"], a["cost"]) for a in listed] == [(a.title, a.changes, a.cost) for a in est.advice]
+    assert (answer["verdict"], answer["fits"], answer["margin_bytes"]) == ("does not fit", False, est.margin_bytes)
 
 
 # ----------------------------------------------------------------------------- the first screen's proposal
@@ -185,11 +194,20 @@ def test_proposal_keeps_settings_that_already_fit(tiny_model_dir):
     assert "LoRA trains small adapters" in proposal.reasons[0] and "fits as set" in proposal.reasons[1]
 
 
-def test_proposal_for_the_8b_turns_checkpointing_on_where_only_it_fits(llama_8b_qlora):
-    card = memory.GPU_CARDS["L4 (24 GB)"]
-    proposal = memory.propose(llama_8b_qlora, device="cuda", gpu_gib=card)
-    chosen = TrainConfig.from_dict(proposal.values)
-    assert proposal.fits and chosen.gradient_checkpointing and chosen.max_seq_length == 2048
-    assert chosen.effective_batch_size == 8 and proposal.estimate.total_bytes <= card * memory.GiB
-    assert proposal.reasons[0].startswith("QLoRA keeps the 8B base in 4 bits")
-    assert "gradient checkpointing and batch 1 × 8 accumulation keeps the effective batch of 8" in proposal.reasons[1]
+# ----------------------------------------------------------------------------- headroom
+
+
+def test_fits_means_headroom_is_left_and_inside_the_margin_is_tight(tiny_model_dir, short_rows):
+    from finetune.memory.search import margin_bytes, verdict
+
+    assert margin_bytes(int(8 * memory.GiB)) == memory.GiB  # a GPU keeps at least 1 GiB ...
+    assert margin_bytes(int(80 * memory.GiB)) == 4 * memory.GiB  # ... or 5% of it
+    assert margin_bytes(1000, device="cpu") == 50  # RAM: 5%, no floor
+    assert [verdict(t, 100, "cpu") for t in (95, 96, 100, 101)] == ["fits", "tight", "tight", "does not fit"]
+    config = tiny_config(tiny_model_dir, dataset=str(short_rows), method="full", per_device_train_batch_size=8)
+    total = memory.estimate(config, device="cpu").total_bytes
+    est = memory.estimate(config, device="cpu", gpu_gib=total / 0.98 / memory.GiB)  # 2% left: inside the margin
+    assert est.verdict == "tight" and est.fits is False and 0 < est.headroom_bytes < est.margin_bytes
+    assert est.advice and est.advice[0].fits and not est.advice[0].tight
+    assert est.advice[0].headroom_bytes >= est.margin_bytes  # the option shown first leaves the headroom
+    assert "TIGHT" in est.render_text() and "a fit keeps" in est.render_text()

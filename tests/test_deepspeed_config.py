@@ -59,13 +59,16 @@ def test_optimizer_clipping_and_precision_sections():
 
 
 def test_fp16_and_bf16_together_cannot_be_expressed():
-    """One `precision` field: fp16 and bf16 together are impossible by construction; no config has both sections."""
-    assert "fp16" not in TrainConfig.__dataclass_fields__ and "bf16" not in TrainConfig.__dataclass_fields__
-    with pytest.raises(ConfigError, match="precision: 'fp16,bf16' is not allowed"):
-        cfg(precision="fp16,bf16")
-    for precision in ("fp32", "fp16", "bf16"):
+    """One `precision` field: a config asking for both (the Trainer's `fp16: true` + `bf16: true` keys, or both in
+    `precision`) is refused in one line naming the key; each precision turns on exactly its own DeepSpeed section."""
+    for text, field in (("fp16: true\nbf16: true\n", "fp16"), ("precision: fp16,bf16\n", "precision")):
+        with pytest.raises(ConfigError) as refused:
+            TrainConfig.from_yaml("model: m\ndataset: d.jsonl\n" + text)
+        assert refused.value.field == field and str(refused.value).startswith(f"{field}: ")
+        assert "\n" not in str(refused.value)
+    for precision, sections in (("fp32", set()), ("fp16", {"fp16"}), ("bf16", {"bf16"})):
         ds = deepspeed_config(cfg(zero_stage=2), precision=precision, cuda=True, torch_adam=False)
-        assert not ("fp16" in ds and "bf16" in ds)
+        assert {k for k in ("fp16", "bf16") if ds.get(k, {}).get("enabled")} == sections, (precision, ds)
 
 
 @pytest.mark.parametrize(

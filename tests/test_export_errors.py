@@ -25,8 +25,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, tiny_model_dir) -> Path:
-    return build_run(tmp_path_factory.mktemp("export-errors") / "run-a", tiny_model_dir)
+def run(tmp_path_factory, tiny_smollm_dir) -> Path:
+    """On the tiny Llama with SmolLM2's tokenizer: a GGUF export of it is one llama.cpp knows (not refused first)."""
+    return build_run(tmp_path_factory.mktemp("export-errors") / "run-a", tiny_smollm_dir)
 
 
 def export(capsys, *args: str) -> tuple[int, list[str]]:
@@ -53,7 +54,7 @@ def test_a_full_disk_says_so_and_leaves_nothing(run, tmp_path, capsys):
 
 
 def test_a_file_size_limit_says_so_and_leaves_nothing(run, tmp_path):
-    """`ulimit -f 100` (100 KB a file) in the exporting process: the merged weights (about 400 KB) go past it."""
+    """`ulimit -f 100` (100 KB a file) in the exporting process: the merged weights (about 13 MB) go past it."""
     out = tmp_path / "out"
     out.mkdir()
     done = subprocess.run(

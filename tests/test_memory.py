@@ -337,7 +337,7 @@ def test_cli_text_with_a_card_and_config_file(tiny, capsys, tmp_path):
     ("argv", "message"),
     [
         (["--gpus", "0"], "--gpus: must be 1 or more"),
-        (["--gpu-gib", "lots"], "--gpu-gib: 'lots' is not a number of GiB or a known card (T4 (16 GB)"),
+        (["--gpu-gib", "lots"], "--gpu-gib: 'lots' is not a number of GiB or a known card (RTX 4060 (8 GB)"),
         (["--device", "tpu"], "--device: 'tpu' is not allowed; choose cpu or cuda"),
         (["--set", "no_such_key=1"], "--set: no_such_key: unknown config key; valid keys: model,"),
         (["--config", "nope.yml"], "--config: file not found: nope.yml"),

@@ -61,6 +61,40 @@ def test_the_replayed_model_trains_the_parameters_the_engine_trains(tiny, case):
     assert all(isinstance(p, torch._subclasses.fake_tensor.FakeTensor) for p in fake.parameters())
 
 
+GPU_CASES = ["full", "lora", "qlora", "classification-lora", "dora", "qlora-dora"]
+
+
+def dtypes(model: torch.nn.Module) -> dict[str, tuple]:
+    """The dtype of every parameter and buffer, and of each 4-bit weight's quantisation state (the dtype it
+    dequantises to, the dtype its layer computes in, its absmax / code / nested-state tensors)."""
+    out: dict[str, tuple] = {f"parameter {n}": (p.dtype,) for n, p in model.named_parameters()}
+    out |= {f"buffer {n}": (b.dtype,) for n, b in model.named_buffers()}
+    for name, p in model.named_parameters():
+        state = getattr(p, "quant_state", None)
+        if state is not None:
+            layer = model.get_submodule(name.rpartition(".")[0])  # the bitsandbytes Linear4bit holding the weight
+            tensors = tuple(t.dtype for t in trace._quant_state_tensors(state))
+            out[f"quantisation state {name}"] = (state.dtype, layer.compute_dtype, *tensors)
+    return out
+
+
+@pytest.mark.parametrize("case", GPU_CASES)
+def test_the_replay_for_a_gpu_builds_every_tensor_in_the_dtype_the_engine_loads(tiny, case):
+    """The estimate for a GPU uses the plan the estimator makes for it (bf16 where the card has it); the engine loads
+    the model from that same plan. A CPU plan would not do: every CPU plan is fp32, so a replay that ignored the plan's
+    dtype would look right there (the model is loaded on this CPU; moving it to the card keeps its dtypes)."""
+    config = TrainConfig(model=str(tiny), **MATRIX[case])
+    plan = memory.replay_plan_for(config, "cuda")
+    assert plan.precision == "bf16" and plan.compute_dtype == "bfloat16"
+    # The 4-bit load goes to the CPU here (no card); every dtype it uses comes from the GPU plan.
+    engine = models.build_model(dataclasses.replace(plan, device="cpu"), num_labels=config.num_labels or None)
+    with trace.fake_tensors(plan):
+        fake = trace.build(memory.model_config_of(config), plan)
+    assert dtypes(fake) == dtypes(engine)
+    loaded = {d for kinds in dtypes(engine).values() for d in kinds}
+    assert torch.bfloat16 in loaded or plan.weight_dtype == "float32", loaded  # LoRA's base is in bf16
+
+
 def test_qlora_replays_the_4bit_storage_a_load_holds(tiny):
     config = TrainConfig(model=str(tiny), method="qlora")
     engine = models.load_model(config)

@@ -4,6 +4,7 @@ truncation as without packing, and a model whose attention cannot keep examples 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -213,19 +214,35 @@ def test_the_estimate_of_a_packed_run_follows_its_measured_peak_and_counts_real_
     assert real < 0.6 * 4 * 512 and abs(share - real / (4 * 512)) < 0.05, (share, real)
 
 
-def test_advice_proposes_packing_first_when_it_is_off(tiny_model_dir, chat_rows):
-    from finetune import memory
+def test_the_one_search_proposes_packing_when_it_is_off_in_one_answer(tiny_model_dir, chat_rows, capsys):
+    """The Memory tab's advice, `estimate --json` and the Start tab's proposal read the one search: each turns packing
+    on, and each prices the packed run as the estimate of those settings does (the data's longest rows)."""
+    from finetune import cli, memory
+    from finetune.config import TrainConfig
+    from finetune.studio import Studio
 
+    # 512 tokens keep every row whole, so the search's first options are those that keep the data as it is.
     config = tiny_config(
-        tiny_model_dir, dataset=str(chat_rows), max_seq_length=MAX_SEQ, method="full", packing=False,
+        tiny_model_dir, dataset=str(chat_rows), max_seq_length=512, method="full", packing=False,
         per_device_train_batch_size=8,
     )  # fmt: skip
     padded = memory.estimate(config, device="cpu")
     packed = memory.estimate(config.replace(packing=True), device="cpu")
     capacity = (packed.total_bytes + padded.total_bytes) / 2 / memory.GiB  # the packed run fits, the padded not
-    advice = memory.estimate(config, device="cpu", gpu_gib=capacity).advice
+    advice = Studio().estimate(config.to_dict(), device="cpu", gpu_gib=capacity).advice  # the Memory tab's call
     assert advice and advice[0].changes == {"packing": True} and advice[0].fits, [a.changes for a in advice]
     assert advice[0].title == "Skip padding (packing)" and advice[0].cost == "about -30% time"
+    assert advice[0].new_total_bytes == packed.total_bytes  # the replay of the packed settings confirmed it
+
+    sets = [a for k, v in config.to_dict().items() for a in ("--set", f"{k}={v}")]
+    assert cli.main(["estimate", *sets, "--device", "cpu", "--gpu-gib", str(capacity), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)["advice"]
+    assert [(a["changes"], a["new_total_bytes"]) for a in listed] == [(a.changes, a.new_total_bytes) for a in advice]
+
+    proposal = Studio().propose(config.to_dict(), device="cpu", gpu_gib=capacity, pinned=("max_seq_length",))
+    chosen = TrainConfig.from_dict(proposal.values)
+    assert proposal.changes["packing"] is True and proposal.fits and chosen.effective_batch_size == 8
+    assert proposal.estimate.total_bytes == memory.estimate(chosen, device="cpu").total_bytes
 
 
 @pytest.mark.gpu

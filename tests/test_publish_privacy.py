@@ -41,11 +41,12 @@ EVAL_NAME = "support-tickets-eval.jsonl"
 
 
 @pytest.fixture(scope="session")
-def alice(tiny_model_dir, tmp_path_factory):
-    """A run trained the way alice would: everything under her home directory, HOME pointing there."""
+def alice(tiny_smollm_dir, tmp_path_factory):
+    """A run trained the way alice would: everything under her home directory, HOME pointing there. Her model is the
+    tiny Llama with SmolLM2's tokenizer, so the GGUF exports are ones llama.cpp would load."""
     home = tmp_path_factory.mktemp("privacy") / "home" / USER
     model = home / "models" / MODEL_NAME
-    shutil.copytree(tiny_model_dir, model)
+    shutil.copytree(tiny_smollm_dir, model)
     data = home / "clients" / "acme" / DATA_NAME
     data.parent.mkdir(parents=True)
     shutil.copy2(mini_dataset(), data)
@@ -232,11 +233,28 @@ def test_a_local_path_left_in_a_staged_file_blocks_the_push(hub, alice, tmp_path
 
 def test_scan_matches_whole_paths_only(tmp_path):
     (tmp_path / "a.md").write_text("see https://huggingface.co/acme/model-x and acme/model")
-    (tmp_path / "b.json").write_text(json.dumps({"p": "C:/x"}).replace("/", "\\/") + ' "\\/model"')
+    (tmp_path / "b.json").write_text('{"p": "\\/model"}')
     (tmp_path / "c.txt").write_text("weights in `/model` here")
     (tmp_path / "d.txt").write_text("/models/x and /modelling")
     hits = scan_for_local_paths(tmp_path, {"/model": "the model folder"})
     assert hits == [("b.json", "the model folder"), ("c.txt", "the model folder")]
+
+
+def test_scan_reads_paths_written_with_json_escaped_slashes(tmp_path):
+    # Some JSON writers escape every slash: the path's parts are then joined by backslash-slash, not by slash.
+    base = "/home/alice/clients/acme/base-model"
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"best_model": base}).replace("/", "\\/"))
+    hits = scan_for_local_paths(tmp_path, {base: "the base model's folder"})
+    assert hits == [("trainer_state.json", "the base model's folder")]
+
+
+def test_scan_looks_into_subfolders(tmp_path):
+    (tmp_path / "a.txt").write_text("nothing local here")
+    (tmp_path / "sub" / "deeper").mkdir(parents=True)
+    (tmp_path / "sub" / "b.txt").write_text("trained from /home/alice/data.jsonl")
+    (tmp_path / "sub" / "deeper" / "c.json").write_text('{"data": "/home/alice/data.jsonl"}')
+    hits = scan_for_local_paths(tmp_path, {"/home/alice/data.jsonl": "the dataset file"})
+    assert hits == [("sub/b.txt", "the dataset file"), ("sub/deeper/c.json", "the dataset file")]
 
 
 def test_public_config_uses_a_hub_id_on_record_and_keeps_names_that_are_not_paths(tmp_path):

@@ -1,5 +1,6 @@
 """Publish can push the run as GGUF too: the .gguf and its Ollama Modelfile land in the same commit, the card says how
-to run them, and what arrives on the Hub reads back with transformers."""
+to run them and which system prompt the Modelfile sends, and what arrives on the Hub reads back with transformers and
+loads in llama.cpp. The run is on the tiny Llama with SmolLM2's tokenizer (a vocabulary llama.cpp knows)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from finetune.errors import UserError
 from finetune.publish.hub import push_run
-from tests.test_hub import GOOD, REPO, hub, run_dir, run_template  # noqa: F401 - fixtures shared with the push tests
+from tests import llama_cpp_support as llama
+from tests.run_fixtures import build_run
+from tests.test_hub import GOOD, REPO, hub  # noqa: F401 - fixture shared with the push tests
+
+
+@pytest.fixture
+def run_dir(tiny_smollm_dir, studio_home):
+    return build_run(studio_home / "runs" / "run-smol", tiny_smollm_dir)
 
 
 def test_a_push_with_gguf_adds_the_file_its_modelfile_and_how_to_run_them(hub, run_dir, tmp_path):  # noqa: F811
@@ -21,6 +29,9 @@ def test_a_push_with_gguf_adds_the_file_its_modelfile_and_how_to_run_them(hub, r
     assert len(hub.repos[REPO].commits) == 1  # one commit: adapter, card and GGUF together
     card = files["README.md"].decode()
     assert "## Run it with Ollama or llama.cpp" in card and f"llama-cli -m {gguf_name}" in card
+    default_system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    assert "default system prompt, which every training conversation" in card and default_system in card
+    assert f'SYSTEM """{default_system}"""' in files["Modelfile"].decode()
     assert "- gguf" in card.split("---")[1]  # a tag in the metadata header
     assert files["Modelfile"].decode().startswith(f"FROM ./{gguf_name}")
     assert sorted(p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*")) == before  # the run is unchanged
@@ -32,6 +43,7 @@ def test_a_push_with_gguf_adds_the_file_its_modelfile_and_how_to_run_them(hub, r
     text = "Question 99? Arr"
     assert tokenizer(text)["input_ids"] == AutoTokenizer.from_pretrained(str(run_dir))(text)["input_ids"]
     assert model(torch.tensor([tokenizer(text)["input_ids"]])).logits.shape[-1] == model.config.vocab_size
+    llama.check_in_llama_cpp(tmp_path / gguf_name, AutoTokenizer.from_pretrained(str(run_dir)), model, 0.85)
 
 
 def test_an_unknown_gguf_quant_is_refused_before_anything_is_sent(hub, run_dir):  # noqa: F811

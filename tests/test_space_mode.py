@@ -25,6 +25,7 @@ from finetune.rundir import RunDir
 from finetune.studio import Studio
 from tests.hub_standin import HubStandin
 from tests.run_fixtures import build_run
+from tests.test_ui_support import STATE_S, api_client
 from ui.app import build_app, launch
 
 ALICE = "hf_" + secrets.token_hex(16)  # a visitor's token, as their Hugging Face sign-in hands it over
@@ -82,7 +83,7 @@ def hub(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
-def test_sign_in(monkeypatch):
+def sign_in_as_alice(monkeypatch):
     """Gradio's sign-in off a Space: its login routes are mocked (no hf.co) and hand every browser that signs in the
     profile and OAuth token of the machine's own login. Here that login is alice with a test OAuth token."""
     import gradio.oauth
@@ -102,10 +103,10 @@ def served():
     """Serve `build_app(studio)` on a free 127.0.0.1 port from this process; yields a function studio -> url."""
     demos = []
 
-    def serve(studio: Studio) -> str:
+    def serve(studio: Studio, auth: tuple[str, str] | None = None) -> str:
         demo = build_app(studio)
         port = free_port()
-        launch(demo, port=port, block=False, quiet=True)
+        launch(demo, port=port, auth=auth, block=False, quiet=True)
         demos.append(demo)
         return f"http://127.0.0.1:{port}/"
 
@@ -117,9 +118,7 @@ def served():
 def client(url: str, **kwargs: Any):
     """A gradio_client of a visitor; it does not send this machine's HF_TOKEN (the server's, in these tests) unless
     told: on a Space that token would name its owner as the visitor."""
-    from gradio_client import Client
-
-    return Client(url, verbose=False, **{"token": False, **kwargs})
+    return api_client(url, **{"token": False, **kwargs})
 
 
 # ----------------------------------------------------------------------------------------------- the policy
@@ -411,6 +410,24 @@ def test_the_server_token_is_lent_only_with_the_operator_switch(hub, studio_home
     assert result.startswith("✓") and "operator/local" in hub.repos
 
 
+def test_a_login_alone_never_lends_the_servers_token(hub, studio_home, finished_run, served):
+    """`app.py --host 0.0.0.0 --auth USER:PASSWORD`: a logged-in API client publishing without a token of its own is
+    refused, and HF_TOKEN (the operator's) reaches no Hub; only `--lend-server-token` on top of the login lends it."""
+    from app import parse_args
+
+    login = ("alice", "pw-" + secrets.token_hex(4))  # the finished run is alice's
+    args = parse_args(["--host", "0.0.0.0", "--auth", ":".join(login), "--runs-root", str(studio_home / "runs")], {})
+    url = served(Studio(args.runs_root, policy=args.policy), auth=args.auth)
+    api = client(url, auth=login)
+    refusal = api_refusal(lambda: api.predict(finished_run, "operator/lent", "", True, False, api_name="/publish"))
+    assert refusal.startswith("token:") and "does not lend the server's token" in refusal
+    assert hub.requests == [] and "operator/lent" not in hub.repos
+    lending = parse_args(["--host", "0.0.0.0", "--auth", ":".join(login), "--lend-server-token"], {})
+    ui = build_app(Studio(args.runs_root, policy=lending.policy)).studio_ui
+    result, _ = ui.publish.push(finished_run, "operator/lent", "", True, False, request=gr.Request(username="alice"))
+    assert result.startswith("✓") and {r.authorized_as for r in hub.requests} == {"operator"}
+
+
 def test_an_api_client_publishes_with_its_own_oauth_token(hub, studio_home, finished_run, served):
     url = served(Studio(studio_home / "runs", policy=AccessPolicy(public=True, space=True)))
     pushed = client(url, oauth_token=ALICE).predict(
@@ -430,8 +447,8 @@ def test_a_signed_in_browser_publishes_and_trains_as_itself(hub, studio_home, fi
     studio = Studio(studio_home / "runs", policy=AccessPolicy(public=True, space=True))
     url = served(studio)
     # Sign in as a browser does: the login button's route, then the callback that stores the OAuth session.
-    login = httpx.get(url + "login/huggingface", follow_redirects=False)
-    callback = httpx.get(url.rstrip("/") + login.headers["location"], follow_redirects=False)
+    login = httpx.get(url + "login/huggingface", follow_redirects=False, timeout=STATE_S)
+    callback = httpx.get(url.rstrip("/") + login.headers["location"], follow_redirects=False, timeout=STATE_S)
     session = callback.cookies.get("session")
     assert callback.status_code in (302, 307) and session
     browser = client(url, headers={"Cookie": f"session={session}"})

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.test_ui_support import CHROMIUM, CHROMIUM_ARGS, wait_for
+from tests.test_ui_support import APP_READY_S, CHROMIUM, CHROMIUM_ARGS, STATE_S, browser_expect, open_app, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 USER, PASSWORD = "ann", "pw-" + secrets.token_hex(6)
@@ -32,7 +32,7 @@ def free_port() -> int:
 
 def _listening(url: str) -> bool:
     try:
-        httpx.get(url + "/", timeout=2)
+        httpx.get(url + "/", timeout=STATE_S)
         return True
     except httpx.TransportError:
         return False
@@ -57,29 +57,29 @@ def app(tmp_path_factory):
             stderr=subprocess.STDOUT,
         )
     try:
-        wait_for(lambda: process.poll() is not None or _listening(url), timeout=120, what="the app to listen")
+        wait_for(lambda: process.poll() is not None or _listening(url), timeout=APP_READY_S, what="the app to listen")
         assert process.poll() is None, f"the app exited: {log.read_text()[-2000:]}"
         yield {"url": url, "home": home}
     finally:
         process.terminate()
         try:
-            process.wait(timeout=30)
+            process.wait(timeout=STATE_S)
         except subprocess.TimeoutExpired:
             process.kill()
-            process.wait(timeout=30)
+            process.wait(timeout=STATE_S)
 
 
 def test_without_the_login_nothing_but_the_login_is_served(app):
     url = app["url"]
     for path in ("/config", "/gradio_api/info"):
-        response = httpx.get(url + path, timeout=30)
+        response = httpx.get(url + path, timeout=STATE_S)
         assert response.status_code == 401 and REFUSED in response.text, (path, response.status_code)
     for api_name, data in (("start", []), ("status", ["", None]), ("chat", ["Hi"])):
-        response = httpx.post(f"{url}/gradio_api/call/{api_name}", json={"data": data}, timeout=30)
+        response = httpx.post(f"{url}/gradio_api/call/{api_name}", json={"data": data}, timeout=STATE_S)
         assert response.status_code == 401 and REFUSED in response.text, (api_name, response.status_code)
-    response = httpx.post(url + "/login", data={"username": USER, "password": PASSWORD + "x"}, timeout=30)
+    response = httpx.post(url + "/login", data={"username": USER, "password": PASSWORD + "x"}, timeout=STATE_S)
     assert response.status_code == 400 and "Incorrect credentials" in response.text
-    response = httpx.post(url + "/login", data={"username": "bob", "password": PASSWORD}, timeout=30)
+    response = httpx.post(url + "/login", data={"username": "bob", "password": PASSWORD}, timeout=STATE_S)
     assert response.status_code == 400
     runs = app["home"] / "runs"
     assert not runs.exists() or not any(runs.iterdir())  # nothing was started
@@ -87,7 +87,7 @@ def test_without_the_login_nothing_but_the_login_is_served(app):
 
 def test_the_right_login_opens_the_app_and_its_api(app):
     url = app["url"]
-    with httpx.Client(timeout=30) as client:
+    with httpx.Client(timeout=STATE_S) as client:
         response = client.post(url + "/login", data={"username": USER, "password": PASSWORD})
         assert response.status_code == 200 and response.json() == {"success": True}
         config = client.get(url + "/config")
@@ -100,14 +100,12 @@ def test_the_right_login_opens_the_app_and_its_api(app):
 @pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is missing (apt-get install chromium)")
 def test_the_browser_shows_the_login_page_and_then_the_app(app):
     sync_api = pytest.importorskip("playwright.sync_api", reason="pip package playwright is not installed")
-    expect = sync_api.expect
+    expect = browser_expect()
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page()
-            page.set_default_timeout(30_000)
-            page.goto(app["url"])
-            expect(page.get_by_text("log in with the user and password you were given")).to_be_visible()
+            open_app(page, app["url"], ready_text="log in with the user and password you were given")
             expect(page.get_by_role("tab", name="Train", exact=True)).to_have_count(0)
             password = page.locator("input[type=password]")
             expect(password).to_have_count(1)
@@ -119,7 +117,7 @@ def test_the_browser_shows_the_login_page_and_then_the_app(app):
             page.get_by_role("textbox", name="username").fill(USER)  # the failed attempt emptied the form
             password.fill(PASSWORD)
             page.get_by_role("button", name="Login").click()
-            expect(page.get_by_role("tab", name="Train", exact=True)).to_be_visible(timeout=30_000)
+            expect(page.get_by_role("tab", name="Train", exact=True)).to_be_visible(timeout=APP_READY_S * 1000)
             expect(page.locator("#fs-header")).to_contain_text("How it works")
         finally:
             browser.close()

@@ -27,17 +27,22 @@ from pathlib import Path
 
 import pytest
 
+from finetune.studio import BASE_OF
 from tests.test_ui_support import (
     CHROMIUM,
     CHROMIUM_ARGS,
     GOOD_TOKEN,
+    STATE_S,
     RunGate,
+    browser_expect,
     greedy_reply,
     human,
     letters,
+    open_app,
     pushed_files_hold_no_secret,
     standin_hub,
 )
+from ui.formatting import run_title
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts" / "ui"
 STEPS = 30  # the tuned model answers like a pirate after this; eval and checkpoints at 15 and 30
@@ -49,7 +54,7 @@ pytestmark = [
     pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is missing (apt-get install chromium)"),
 ]
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip package playwright is not installed")
-expect = sync_api.expect
+expect = browser_expect()  # Playwright's expect, with a generous default ceiling instead of 5 s
 
 
 def free_port() -> int:
@@ -98,7 +103,22 @@ def server(tmp_path_factory):
         replies.put({"source": source, "prompt": messages[-1]["content"], "text": text})
 
     studio.chat = chat
+    real_pair = studio.chat_pair
+
+    def chat_pair(source, messages, base_messages, settings):
+        """The real side-by-side chat; when both generations have ended, each side's reply is recorded."""
+        last = {}
+        for side, text, error in real_pair(source, messages, base_messages, settings):
+            last[side] = text if error is None else None
+            yield side, text, error
+        for side, which in (("run", source), ("base", BASE_OF + source)):
+            replies.put({"source": which, "prompt": messages[-1]["content"], "text": last.get(side)})
+
+    studio.chat_pair = chat_pair
     with pytest.MonkeyPatch.context() as monkeypatch, standin_hub(monkeypatch) as hub:
+        # The server's threads read the studio home from the environment: between tests (each sets its own) it is
+        # this one, never ~/.cache (a run or an estimate can outlive the test that started it).
+        monkeypatch.setenv("FINETUNE_STUDIO_HOME", str(home))
         gate = RunGate().install(monkeypatch, studio.manager.root)
         gate.hold_at = HOLD
         demo = build_app(studio)
@@ -125,8 +145,7 @@ def page(server):
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.set_default_timeout(30_000)
-        page.goto(server["url"])
+        open_app(page, server["url"])
         yield page
         browser.close()
 
@@ -192,7 +211,7 @@ def finished_reply(server, timeout_s: float = 120) -> dict:
         raise AssertionError(f"no chat reply finished within {timeout_s} s") from None
 
 
-def expect_reply(page, chatbot_id: str, text: str, timeout_s: float = 30) -> str:
+def expect_reply(page, chatbot_id: str, text: str, timeout_s: float = STATE_S) -> str:
     """Wait until the last reply of a chatbot shows `text` (its letters and digits: Markdown and spacing aside), then
     assert it does; returns what the page shows."""
     want = letters(text)
@@ -241,7 +260,7 @@ def test_memory_shows_the_estimators_figure(page, tiny_model_dir):
     fill(page, "mem-model", tiny_model_dir)  # the same field as Configure's: the edit is mirrored there
     page.locator("#mem-estimate").click()
     verdict = page.locator("#mem-verdict")
-    expect(verdict).to_contain_text(f"Fits on {card}", timeout=60_000)
+    expect(verdict).to_contain_text(f"Fits on {card}")
     expect(verdict).to_contain_text(f"Needs about {human(expected.total_bytes)}")
     expect(page.locator("#mem-table")).to_contain_text(re.compile(r"activations.*\d+ (MiB|KiB)", re.S))
     shot(page, "02-memory-estimate")
@@ -314,7 +333,7 @@ def test_configure_loads_tiny_data_and_previews_it(page, files):
     expect(page.locator("#cfg-summary")).to_contain_text("All settings are valid")
     page.locator("#cfg-preview").click()
     preview = page.locator("#cfg-preview-box")
-    expect(preview).to_contain_text("48 training rows", timeout=60_000)
+    expect(preview).to_contain_text("48 training rows")
     expect(preview).to_contain_text("4 evaluation rows")
     expect(preview.locator(".fs-example .fs-trained").first).to_contain_text("Arr, matey!")
     preview.scroll_into_view_if_needed()
@@ -328,15 +347,15 @@ def test_configure_loads_tiny_data_and_previews_it(page, files):
 def test_train_starts_and_progress_advances(page, server, tiny_model_dir):
     tab(page, "Train")
     plan = page.locator("#train-plan")  # what Start will run, before Start
-    expect(plan).to_contain_text("Start will train", timeout=60_000)
+    expect(plan).to_contain_text("Start will train")
     expect(plan).to_contain_text(str(tiny_model_dir))
     expect(plan).to_contain_text(f"{STEPS} steps")
     expect(plan).to_contain_text("at the peak")
     page.locator("#train-start").click()
-    expect(page.locator("#train-message")).to_contain_text("Started run", timeout=30_000)
+    expect(page.locator("#train-message")).to_contain_text("Started run")
     server["gate"].wait_held()  # the run is at step HOLD and waits there
     progress = page.locator("#train-progress .fs-progress")
-    expect(progress).to_have_attribute("data-step", str(HOLD), timeout=30_000)
+    expect(progress).to_have_attribute("data-step", str(HOLD))
     expect(progress).to_have_attribute("data-status", "running")
     expect(page.locator("#train-plot")).not_to_contain_text("No data")
     runs = page.locator("#train-runs-table")  # the live step, by a readable name
@@ -351,10 +370,15 @@ def test_a_reload_mid_run_reattaches(page, server):
     run_id = server["studio"].state().run_id
     assert server["studio"].state().status == "running"  # still held at HOLD: certainly mid-run
     try:
-        page.reload()
-        tab(page, "Train")
+        open_app(page)  # reload, and wait until the app is there again
+        # The page opens on Start and says a run is training, with the way to it.
+        notice = page.locator("#fs-running")
+        expect(notice).to_contain_text("A run is training")
+        expect(notice).to_contain_text(run_title(server["studio"].run(run_id)))
+        page.locator("#fs-running-open").click()
+        expect(page.get_by_role("tab", name="Train", exact=True)).to_have_attribute("aria-selected", "true")
         progress = page.locator("#train-progress .fs-progress")
-        expect(progress).to_contain_text(run_id, timeout=30_000)
+        expect(progress).to_contain_text(run_id)
         expect(progress).to_have_attribute("data-status", "running")
         expect(progress).to_have_attribute("data-step", str(HOLD))
         expect(page.locator("#train-stop")).to_be_enabled()
@@ -397,8 +421,10 @@ def test_chat_answers_with_the_trained_adapter(page, server, tiny_model_dir):
     run_id, run_dir = run_of(server)
     tab(page, "Chat")
     page.locator("#chat-refresh").click()
-    choose(page, "chat-source", run_id)
-    expect(page.locator("#chat-main")).to_contain_text(f"Chat with {run_id}")
+    name = run_title(server["studio"].run(run_id))  # listed by readable name, the newest finished run chosen
+    expect(page.locator("#chat-source input").first).to_have_value(f"{name} (tuned)")
+    choose(page, "chat-source", name)
+    expect(page.locator("#chat-main")).to_contain_text(f"Chat with {name}")
     page.locator("#chat-settings").get_by_text("Generation settings").click()
     tokens = page.locator("#chat-settings input[type=number]").first
     tokens.fill(str(REPLY_TOKENS))
@@ -425,7 +451,8 @@ def test_chat_side_by_side_with_the_base_model(page, server, tiny_model_dir):
     box = page.locator("#chat-input textarea, #chat-input input").first
     box.fill("Question 3?")
     box.press("Enter")
-    tuned, base = finished_reply(server), finished_reply(server)
+    replies = {r["source"]: r for r in (finished_reply(server), finished_reply(server))}  # streamed together
+    tuned, base = replies[run_id], replies[BASE_OF + run_id]
     assert tuned["text"] == greedy_reply(tiny_model_dir, run_dir, "Question 3?", REPLY_TOKENS)
     assert base["text"] == greedy_reply(tiny_model_dir, None, "Question 3?", REPLY_TOKENS)
     assert letters(tuned["text"]) != letters(base["text"])
@@ -439,22 +466,42 @@ def test_publish_pushes_the_trained_run_through_a_password_field(page, server):
     run_id, run_dir = run_of(server)
     hub = server["hub"]
     tab(page, "Publish")
-    expect(page.locator("#pub-run input")).to_have_value(re.compile(re.escape(run_id)), timeout=30_000)
+    expect(page.locator("#pub-run input")).to_have_value(re.compile(re.escape(run_id)))
     page.locator("#pub-push").click()
-    expect(page.locator("#pub-result")).to_contain_text("repo", timeout=30_000)  # no repo id given: one-line error
+    expect(page.locator("#pub-result")).to_contain_text("repo")  # no repo id given: one-line error
     assert hub.repos == {}
     token = page.locator("#pub-token").locator("input, textarea").first
     assert token.get_attribute("type") == "password"  # the token is never shown
     fill(page, "pub-repo", "alice/pirate-lora")
     token.fill(GOOD_TOKEN)
     page.locator("#pub-push").click()
-    expect(page.locator("#pub-result")).to_contain_text(f"Pushed the adapter of {run_id}", timeout=60_000)
+    expect(page.locator("#pub-result")).to_contain_text(f"Pushed the adapter of {run_id}")
     expect(token).to_have_value("")  # cleared after the push
     repo = hub.repos["alice/pirate-lora"]
     assert repo.private
     assert repo.files["adapter_model.safetensors"] == (run_dir / "adapter_model.safetensors").read_bytes()
     assert pushed_files_hold_no_secret(hub, GOOD_TOKEN) and GOOD_TOKEN not in page.content()
     shot(page, "10-publish")
+
+
+def test_export_offers_the_files_for_download(page, server):
+    """The exported files are links on the page (on a Space the run's folder is out of reach): the browser downloads
+    the very bytes written in the run's exports/ folder. (A merged model: the tiny test tokenizer has no llama.cpp
+    pre-tokenizer, so its GGUF is refused.)"""
+    run_id, run_dir = run_of(server)
+    tab(page, "Publish")
+    page.get_by_text("Export to run it anywhere").click()
+    page.locator("#pub-export-format").get_by_text("merged", exact=True).click()
+    page.locator("#pub-export").click()
+    expect(page.locator("#pub-export-result")).to_contain_text("Download it below", timeout=120_000)
+    weights = run_dir / "exports" / "merged" / "model.safetensors"
+    link = page.locator('#pub-export-files a[download="model.safetensors"]')
+    expect(link).to_be_visible()
+    expect(page.locator('#pub-export-files a[download="config.json"]')).to_be_visible()
+    with page.expect_download() as download:
+        link.click()
+    assert Path(download.value.path()).read_bytes() == weights.read_bytes()
+    shot(page, "11-export-download")
 
 
 # ----------------------------------------------------------------------------------------------- after the story
@@ -467,8 +514,7 @@ def test_a_narrow_screen_keeps_every_tab_reachable(page, server):
     words letter by letter."""
     narrow = page.context.browser.new_page(viewport={"width": 420, "height": 900})
     try:
-        narrow.set_default_timeout(30_000)
-        narrow.goto(server["url"])
+        open_app(narrow, server["url"])
         for name in ("Start", "Memory", "Configure", "Train", "Chat", "Publish"):
             expect(narrow.get_by_role("tab", name=name, exact=True)).to_be_visible()
         narrow.get_by_role("tab", name="Publish", exact=True).click()
@@ -507,9 +553,9 @@ def test_a_dpo_run_from_the_form_shows_its_rewards(page, server, files):
     fill(page, "cfg-eval_split", "")
     set_field(page, "Optimisation", "max_steps", 4)
     tab(page, "Train")
-    expect(page.locator("#train-plan")).to_contain_text("preferences (DPO)", timeout=60_000)
+    expect(page.locator("#train-plan")).to_contain_text("preferences (DPO)")
     page.locator("#train-start").click()
-    expect(page.locator("#train-message")).to_contain_text("Started run", timeout=30_000)
+    expect(page.locator("#train-message")).to_contain_text("Started run")
     progress = page.locator("#train-progress .fs-progress")
     expect(progress).to_have_attribute("data-status", "completed", timeout=120_000)
     expect(page.locator("#train-prefs")).to_contain_text("reward margin")
@@ -530,7 +576,7 @@ def test_a_two_process_run_starts_from_the_train_tab(page, server, files):
     tab(page, "Train")
     choose(page, "train-processes", "2")
     page.locator("#train-start").click()
-    expect(page.locator("#train-message")).to_contain_text("Started run", timeout=60_000)
+    expect(page.locator("#train-message")).to_contain_text("Started run")
     run_id = re.search(r"Started run\W*([\w.-]+)", page.locator("#train-message").inner_text()).group(1)
     # The box may still show the previous test's finished run for a moment: wait for this run's own end.
     progress = page.locator("#train-progress .fs-progress", has=page.locator(".fs-run", has_text=run_id))

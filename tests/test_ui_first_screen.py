@@ -3,9 +3,13 @@
 One story on one page: the app opens on Start → the tiny test model and tiny data are picked there (typed, as a
 person types a Hub id), with the data's token-length statistics and preview → the proposal for this CPU appears
 with the backend's own reasons, and the Configure tab shows it (one form) → an expert edit in Configure shows in
-the Start summary → Start switches to the Train tab, where the run finishes → Chat answers with the run's adapter.
-Without a browser: an answer for choices changed since it was asked is dropped. Screenshots go to
-test-artifacts/first-screen/ (gitignored).
+the Start summary → Start switches to the Train tab, where the run finishes → Chat answers with the run's adapter,
+offered by its readable name. Then the one answer to "what should I run?" on real model shapes (bundled configs, no
+weights): long rows on an 8B and a 24 GB card keep 2048 tokens, as `propose --json` does → the data changed is
+measured again → 70B on that card names the card it needs, Start is off until the settings for it are used → a 1B
+fits an 8 GB card → Check refuses an offline Hub dataset in one line, and a number typed with a stray letter is kept
+and refused whole. Without a browser: an answer for choices changed since it was asked is dropped; the Start tab's
+handlers on the same cases. Screenshots go to test-artifacts/first-screen/ (gitignored).
 
 Run: .venv/bin/python -m pytest tests/test_ui_first_screen.py
 """
@@ -15,11 +19,12 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 from pathlib import Path
 
 import pytest
 
-from tests.test_ui_support import CHROMIUM, CHROMIUM_ARGS, greedy_reply, letters
+from tests.test_ui_support import CHROMIUM, CHROMIUM_ARGS, browser_expect, greedy_reply, letters, open_app
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts" / "first-screen"
 STEPS = 12  # set in Configure after the proposal: a short run, and an expert edit the summary must show
@@ -48,7 +53,12 @@ def server(tmp_path_factory):
     from tests.test_ui_browser import free_port
     from ui.app import build_app, launch
 
-    studio = Studio(tmp_path_factory.mktemp("first-screen-home") / "runs")
+    home = tmp_path_factory.mktemp("first-screen-home")
+    # The server's threads read the studio home from the environment; between tests (each sets its own) it must
+    # still be this one, never ~/.cache: a proposal or a run can outlive the test that started it.
+    patch = pytest.MonkeyPatch()
+    patch.setenv("FINETUNE_STUDIO_HOME", str(home))
+    studio = Studio(home / "runs")
     replies: queue.Queue = queue.Queue()
     real_chat = studio.chat
 
@@ -68,6 +78,7 @@ def server(tmp_path_factory):
         studio.stop()
         demo.close()
         studio.manager.wait(timeout=60)
+        patch.undo()
 
 
 @pytest.fixture(scope="module")
@@ -77,16 +88,13 @@ def page(server):
     with sync_api.sync_playwright() as p:
         chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = chromium.new_page(viewport={"width": 1280, "height": 900})
-        page.set_default_timeout(30_000)
-        page.goto(server["url"])
+        open_app(page, server["url"])
         yield page
         chromium.close()
 
 
 def expect(locator):
-    from playwright.sync_api import expect as playwright_expect
-
-    return playwright_expect(locator)
+    return browser_expect()(locator)
 
 
 def shot(page, name: str) -> None:
@@ -168,12 +176,15 @@ def test_start_trains_on_the_train_tab(page, server):
 @browser_test
 def test_chat_answers_with_the_run(page, server, tiny_model_dir):
     from tests.test_ui_browser import choose, expect_reply
+    from ui.formatting import run_title
 
     run_id = run_id_of(server["studio"].runs()[0])
     run_dir = server["studio"].manager.root / run_id
     page.get_by_role("tab", name="Chat", exact=True).click()
     page.locator("#chat-refresh").click()
-    choose(page, "chat-source", run_id)
+    name = run_title(server["studio"].run(run_id))  # runs are listed by readable name; the newest finished first
+    expect(page.locator("#chat-source input").first).to_have_value(f"{name} (tuned)")
+    choose(page, "chat-source", name)
     page.locator("#chat-settings").get_by_text("Generation settings").click()
     tokens = page.locator("#chat-settings input[type=number]").first
     tokens.fill(str(REPLY_TOKENS))
@@ -204,6 +215,126 @@ def test_the_first_screen_works_at_420_px(page):
         page.set_viewport_size({"width": 1280, "height": 900})
 
 
+# ------------------------------------------------------------------------------------------- one answer, on the page
+LLAMA_1B, LLAMA_8B = "meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.1-8B"
+LLAMA_70B = "meta-llama/Llama-3.1-70B"
+LONG = [900 + 640 * i // 59 for i in range(60)]  # rows of 900 to 1,540 tokens (estimated: the tokenizer is offline)
+
+
+@pytest.fixture(scope="module")
+def long_rows(tmp_path_factory) -> Path:
+    from tests.helpers import write_token_rows
+
+    return write_token_rows(tmp_path_factory.mktemp("long-rows") / "long.jsonl", LONG)
+
+
+DECIDED = ("method", "per_device_train_batch_size", "gradient_accumulation_steps", "max_seq_length", "optim")
+
+
+def pick_card(page, card: str) -> None:
+    page.locator("#start-hardware").get_by_text("A GPU card").click()
+    from tests.test_ui_browser import choose
+
+    choose(page, "start-card", card)
+
+
+@browser_test
+def test_long_rows_on_an_8b_and_a_24gb_card_keep_their_length_as_propose_json_does(page, long_rows, capsys):
+    """The card first, then the data and the model (each choice proposes again; this order keeps those quick)."""
+    from finetune import cli
+
+    pick_card(page, "RTX 4090 (24 GB)")
+    type_choice(page, "start-data", str(long_rows))
+    type_choice(page, "start-model", LLAMA_8B)
+    proposal = page.locator("#start-proposal")
+    expect(proposal).to_contain_text("Every row is at most 1540 tokens, so 2048 tokens per row keeps them whole",
+                                     timeout=180_000)  # fmt: skip
+    expect(proposal).to_contain_text("Proposed for RTX 4090 (24 GB)")
+    expect(page.locator("#start-seq textarea, #start-seq input").first).to_have_value("2048")
+    expect(page.locator("#start-summary")).to_contain_text("fits, leaving")
+    expect(page.locator("#start-go")).to_be_enabled()
+    shot(page, "06-start-8b-long-rows")
+    assert cli.main(["propose", "--model", LLAMA_8B, "--data", str(long_rows), "--gpu-gib", "rtx 4090", "--json"]) == 0
+    settings = json.loads(capsys.readouterr().out)["settings"]
+    page.get_by_role("tab", name="Configure", exact=True).click()
+    for name in DECIDED:
+        assert field_value(page, f"cfg-{name}") == str(settings[name]), name
+    page.locator("#cfg-group-precision---memory").get_by_text("Precision & memory", exact=True).first.click()
+    checked = page.locator("#cfg-gradient_checkpointing input").first.is_checked()
+    assert checked == settings["gradient_checkpointing"] is True
+    page.get_by_role("tab", name="Start", exact=True).click()
+
+
+@browser_test
+def test_70b_on_a_24gb_card_names_the_card_it_needs_and_start_is_off(page):
+    type_choice(page, "start-model", LLAMA_70B)
+    proposal = page.locator("#start-proposal")
+    expect(proposal).to_contain_text("Nothing fits RTX 4090 (24 GB): Start would run out of memory", timeout=180_000)
+    expect(proposal).to_contain_text("it fits an A100 (80 GB) or an H100 (80 GB)")
+    expect(page.locator("#start-go")).to_be_disabled()
+    use = page.locator("#start-use-needed")
+    expect(use).to_have_text("Use these settings, for A100 (80 GB)")
+    shot(page, "07-start-70b-nothing-fits")
+    use.click()
+    expect(proposal).to_contain_text("Proposed for A100 (80 GB)", timeout=180_000)
+    expect(page.locator("#start-go")).to_be_enabled()
+    expect(page.locator("#start-card input").first).to_have_value(re.compile(r"A100 \(80 GB\)"))
+
+
+@browser_test
+def test_a_1b_model_on_an_8gb_card_cuts_long_rows_only_because_nothing_else_fits(page):
+    from tests.test_ui_browser import choose
+
+    type_choice(page, "start-model", LLAMA_1B)
+    expect(page.locator("#start-proposal")).to_contain_text("Proposed for A100 (80 GB)", timeout=180_000)
+    choose(page, "start-card", "RTX 4060 (8 GB)")
+    proposal = page.locator("#start-proposal")
+    expect(proposal).to_contain_text("Proposed for RTX 4060 (8 GB)", timeout=180_000)
+    cut = sum(n > 1024 for n in LONG)
+    expect(proposal).to_contain_text(f"1024 tokens per row: {cut} of 60 rows lose up to 516 tokens each")
+    expect(page.locator("#start-summary")).to_contain_text("of 7.6 GiB on RTX 4060 (8 GB): fits, leaving")
+
+
+@browser_test
+def test_the_data_changed_after_a_proposal_is_measured_again(page, data_file):
+    type_choice(page, "start-data", str(data_file))  # rows of a few dozen tokens
+    proposal = page.locator("#start-proposal")
+    expect(proposal).to_contain_text("so 128 tokens per row keeps them whole", timeout=180_000)
+    expect(page.locator("#start-seq textarea, #start-seq input").first).to_have_value("128")
+    expect(page.locator("#start-summary")).to_contain_text("up to 128 tokens each")
+
+
+@browser_test
+def test_check_refuses_an_offline_hub_dataset_and_a_number_is_kept_as_typed(page):
+    from tests.test_ui_browser import open_group
+
+    page.get_by_role("tab", name="Configure", exact=True).click()
+    box = page.locator("#cfg-dataset textarea, #cfg-dataset input").first
+    box.fill("someone/pirate-chats")
+    box.press("Tab")
+    page.locator("#cfg-check").click()
+    error = page.locator("#cfg-err-dataset")
+    expect(error).to_have_text(
+        "⚠ dataset: someone/pirate-chats is a Hub dataset, this machine cannot reach the Hugging Face Hub (offline) "
+        "and has no copy of it; use a local file or bundled:pirate, or connect and check again",
+        timeout=60_000,
+    )
+    # A number typed slowly, as a person types, with a stray letter: kept whole and refused beside its field.
+    open_group(page, "Optimisation", "learning_rate")
+    rate = page.locator("#cfg-learning_rate textarea, #cfg-learning_rate input").first
+    rate.click()
+    rate.press("Control+a")
+    page.keyboard.type("1e-4x", delay=120)
+    rate.press("Tab")
+    expect(page.locator("#cfg-err-learning_rate")).to_contain_text("learning_rate: '1e-4x' is not a number")
+    expect(rate).to_have_value("1e-4x")
+    shot(page, "08-check-offline-hub-and-number")
+    rate.fill("1e-4")
+    rate.press("Tab")
+    expect(page.locator("#cfg-err-learning_rate")).to_be_hidden()
+    expect(rate).to_have_value("1e-4")
+
+
 # ----------------------------------------------------------------------------------------------- stale answers
 def test_an_answer_for_changed_choices_is_dropped(studio_home, tiny_model_dir, data_file):
     """A request made stale before it starts is skipped; one whose choices change while it is worked out is
@@ -215,7 +346,8 @@ def test_an_answer_for_changed_choices_is_dropped(studio_home, tiny_model_dir, d
     tab = ui.start
     page = {tab.config.fields[n]: v for n, v in ui.studio.default_values().items()}
     page.update({tab.model: str(tiny_model_dir), tab.data: str(data_file), tab.goal: "sft", tab.hardware: "cpu"})
-    page.update({tab.card: None, tab.gpus: 1, tab.proposed: None, tab.proposal_ticket: 0, tab.data_ticket: 0})
+    page.update({tab.card: None, tab.custom_gib: 24.0, tab.gpus: 1, tab.seq: 64, tab.proposed: None})
+    page.update({tab.pinned: [], tab.proposal_ticket: 0, tab.data_ticket: 0})
 
     def choose() -> dict:
         answer = tab.choose(page)
@@ -308,7 +440,121 @@ def test_the_preferences_goal_takes_the_bundled_pairs(studio_home):
     answer = tab.choose(page)
     assert answer[fields["dataset"]] == "bundled:pirate-pairs" and answer[tab.data]["value"] == "bundled:pirate-pairs"
     assert (answer[fields["task"]], answer[fields["objective"]]) == ("causal_lm", "dpo")
-    page.update({tab.data: "bundled:pirate-pairs", tab.goal: "classify", fields["objective"]: "dpo"})
+    page.update({tab.data: "bundled:pirate-pairs", tab.goal: "classification", fields["objective"]: "dpo"})
     answer = tab.choose(page)
     assert answer[fields["dataset"]] == "bundled:pirate"
     assert (answer[fields["task"]], answer[fields["objective"]]) == ("sequence_classification", "sft")
+
+
+def start_page(ui, **choices) -> dict:
+    """The Start tab's inputs as a fresh page holds them (the defaults), with `choices` on top."""
+    tab = ui.start
+    page = {tab.config.fields[n]: v for n, v in ui.studio.default_values().items()}
+    page.update({tab.model: page[tab.config.fields["model"]], tab.data: page[tab.config.fields["dataset"]]})
+    page.update({tab.goal: "sft", tab.hardware: "cpu", tab.card: None, tab.custom_gib: 24.0, tab.gpus: 1})
+    page.update({tab.seq: 256, tab.proposed: None, tab.pinned: [], tab.proposal_ticket: 0, tab.data_ticket: 0})
+    page.update({getattr(tab, name): value for name, value in choices.items()})
+    return page
+
+
+def on_page(page: dict, answer: dict) -> dict:
+    """Apply a handler's answer to the page as the browser would (values; a gr.update's value)."""
+    for component, value in answer.items():
+        if isinstance(value, dict) and "__type__" in value:
+            if "value" in value:
+                page[component] = value["value"]
+        else:
+            page[component] = value
+    return answer
+
+
+def written(ui, page: dict) -> dict:
+    return {name: page[component] for name, component in ui.start.config.fields.items()}
+
+
+def test_the_start_tab_and_propose_json_give_the_same_settings(studio_home, long_rows, capsys):
+    """The same inputs (a 1B model, long rows, an 8 GB card) give the same settings on the page and in the CLI."""
+    from finetune import cli
+    from finetune.studio import Studio
+    from ui.app import build_app
+
+    ui = build_app(Studio(studio_home / "runs")).studio_ui
+    tab = ui.start
+    page = start_page(ui, model=LLAMA_1B, data=str(long_rows), hardware="card", card="RTX 4060 (8 GB)")
+    on_page(page, tab.choose(page))
+    answer = on_page(page, tab.propose(page))
+    assert answer[tab.proposal].startswith("### Proposed for RTX 4060 (8 GB)")
+    assert cli.main(["propose", "--model", LLAMA_1B, "--data", str(long_rows), "--goal", "sft", "--gpu-gib", "rtx 4060",
+                     "--json"]) == 0  # fmt: skip
+    settings = json.loads(capsys.readouterr().out)["settings"]
+    assert written(ui, page) == settings and page[tab.seq] == settings["max_seq_length"]
+    assert "fits, leaving" in answer[tab.summary] and answer[tab.start_btn]["interactive"]
+
+
+def test_nothing_fits_writes_nothing_until_asked_and_start_says_it_will_run_out_of_memory(studio_home, long_rows):
+    from finetune.studio import Studio
+    from ui.app import build_app
+
+    ui = build_app(Studio(studio_home / "runs")).studio_ui
+    tab = ui.start
+    page = start_page(ui, model=LLAMA_70B, data=str(long_rows), hardware="card", card="RTX 4090 (24 GB)")
+    on_page(page, tab.choose(page))
+    before = written(ui, page)
+    answer = on_page(page, tab.propose(page))
+    assert answer[tab.proposal].startswith("### ⚠ Nothing fits RTX 4090 (24 GB): Start would run out of memory")
+    assert "it fits an A100 (80 GB) or an H100 (80 GB)" in answer[tab.proposal]
+    assert written(ui, page) == before  # nothing written
+    assert answer[tab.start_btn] == {"__type__": "update", "interactive": False}
+    assert answer[tab.use_needed_btn]["value"] == "Use these settings, for A100 (80 GB)"
+    assert "will run out of memory" in answer[tab.summary]
+    refused = tab.start(page)[tab.message]
+    assert refused.startswith("⚠ Not started: these settings will run out of memory on RTX 4090 (24 GB)")
+    assert ui.studio.runs() == []
+    # Asked: the combination and the card that holds it; the next proposal, for that card, fits and is written.
+    on_page(page, tab.use_needed(page))
+    assert page[tab.card] == "A100 (80 GB)" and page[tab.hardware] == "card"
+    assert (page[tab.config.fields["method"]], page[tab.config.fields["gradient_checkpointing"]]) == ("qlora", True)
+    answer = on_page(page, tab.propose(page))
+    assert answer[tab.proposal].startswith("### Proposed for A100 (80 GB)") and answer[tab.start_btn]["interactive"]
+
+
+def test_a_stale_start_error_clears_when_a_choice_changes_and_long_waits_say_why(studio_home, tmp_path):
+    from finetune.config import EMBEDDED_MODEL
+    from finetune.studio import Studio
+    from ui.app import build_app
+
+    ui = build_app(Studio(studio_home / "runs")).studio_ui
+    tab = ui.start
+    page = start_page(ui, data=str(tmp_path / "missing.jsonl"))
+    on_page(page, tab.choose(page))
+    assert tab.start(page)[tab.message].startswith("⚠ Not started: dataset:")
+    page[tab.data] = "bundled:pirate"
+    assert tab.choose(page)[tab.message] == ""  # the old error goes as the value changes
+    assert not ui.studio.embedded_ready()  # a fresh home: the first use converts the embedded model
+    assert tab.pending_proposal(EMBEDDED_MODEL).startswith("⏳ Converting the embedded model")
+    assert "once, about a minute" in tab.pending_data(EMBEDDED_MODEL)
+    assert tab.pending_proposal("meta-llama/Llama-3.2-1B") == "⏳ Working out a configuration that fits…"
+
+
+def test_custom_card_sizes_and_a_typed_sequence_length(studio_home, long_rows):
+    from finetune.studio import Studio
+    from ui.app import build_app
+
+    ui = build_app(Studio(studio_home / "runs")).studio_ui
+    tab = ui.start
+    assert [v for _, v in tab.card.choices][:2] == ["RTX 4060 (8 GB)", "RTX 3080 (10 GB)"]  # from 8 GB up
+    assert tab.card.choices[-1] == ("Custom size (GiB)", "custom")
+    page = start_page(ui, model=LLAMA_1B, data=str(long_rows), hardware="card", card="custom", custom_gib=7.6)
+    on_page(page, tab.choose(page))
+    assert tab.hardware_of(page) == ("cuda", 1, 7.6, "a 7.6 GiB GPU")
+    page[tab.custom_gib] = "lots"
+    assert tab.propose(page)[tab.proposal].startswith("⚠ No proposal: GPU memory: lots is not a size in GiB")
+    page.update({tab.custom_gib: 7.6, tab.seq: 512})
+    on_page(page, tab.pin_seq(page))
+    answer = on_page(page, tab.propose(page))
+    assert (
+        page[tab.config.fields["max_seq_length"]] == 512 and "512 tokens per row, as you set it" in answer[tab.proposal]
+    )
+    on_page(page, tab.choose(page))  # a choice changed (the data, the model, the goal): the data's length again
+    on_page(page, tab.propose(page))
+    assert page[tab.seq] == 1024 and page[tab.pinned] == []

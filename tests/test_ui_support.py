@@ -7,6 +7,8 @@
   directly (not through the app's code), for checking what the Chat tab shows.
 - `standin_hub`: the stand-in Hugging Face Hub (tests/hub_standin.py) with HF_ENDPOINT pointing at it.
 - `wait_for`: a condition polled until a deadline, then asserted.
+- `open_app` / `browser_expect` / `api_client`: the app's own readiness, waited for with generous ceilings on a
+  machine under load (Playwright's default is 5 s, httpx's too): every browser and API test goes through them.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ CHROMIUM_ARGS = [
 GOOD_TOKEN = "hf_" + secrets.token_hex(16)  # alice's write token on the stand-in Hub (random per session)
 BAD_TOKEN = "hf_" + secrets.token_hex(16)  # a token the stand-in Hub does not know
 HOLD_LIMIT_S = 300  # a held run goes on by itself after this long, so a test that forgets it cannot hang the suite
+APP_READY_S = 180  # loading the page until the app shows, past gradio's "Loading..." (a second suite may run beside)
+STATE_S = 60  # the default ceiling for a state the page or the API is expected to reach (instead of 5 s)
 
 
 class RunGate:
@@ -88,6 +92,40 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str, every: flo
             return value
         assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
         time.sleep(every)
+
+
+def browser_expect() -> Any:
+    """Playwright's `expect` with STATE_S as its default ceiling (for this whole process) instead of its own 5 s."""
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=STATE_S * 1000)
+    return expect
+
+
+def open_app(page: Any, url: str | None = None, ready_text: str | None = None) -> None:
+    """Load `url` into `page` (None: reload it) and wait, up to APP_READY_S, until the app is ready to use: gradio's
+    "Loading..." has given way to the app's header and tab bar (or to `ready_text`: the login page's message).
+    Later waits on the page get STATE_S."""
+    from ui.app import TAB_NAMES
+
+    expect, ceiling = browser_expect(), APP_READY_S * 1000
+    page.set_default_timeout(STATE_S * 1000)
+    if url is None:
+        page.reload(timeout=ceiling)
+    else:
+        page.goto(url, timeout=ceiling)
+    if ready_text is not None:
+        expect(page.get_by_text(ready_text)).to_be_visible(timeout=ceiling)
+        return
+    expect(page.locator("#fs-header")).to_contain_text("How it works", timeout=ceiling)
+    expect(page.get_by_role("tab", name=TAB_NAMES[0], exact=True)).to_be_visible(timeout=ceiling)
+
+
+def api_client(url: str, **kwargs: Any) -> Any:
+    """gradio_client's `Client` for the app at `url`, each request given STATE_S (httpx's default is 5 s)."""
+    from gradio_client import Client
+
+    return Client(url, verbose=False, httpx_kwargs={"timeout": STATE_S}, **kwargs)
 
 
 def wait_run_ended(studio: Any, timeout: float = 180) -> Any:

@@ -33,6 +33,7 @@ from tests.helpers import hold_at_step, tiny_config
 from tests.hub_standin import HubStandin
 from tests.run_fixtures import build_run
 from tests.test_space_mode import data_file, free_port
+from tests.test_ui_support import api_client
 from ui.app import build_app, launch
 
 MODEL = "acme/tiny-llama"
@@ -82,10 +83,8 @@ class Served:
 
     def client(self, user: str | None = None, **kwargs: Any) -> Any:
         """A visitor's gradio_client: logged in as `user` (None: not logged in); never this machine's HF token."""
-        from gradio_client import Client
-
         auth = (user, USERS[user]) if user else None
-        return Client(self.url, auth=auth, verbose=False, token=False, **kwargs)
+        return api_client(self.url, auth=auth, token=False, **kwargs)
 
 
 @pytest.fixture(scope="module")

@@ -49,13 +49,35 @@ TINY_SHAPE = {
 }
 
 
-def build_llama(path: Path, vocab_size: int = 384, **overrides):
-    """A random 2-layer, hidden-64 Llama (GQA 4 heads / 2 KV heads) with its tokenizer, saved to `path`."""
+def save_embedded_tokenizer(path: Path) -> Path:
+    """SmolLM2's own tokenizer (49152 tokens, a vocabulary llama.cpp knows), read from the embedded model's GGUF
+    (about 8 s) and saved to `path`: for tiny models whose GGUF export llama.cpp must load."""
+    from transformers import AutoTokenizer
+
+    from finetune.models import embedded_gguf_path
+
+    gguf = embedded_gguf_path()
+    AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(path)
+    return path
+
+
+def copy_tokenizer(source: Path, path: Path):
+    """The tokenizer saved in `source`, saved again to `path` (created)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(source))
+    tokenizer.save_pretrained(path)
+    return tokenizer
+
+
+def build_llama(path: Path, vocab_size: int = 384, tokenizer_dir: Path | None = None, **overrides):
+    """A random 2-layer, hidden-64 Llama (GQA 4 heads / 2 KV heads) with its tokenizer, saved to `path`; the
+    tokenizer is the tests' 384-token one, or the one saved in `tokenizer_dir`."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    tokenizer = build_tokenizer(path)
+    tokenizer = copy_tokenizer(tokenizer_dir, path) if tokenizer_dir else build_tokenizer(path)
     config = LlamaConfig(
         vocab_size=max(vocab_size, len(tokenizer)),
         **TINY_SHAPE,

@@ -93,6 +93,35 @@ class StudioAPI:
             studio = self._for(request, oauth_token)
             return studio.estimate(_form(settings), device=device, gpus=gpus, gpu_gib=gpu_gib).to_dict()
 
+    def propose(
+        self,
+        settings: dict,
+        goal: str = "sft",
+        gpu_gib: float | None = None,
+        gpus: int = 1,
+        request: gr.Request = None,
+        oauth_token: gr.OAuthToken | None = None,
+    ) -> dict:
+        """Propose the settings to run: the Start tab's answer (and `python -m finetune propose --json`'s) for a
+        model, data and goal on GPUs of a given size: the fastest settings that fit with headroom, the data kept
+        whole where any combination can, the same effective batch; when nothing fits, the hardware that would.
+
+        Args:
+            settings: run settings as {field: value}, e.g. {"model": ..., "dataset": ...}; defaults fill in the rest.
+            goal: "sft", "dpo", "orpo", "kto" or "classification".
+            gpu_gib: memory of one GPU in GiB (none: this computer's CPU, without a fit verdict).
+            gpus: how many such GPUs.
+
+        Returns:
+            settings (every field), fits, verdict, total_bytes, headroom_bytes, margin_bytes, rows_kept_whole,
+            reasons, needed (when nothing fits) and the estimate.
+        """
+        with refusals():
+            studio = self._for(request, oauth_token)
+            values = {**_form(settings), **studio.goal_settings(str(goal))}
+            device = "cuda" if gpu_gib else "cpu"
+            return studio.propose(values, device=device, gpus=gpus, gpu_gib=gpu_gib).to_dict()
+
     def preview(
         self, settings: dict, n: int = 3, request: gr.Request = None, oauth_token: gr.OAuthToken | None = None
     ) -> dict:
@@ -254,19 +283,20 @@ class StudioAPI:
         request: gr.Request = None,
         oauth_token: gr.OAuthToken | None = None,
     ) -> str:
-        """Export a finished run into its exports/ folder: "merged" (a standalone Transformers model) or "gguf"
-        (llama.cpp / Ollama, with a Modelfile).
+        """Export a finished run into its exports/ folder: "merged" (a standalone Transformers model), "gguf"
+        (llama.cpp / Ollama, with a Modelfile) or "gguf-lora" (the LoRA adapter alone, for llama.cpp's --lora).
 
         Args:
             run: the run id.
-            format: "merged" or "gguf".
+            format: "merged", "gguf" or "gguf-lora".
             quant: GGUF weights: "f16" or "q8_0".
 
         Returns:
             What was written, in one line.
         """
         with refusals():
-            result = self._for(request, oauth_token).export(run, format, quant if format == "gguf" else None)
+            gguf_quant = quant if str(format).startswith("gguf") else None
+            result = self._for(request, oauth_token).export(run, format, gguf_quant)
             written = f"exports/{result.folder.name}/" + (result.main.name if result.main != result.folder else "")
             return f"wrote {written} ({result.size}) in run {run}"
 
@@ -306,6 +336,7 @@ class StudioAPI:
         return [
             self.upload,
             self.estimate,
+            self.propose,
             self.preview,
             self.start,
             self.status,

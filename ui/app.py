@@ -17,6 +17,7 @@ import gradio as gr
 from finetune.studio import Studio
 from ui import api as api_module
 from ui import chat_tab, config_tab, memory_tab, publish_tab, start_tab, train_tab
+from ui.visitor import for_visitor
 
 TITLE = "Finetune Studio"
 TAB_NAMES = ("Start", "Memory", "Configure", "Train", "Chat", "Publish")
@@ -110,6 +111,10 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
             gr.Markdown(PUBLIC_NOTE, elem_id="fs-public-note", elem_classes=["fs-note"])
         # The form as kept in this browser; outside the tabs, so the page reads it on load whichever tab is open.
         saved = gr.BrowserState({}, storage_key="finetune-studio-form")
+        # After a reload: a run that is training is named here, with a way to it (the page opens on Start).
+        with gr.Row(visible=False, elem_id="fs-running-row", equal_height=True) as running_row:
+            running = gr.Markdown("", elem_id="fs-running")
+            follow_btn = gr.Button("Follow it on Train", elem_id="fs-running-open", scale=0, min_width=180)
         # "wrap": on a narrow screen every tab stays in view (the default "menu" hides the last ones behind "⋯")
         with gr.Tabs(elem_id="fs-tabs", selected="start", overflow_behavior="wrap") as tab_bar:
             with gr.Tab("Start", id="start", elem_id="tab-start") as tabs["Start"]:
@@ -131,8 +136,39 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
         chat_tab.wire(chat, config, demo, tabs["Chat"])
         publish_tab.wire(publish, demo, tabs["Publish"])
         start_tab.wire(start, config, train, tab_bar, tabs["Start"], demo)
+        quiet = {"api_visibility": "private", "show_progress": "hidden"}
+
+        def notice(request: gr.Request) -> list:
+            return running_notice(for_visitor(studio, request))  # only a run this visitor may see
+
+        def follow(request: gr.Request) -> list:
+            return follow_running(for_visitor(studio, request))
+
+        demo.load(notice, None, [running_row, running], **quiet)
+        follow_btn.click(follow, None, [tab_bar, train.viewing, train.shown, running_row], queue=False, **quiet)
     demo.studio_ui = AppUI(studio, memory, config, train, chat, publish, tabs, login, start, api)
     return demo
+
+
+def follow_running(studio: Studio) -> list:
+    """[tab bar, Train's viewed run, its shown key, the notice row]: the Train tab, following the run training now."""
+    state = studio.state()
+    return [gr.Tabs(selected="train"), state.run_id if state else "", None, gr.update(visible=False)]
+
+
+def running_notice(studio: Studio) -> list:
+    """[row, text]: the run training now (this process's or another's), named, shown when the page (re)loads."""
+    from ui.formatting import plain, run_title
+
+    state = studio.state()
+    if state is None or not state.active:
+        return [gr.update(visible=False), ""]
+    run = studio.run(state.run_id)
+    name = run_title(run) if run is not None else state.run_id
+    steps = f" (step {state.step} of {state.max_steps})" if state.max_steps else ""
+    owner = f", started by {plain(state.owner)}" if state.owner else ""
+    text = f"▶ A run is training: **{plain(name)}**{steps}{owner}. Its progress, loss and Stop are on **Train**."
+    return [gr.update(visible=True), text]
 
 
 def launch(

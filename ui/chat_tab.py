@@ -2,8 +2,9 @@
 side by side with the base model, the same prompt sent to both. A sequence-classification run is offered as what it
 is: a text (or a pair) in, its labels with their probabilities out.
 
-Replies stream. The first message to a model loads it (shown as "loading" in the reply bubble); requests queue, one
-generation at a time.
+Runs are listed by their readable name (model · method · date), the newest finished run first chosen. Replies stream;
+side by side, both replies stream at the same time. The first message to a model loads it (shown as "loading" in the
+reply bubble); requests queue, one at a time.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import gradio as gr
 from finetune.errors import UserError
 from finetune.studio import BASE, BASE_OF, GenerationSettings, Studio
 from ui.config_tab import ConfigTab, warn
-from ui.formatting import one_line, plain
+from ui.formatting import STATUS_WORDS, one_line, plain, run_title
 from ui.visitor import per_visitor
 
 # Markers other code relies on (bench/ui_latency.py tells the loading bubble and errors from reply text by them).
@@ -48,14 +49,17 @@ class ChatTab:
     classify_pair: Any = None
     classify_btn: Any = None
     classify_result: Any = None
+    picked: Any = None  # gr.State: the user chose the model themselves (a refresh keeps their choice)
 
     @per_visitor
-    def sources(self, current: str | None = None, request: gr.Request | None = None) -> dict:
-        """The source choices, keeping the current one if it still exists (else the newest tuned run, else base)."""
-        choices = self.studio.chat_sources()
+    def sources(self, current: str | None = None, picked: bool = False, request: gr.Request | None = None) -> dict:
+        """The source choices by readable name (model · method · date), keeping the current one if it still exists
+        and was picked by the user (`picked`) or is a run; else the newest finished run, else the base model."""
+        choices = source_choices(self.studio.runs())
         values = [v for _, v in choices]
-        if current not in values:
-            current = BASE
+        if current not in values or (current == BASE and not picked):
+            finished = [r.run_id for r in self.studio.runs() if r.final]
+            current = finished[0] if finished else (current if current in values else BASE)
         return gr.update(choices=choices, value=current)
 
     @per_visitor
@@ -100,6 +104,9 @@ class ChatTab:
             return
         for target, _, _ in targets:
             target.append({"role": "user", "content": message})
+        if len(targets) == 2:
+            yield from self._respond_pair(source, history, base_history, settings)
+            return
         for target, which, base_values in targets:
             conversation = _conversation(target)
             target.append({"role": "assistant", "content": LOADING})
@@ -121,6 +128,31 @@ class ChatTab:
                 target[-1] = {"role": "assistant", "content": EMPTY}
                 yield ["", [*history], [*base_history]]
 
+    def _respond_pair(self, source: str, history: list, base_history: list, settings: Any) -> Iterator[list]:
+        """Both replies at once, each streaming into its own column as it grows."""
+        targets = {"run": history, "base": base_history}
+        conversations = {side: _conversation(target) for side, target in targets.items()}
+        for target in targets.values():
+            target.append({"role": "assistant", "content": LOADING})
+        yield ["", [*history], [*base_history]]
+        try:
+            for side, text, error in self.studio.chat_pair(
+                source, conversations["run"], conversations["base"], settings
+            ):
+                if error is not None:
+                    shown = str(error) if isinstance(error, UserError) else one_line(error)
+                    text = ERROR_PREFIX + plain(shown)
+                targets[side][-1] = {"role": "assistant", "content": text}
+                yield ["", [*history], [*base_history]]
+        except UserError as exc:  # refused before either model loaded
+            warn(str(exc))
+            for target in targets.values():
+                target[-1] = {"role": "assistant", "content": ERROR_PREFIX + plain(str(exc))}
+        for target in targets.values():
+            if not str(target[-1]["content"]).strip() or target[-1]["content"] == LOADING:
+                target[-1] = {"role": "assistant", "content": EMPTY}
+        yield ["", [*history], [*base_history]]
+
     @per_visitor
     def mode(self, source: str | None, request: gr.Request | None = None) -> list:
         """[chat area, compare box, classifier area]: a classification run shows the classifier, others the chat."""
@@ -140,18 +172,34 @@ class ChatTab:
             return gr.skip()
         return {label: score for label, score in answer.scores}
 
-    def toggle_compare(self, compare: bool, source: str | None) -> list:
+    @per_visitor
+    def toggle_compare(self, compare: bool, source: str | None, request: gr.Request | None = None) -> list:
         both = bool(compare) and (source or BASE) != BASE
-        return [gr.update(visible=both), gr.update(label=_label(source, both))]
+        names = {value: label for label, value in source_choices(self.studio.runs())}
+        return [gr.update(visible=both), gr.update(label=_label(source, both, names.get(source)))]
 
 
 BASE_LABEL = "Base model: the run's model before tuning"
 
 
-def _label(source: str | None, both: bool) -> str:
+def source_choices(runs: list[Any]) -> list[tuple[str, str]]:
+    """(label, value) for the base model, each finished run and each run's latest checkpoint, by readable name
+    (model · method · date; the run's folder name added only where two names would read the same)."""
+    usable = [r for r in runs if r.final or r.checkpoint_step is not None]
+    titles = [run_title(r) for r in usable]
+    choices = [("Base model", BASE)]
+    for run, title in zip(usable, titles, strict=True):
+        name = f"{title} · {run.run_id}" if titles.count(title) > 1 else title
+        status = STATUS_WORDS.get(run.status, (run.status,))[0].lower()
+        what = "tuned" if run.final else f"checkpoint {run.checkpoint_step}, {status}"
+        choices.append((f"{name} ({what})", run.run_id))
+    return choices
+
+
+def _label(source: str | None, both: bool, name: str | None = None) -> str:
     if (source or BASE) == BASE:
         return "Base model"
-    return f"Tuned: {source}" if both else f"Chat with {source}"
+    return f"Tuned: {name or source}" if both else f"Chat with {name or source}"
 
 
 def _number(value: Any, default: float, label: str) -> float:
@@ -213,6 +261,7 @@ def build(studio: Studio) -> ChatTab:
         tab.compare = gr.Checkbox(
             value=False, label="Side by side with the base model", elem_id="chat-compare", scale=1
         )
+    tab.picked = gr.State(False)
     with gr.Column(elem_id="chat-area") as tab.chat_area:
         _build_chat(tab)
     with gr.Column(visible=False, elem_id="classify-area") as tab.classify_area:
@@ -297,8 +346,11 @@ def wire(tab: ChatTab, config: ConfigTab, demo: gr.Blocks, chat_tab: Any) -> Non
     tab.clear_btn.click(
         lambda: [[], []], None, [tab.chatbot, tab.base_chatbot], queue=False, api_visibility="undocumented"
     )
+    listed = {"api_visibility": "undocumented", "show_progress": "hidden"}
     for trigger in (tab.refresh_btn.click, chat_tab.select):
-        trigger(tab.sources, tab.source, tab.source, api_visibility="undocumented", show_progress="hidden")
+        trigger(tab.sources, [tab.source, tab.picked], tab.source, **listed)
+    # A choice the user made stays; until then the newest finished run is offered first.
+    tab.source.input(lambda: True, None, tab.picked, queue=False, **listed)
     for trigger in (tab.compare.change, tab.source.change):
         trigger(
             tab.toggle_compare,
@@ -319,4 +371,4 @@ def wire(tab: ChatTab, config: ConfigTab, demo: gr.Blocks, chat_tab: Any) -> Non
     queued = {"concurrency_id": "chat", "concurrency_limit": 1}  # one model at work at a time, as for chat
     for trigger in (tab.classify_btn.click, tab.classify_text.submit):  # API clients use /classify (ui/api.py)
         trigger(tab.classify, *classify_io, api_visibility="private", **queued)
-    demo.load(tab.sources, tab.source, tab.source, api_visibility="undocumented", show_progress="hidden")
+    demo.load(tab.sources, [tab.source, tab.picked], tab.source, **listed)

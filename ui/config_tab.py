@@ -13,6 +13,7 @@ is shown only if the form still holds the values it was computed for (`fresh`).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,7 +77,7 @@ def hidden_fields(values: dict[str, Any]) -> set[str]:
         hidden.add("loss_type")
     if objective not in ("dpo", "orpo"):
         hidden.update(("chosen_column", "rejected_column"))
-    zero = values.get("zero_stage")
+    zero = parse_number(values.get("zero_stage"))
     if not isinstance(zero, (int, float)) or zero <= 0:
         hidden.update(OFFLOAD_FIELDS)
     if values.get("task") != "sequence_classification":
@@ -86,13 +87,50 @@ def hidden_fields(values: dict[str, Any]) -> set[str]:
     return hidden
 
 
+def number_box(value: Any = None, **kwargs: Any) -> gr.Textbox:
+    """A number field that keeps exactly what the user typed: a text box. A browser's number input silently drops
+    or mangles text it cannot read (typing `1e-4x` could leave `-4`); here the text reaches the backend as typed,
+    where the config reads it as a number or refuses it whole, in one line naming the field (`parse_number` reads it
+    where the page itself needs the number)."""
+    classes = [*kwargs.pop("elem_classes", []), "fs-number"]
+    return gr.Textbox(value=format_number(value), elem_classes=classes, **kwargs)
+
+
+def parse_number(text: Any, whole: bool = False) -> Any:
+    """`text` as an int (whole) or a finite float when all of it is one; None when empty; else the text as typed."""
+    if text is None or isinstance(text, (int, float)) and not isinstance(text, bool):
+        return text
+    typed = str(text).strip()
+    if not typed:
+        return None
+    try:
+        number = float(typed)
+    except ValueError:
+        return str(text)
+    if not math.isfinite(number):
+        return str(text)
+    if whole:
+        try:
+            return int(typed)
+        except ValueError:
+            return int(number) if number.is_integer() else number  # 2.5: the config says it is not whole
+    return number
+
+
+def format_number(value: Any) -> Any:
+    """A number as the text a person would type back (0.0005, 1e-05, 40); anything else unchanged."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value
+    return str(value) if isinstance(value, int) else repr(float(value))
+
+
 def make_field(name: str, value: Any, prefix: str = "cfg", note: str | None = None) -> gr.components.Component:
     """The component for one config field: checkbox, dropdown, number or textbox, labelled in plain words, with the
     help text (and the config key) as info.
 
-    Numbers carry no minimum/maximum: the config validates them, so a bad value gets our one-line error beside the
-    field instead of a generic one. `note` replaces the help text (what a public app allows); a note on a checkbox
-    also locks it (the backend refuses the value anyway).
+    Numbers are `number_box`es (text) with no minimum/maximum: the config validates them, so a bad value is kept as
+    typed and gets our one-line error beside the field instead of a generic one. `note` replaces the help text (what a
+    public app allows); a note on a checkbox also locks it (the backend refuses the value anyway).
     """
     meta, kind = FIELDS[name].metadata, kind_of(name)
     info = f"{note} · YAML key: {name}" if note else help_of(name)
@@ -103,10 +141,8 @@ def make_field(name: str, value: Any, prefix: str = "cfg", note: str | None = No
         return gr.Checkbox(value=bool(value), **common)
     if meta.get("choices"):
         return gr.Dropdown(choices=list(meta["choices"]), value=value, **common)
-    if kind == "int":
-        return gr.Number(value=value, precision=0, **common)
-    if kind == "float":
-        return gr.Number(value=value, **common)
+    if kind in ("int", "float"):
+        return number_box(value, **common)
     return gr.Textbox(value=value, **common)
 
 

@@ -377,7 +377,7 @@ def advice_rows(estimate: Any) -> list[list[Any]]:
             a.title,
             changes_text(a.changes or {}),
             size(a.new_total_bytes),
-            {True: "yes", False: "no"}.get(a.fits, ""),
+            "tight" if getattr(a, "tight", False) else {True: "yes", False: "no"}.get(a.fits, ""),
             a.cost,
         ]
         for i, a in enumerate(estimate.advice or [], start=1)
@@ -385,21 +385,34 @@ def advice_rows(estimate: Any) -> list[list[Any]]:
 
 
 def verdict_markdown(estimate: Any, card: str, capacity_gib: float | None, gpus: int) -> str:
-    """A clear fit / does-not-fit sentence with the headroom."""
+    """A clear fit / tight / does-not-fit sentence with the headroom (and, when nothing fits, the hardware that
+    would hold the run)."""
     total = estimate.total_bytes
     fits, headroom = estimate.fits, estimate.headroom_bytes
     where = f"{card}" + (f" · {capacity_gib:g} GiB" if capacity_gib else "") + (f" × {gpus} GPUs" if gpus > 1 else "")
     whole = " of the whole GPU (as nvidia-smi shows it)" if estimate.device == "cuda" else ""
     per = (" per GPU" if gpus > 1 else "") + whole
+    margin = getattr(estimate, "margin_bytes", None)
+    keeps = f" (a fit keeps at least {size(margin)} free)" if margin else ""
+    needed = getattr(estimate, "needed", None)
+    options = (
+        " The suggestions below keep your effective batch size; pick one and press **Apply**."
+        if estimate.advice
+        else ""
+    )
+    if needed is not None:
+        options += f"\n\n⚠ {needed.line}"
     if fits is True:
-        spare = f", {size(headroom)} to spare" if headroom is not None else ""
+        spare = f", {size(headroom)} to spare{keeps}" if headroom is not None else ""
         return f"### ✓ Fits on {where}\nNeeds about **{size(total)}**{per}{spare}."
+    if getattr(estimate, "verdict", "") == "tight":
+        return (
+            f"### ⚠ Tight on {where}\nNeeds about **{size(total)}**{per}: only {size(headroom)} to spare{keeps}, "
+            f"less than the estimate's error and the allocator's swings.{options}"
+        )
     if fits is False:
         short = f"; {size(-float(headroom))} short" if headroom is not None else ""
-        return (
-            f"### ✗ Does not fit on {where}\nNeeds about **{size(total)}**{per}{short}. "
-            "The suggestions below keep your effective batch size; pick one and press **Apply**."
-        )
+        return f"### ✗ Does not fit on {where}\nNeeds about **{size(total)}**{per}{short}.{options}"
     return f"### Estimated peak: about **{size(total)}**{per}"
 
 

@@ -18,7 +18,16 @@ import pandas as pd
 from finetune.config import FIELD_NAMES, field_label
 from finetune.errors import UserError
 from finetune.studio import Studio, field_problem
-from ui.config_tab import ConfigTab, error_update, field_error_md, hidden_fields, make_field, warn
+from ui.config_tab import (
+    ConfigTab,
+    error_update,
+    field_error_md,
+    hidden_fields,
+    make_field,
+    number_box,
+    parse_number,
+    warn,
+)
 from ui.formatting import (
     GIB,
     advice_rows,
@@ -167,9 +176,10 @@ class MemoryTab:
             return self._fail(blank, problems)
         on_gpu = device != "CPU"
         try:
-            gpu_count = int(gpus or 1)
-            if gpu_count < 1:
-                raise UserError("gpus: must be 1 or more", field="gpus")
+            gpu_count = parse_number(gpus, whole=True)
+            gpu_count = 1 if gpu_count is None else gpu_count
+            if not isinstance(gpu_count, int) or isinstance(gpu_count, bool) or gpu_count < 1:
+                raise UserError(f"gpus: {plain(gpus)} is not a whole number of 1 or more", field="gpus")
             gib = self._capacity(card, custom_gib) if on_gpu else None
             result = self.studio.estimate(
                 form, device="cuda" if on_gpu else "cpu", gpus=gpu_count if on_gpu else 1, gpu_gib=gib
@@ -198,8 +208,9 @@ class MemoryTab:
         ]
 
     def _capacity(self, card: str, custom_gib: float | None) -> float:
+        custom_gib = parse_number(custom_gib)
         if card == CUSTOM or card not in self.cards():
-            if custom_gib is None or float(custom_gib) <= 0:
+            if isinstance(custom_gib, bool) or not isinstance(custom_gib, (int, float)) or not custom_gib > 0:
                 raise UserError("custom GPU memory: give the card's memory in GiB, e.g. 24", field="gpu_gib")
             return float(custom_gib)
         return self.cards()[card]
@@ -282,15 +293,14 @@ def build(studio: Studio) -> MemoryTab:
                 elem_id="mem-card",
                 info="Common cards (the memory a program can use), or a custom size.",
             )
-            tab.custom_gib = gr.Number(
+            tab.custom_gib = number_box(
                 value=DEFAULT_CARD_GIB,
                 label="Custom GPU memory (GiB)",
                 elem_id="mem-gib",
                 visible=default_card(cards) == CUSTOM,
             )
-            tab.gpus = gr.Number(
+            tab.gpus = number_box(
                 value=1,
-                precision=0,
                 label="Number of GPUs",
                 elem_id="mem-gpus",
                 info="With ZeRO (zero_stage ≥ 1) the states are split over them.",
@@ -323,7 +333,7 @@ def build(studio: Studio) -> MemoryTab:
     tab.comparisons = gr.Markdown("", elem_id="mem-comparisons", elem_classes=["fs-note"])
     tab.advice_table = gr.Dataframe(
         headers=ADVICE_HEADERS,
-        label="Ways to use less memory (cheapest first)",
+        label="Ways to make it fit with headroom (best first: least slowdown, data kept whole, same effective batch)",
         interactive=False,
         visible=False,
         elem_id="mem-advice",

@@ -36,6 +36,7 @@ class PublishTab:
     export_quant: Any = None
     export_btn: Any = None
     export_result: Any = None
+    export_files: Any = None  # the exported files, to download (on a Space the export folder is out of reach)
 
     @per_visitor
     def runs(self, current: str | None = None, request: gr.Request | None = None) -> dict:
@@ -81,23 +82,40 @@ class PublishTab:
         quant: str,
         progress: gr.Progress = gr.Progress(),  # noqa: B008
         request: gr.Request | None = None,
-    ) -> str:
-        """The status line of an export: what was written in the run's exports/ folder and its size. While it runs,
-        gradio's progress bar shows each stage (merging, tokenizer, weights, Modelfile)."""
+    ) -> list:
+        """[status line, download files]: what was written in the run's exports/ folder and its size, and the files
+        to download (the .gguf and its Modelfile, or the merged model's files). While it runs, gradio's progress bar
+        shows each stage (merging, tokenizer, weights, Modelfile)."""
+        none = gr.update(value=None, visible=False)
         if not run_id:
-            return "⚠ Pick a finished run first (train one in the *Train* tab)."
+            return ["⚠ Pick a finished run first (train one in the *Train* tab).", none]
         try:
             stages = lambda message: progress(None, desc=message)  # noqa: E731
-            result = self.studio.export(run_id, fmt, quant if fmt == "gguf" else None, progress=stages)
+            result = self.studio.export(run_id, fmt, quant if fmt.startswith("gguf") else None, progress=stages)
         except UserError as exc:
             warn(str(exc))
-            return f"⚠ {plain(str(exc))}"
+            return [f"⚠ {plain(str(exc))}", none]
         except Exception as exc:  # never a server path or traceback on the page
-            return f"⚠ The export failed ({type(exc).__name__}); nothing was written."
+            return [f"⚠ The export failed ({type(exc).__name__}); nothing was written.", none]
         written = f"exports/{result.folder.name}/" + (result.main.name if result.main != result.folder else "")
-        extra = " with an Ollama `Modelfile` beside it" if fmt == "gguf" else ""
+        extra = {
+            "gguf": " with an Ollama `Modelfile` beside it",
+            "gguf-lora": " (load it over a GGUF of the base model: `llama-cli -m BASE.gguf --lora FILE`)",
+        }.get(fmt, "")
         warning = "".join(f"\n\n⚠ {plain(w)}" for w in result.warnings)
-        return f"✓ Wrote `{written}` ({result.size}) in run `{run_id}`{extra}.{warning}"
+        files = download_files(result)
+        where = " Download it below." if files else ""
+        status = f"✓ Wrote `{written}` ({result.size}) in run `{run_id}`{extra}.{where}{warning}"
+        return [status, gr.update(value=files or None, visible=bool(files))]
+
+
+def download_files(result: Any) -> list[str]:
+    """The exported files to offer for download, served from the export folder itself (no copy: a GGUF can be
+    many GB): the folder is made one of gradio's static paths, this export only."""
+    files = sorted(str(p) for p in result.folder.iterdir() if p.is_file())
+    if files:
+        gr.set_static_paths([str(result.folder)])
+    return files
 
 
 def token_placeholder(studio: Studio) -> str:
@@ -163,10 +181,13 @@ def build(studio: Studio) -> PublishTab:
         gr.Markdown(
             "Writes into the run's `exports/` folder: **merged** is a standalone Transformers model (adapter merged "
             "in, for vLLM or `from_pretrained`); **gguf** is one file with the weights, tokenizer and chat template "
-            "for llama.cpp / LM Studio, with an Ollama `Modelfile` beside it."
+            "for llama.cpp / LM Studio, with an Ollama `Modelfile` beside it; **gguf-lora** is the LoRA adapter alone "
+            "as a llama.cpp LoRA file, applied over a GGUF of the base model (`llama-cli --lora`)."
         )
         with gr.Row():
-            tab.export_format = gr.Radio(["merged", "gguf"], value="gguf", label="Format", elem_id="pub-export-format")
+            tab.export_format = gr.Radio(
+                list(Studio.export_formats()), value="gguf", label="Format", elem_id="pub-export-format"
+            )
             tab.export_quant = gr.Radio(
                 ["f16", "q8_0"],
                 value="q8_0",
@@ -176,6 +197,13 @@ def build(studio: Studio) -> PublishTab:
             )
         tab.export_btn = gr.Button("Export", elem_id="pub-export")
         tab.export_result = gr.Markdown("", elem_id="pub-export-result")
+        tab.export_files = gr.File(
+            label="Download the export",
+            file_count="multiple",
+            interactive=False,
+            visible=False,
+            elem_id="pub-export-files",
+        )
     return tab
 
 
@@ -187,7 +215,10 @@ def wire(tab: PublishTab, demo: gr.Blocks, publish_tab: Any) -> None:
         api_visibility="private",  # API clients use /publish (ui/api.py)
     )
     tab.export_btn.click(
-        tab.export, [tab.run, tab.export_format, tab.export_quant], tab.export_result, api_visibility="private"
+        tab.export,
+        [tab.run, tab.export_format, tab.export_quant],
+        [tab.export_result, tab.export_files],
+        api_visibility="private",  # API clients use /export (ui/api.py)
     )
     for trigger in (demo.load, publish_tab.select):
         trigger(tab.runs, tab.run, tab.run, api_visibility="undocumented", show_progress="hidden")

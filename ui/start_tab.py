@@ -22,22 +22,18 @@ import gradio as gr
 from finetune.config import BUNDLED_DATASET, EMBEDDED_MODEL, FIELD_NAMES, PREFERENCE_OBJECTIVES, field_label
 from finetune.errors import BusyError, UserError
 from finetune.studio import Studio
-from ui.config_tab import ConfigTab
-from ui.formatting import one_line, plain, preview_html
+from ui.config_tab import ConfigTab, number_box, parse_number
+from ui.formatting import one_line, plain, preview_html, size
 from ui.visitor import per_visitor
 
-GOALS = {
+GOALS = {  # the backend's goals (`Studio.goal_settings`, `propose --goal`) the first screen offers
     "sft": "Style or instructions: answer like the examples (SFT)",
     "dpo": "Preferences: learn which of two answers is better (DPO)",
-    "classify": "Classification: predict a label for a text",
-}
-GOAL_SETTINGS = {  # goal → (task, objective) written into the form
-    "sft": ("causal_lm", "sft"),
-    "dpo": ("causal_lm", "dpo"),
-    "classify": ("sequence_classification", "sft"),
+    "classification": "Classification: predict a label for a text",
 }
 PAIRS_DATASET = "bundled:pirate-pairs"  # the bundled preference pairs (same prompts, pirate answer preferred)
 DETECTED, CARD, CPU = "gpu", "card", "cpu"
+CUSTOM = "custom"  # the card choice for a size in GiB of one's own
 PREFERRED_CARDS = ("A10G", "L4", "24 GB")  # a common first guess when no GPU is detected
 SUMMARY_FIELDS = (  # what the summary shows; a change to one of these since the proposal is pointed out
     "model",
@@ -57,6 +53,7 @@ SUMMARY_FIELDS = (  # what the summary shows; a change to one of these since the
 )
 PENDING_PROPOSAL = "⏳ Working out a configuration that fits…"
 PENDING_DATA = "⏳ Reading the data…"
+CONVERTING = "⏳ Converting the embedded model to a form that loads fast (once, about a minute), then "
 DATA_HINT = (
     "<div class='fs-note'><p>Pick the data (or press <b>Propose a configuration</b>) to see its first rows as the "
     "model sees them and how long its rows are in tokens.</p></div>"
@@ -100,7 +97,7 @@ def session_of(request: gr.Request | None) -> str:
 def goal_of(form: dict[str, Any]) -> str:
     """The first screen's goal for these settings."""
     if form.get("task") == "sequence_classification":
-        return "classify"
+        return "classification"
     return "dpo" if form.get("objective") in PREFERENCE_OBJECTIVES else "sft"
 
 
@@ -122,6 +119,11 @@ def hardware_choices(gpu: tuple[str, float] | None) -> list[tuple[str, str]]:
     return [*detected, ("A GPU card (plan for one)", CARD), ("This computer's CPU (a short demo)", CPU)]
 
 
+def card_choices(cards: dict[str, float]) -> list[tuple[str, str]]:
+    """The common cards, smallest first, then a size of one's own."""
+    return [(f"{name} · {gib:g} GiB", name) for name, gib in cards.items()] + [("Custom size (GiB)", CUSTOM)]
+
+
 def first_card(cards: dict[str, float]) -> str | None:
     """A common 24 GB card if listed, else the first one."""
     for hint in PREFERRED_CARDS:
@@ -140,7 +142,7 @@ def method_text(form: dict[str, Any]) -> str:
 
 
 def length_text(form: dict[str, Any]) -> str:
-    steps = form.get("max_steps")
+    steps = parse_number(form.get("max_steps"))
     if isinstance(steps, (int, float)) and steps > 0:
         return f"{int(steps)} steps"
     return f"{form.get('num_train_epochs')} epoch(s) over the data"
@@ -170,7 +172,7 @@ def run_summary(form: dict[str, Any], proposed: dict[str, Any] | None) -> str:
         f"- **Memory:** {savers}, optimizer `{plain(form.get('optim'))}`, precision `{plain(form.get('precision'))}`",
     ]
     if proposed and proposed.get("values"):
-        changed = [n for n in SUMMARY_FIELDS if n in proposed["values"] and proposed["values"][n] != form.get(n)]
+        changed = changed_since(form, proposed)
         if changed:
             names = ", ".join(field_label(n) for n in changed)
             lines.append(
@@ -182,17 +184,34 @@ def run_summary(form: dict[str, Any], proposed: dict[str, Any] | None) -> str:
     return "\n".join(lines)
 
 
-def fit_text(estimate: Any, fits: bool | None, where: str) -> str:
-    """One line on the proposal's memory: how much, of what, and whether it fits."""
+def changed_since(form: dict[str, Any], proposed: dict[str, Any]) -> list[str]:
+    """The summary's fields whose value in the form differs from the proposal's."""
+    values = proposed.get("values") or {}
+    return [n for n in SUMMARY_FIELDS if n in values and str(values[n]) != str(form.get(n))]
+
+
+def out_of_memory(form: dict[str, Any], proposed: dict[str, Any] | None) -> bool:
+    """The proposal found that these very settings will run out of memory on the chosen hardware."""
+    return bool(proposed) and proposed.get("fits") is False and not changed_since(form, proposed)
+
+
+def fit_text(estimate: Any, verdict: str, where: str) -> str:
+    """One line on the proposal's memory: how much, of what, whether it fits and with how much headroom."""
     total = getattr(estimate, "total_bytes", None)
     if not total:
         return ""
-    need = f"{total / 2**30:.2f} GiB" if total >= 2**30 else f"{total / 2**20:.0f} MiB"
-    gib = getattr(estimate, "gpu_gib", None)
-    if gib:
-        verdict = "fits" if fits else "does **not** fit"
-        return f"**Memory:** needs about {need} of {gib:g} GiB on {where}: {verdict}."
-    return f"**Memory:** needs about {need} on {where}."
+    need, gib = size(total), getattr(estimate, "gpu_gib", None)
+    if not gib:
+        return f"**Memory:** needs about {need} on {where}."
+    left, margin = size(abs(estimate.headroom_bytes)), size(estimate.margin_bytes or 0)
+    if verdict == "fits":
+        return f"**Memory:** needs about {need} of {gib:g} GiB on {where}: fits, leaving {left} (a fit keeps {margin})."
+    if verdict == "tight":
+        return (
+            f"**Memory:** ⚠ needs about {need} of {gib:g} GiB on {where}: tight, only {left} left (a fit keeps "
+            f"{margin}); it may run out of memory."
+        )
+    return f"**Memory:** ⚠ needs about {need} of {gib:g} GiB on {where}: **it will run out of memory**."
 
 
 def stats_text(stats: Any, max_len: Any) -> str:
@@ -224,13 +243,17 @@ class StartTab:
     goal: Any = None
     hardware: Any = None
     card: Any = None
+    custom_gib: Any = None
     gpus: Any = None
+    seq: Any = None  # the sequence length, shown and editable here (the form's max_seq_length)
     propose_btn: Any = None
     proposal: Any = None
+    use_needed_btn: Any = None  # when nothing fits: write the combination for the hardware that holds it
     summary: Any = None
     start_btn: Any = None
     message: Any = None
-    proposed: Any = None  # gr.State: the last proposal applied ({"values", "fit"})
+    proposed: Any = None  # gr.State: the last proposal ({"values", "fit", "fits", "where", "needed"})
+    pinned: Any = None  # gr.State: fields a proposal keeps (a length typed here; the settings used for a card)
     proposal_ticket: Any = None  # gr.State: the number of the newest proposal request sent from this page
     data_ticket: Any = None  # gr.State: the same for the data's preview and statistics
     gpu: tuple | None = None  # (name, GiB) of this machine's GPU; () when it has none; None until looked for
@@ -247,8 +270,11 @@ class StartTab:
             self.goal,
             self.hardware,
             self.card,
+            self.custom_gib,
             self.gpus,
+            self.seq,
             self.proposed,
+            self.pinned,
             self.proposal_ticket,
             self.data_ticket,
         ]
@@ -263,66 +289,116 @@ class StartTab:
         return {name: data[self.config.fields[name]] for name in FIELD_NAMES if self.config.fields[name] in data}
 
     def hardware_of(self, data: dict) -> tuple[str, int, float | None, str]:
-        """(device, gpus, GiB per GPU, words for it) from the hardware choice."""
+        """(device, gpus, GiB per GPU, words for it) from the hardware choice; a UserError for a bad size or count."""
         choice = data.get(self.hardware)
-        gpus = max(1, int(data.get(self.gpus) or 1))
+        if choice == CPU or (choice == DETECTED and not self.gpu):
+            return "cpu", 1, None, "this computer's CPU"
+        gpus = parse_number(data.get(self.gpus), whole=True)
+        if gpus is None:
+            gpus = 1
+        if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
+            raise UserError(f"number of GPUs: {plain(gpus)} is not a whole number of 1 or more", field="gpus")
         count = f"{gpus} × " if gpus > 1 else ""
-        if choice == DETECTED and self.gpu:
+        if choice == DETECTED:
             return "cuda", gpus, self.gpu[1], f"{count}this machine's {self.gpu[0]}"
-        if choice == CARD and data.get(self.card) in self.cards:
-            return "cuda", gpus, self.cards[data[self.card]], f"{count}{data[self.card]}"
-        return "cpu", 1, None, "this computer's CPU"
+        card = data.get(self.card)
+        if card in self.cards:
+            return "cuda", gpus, self.cards[card], f"{count}{card}"
+        gib = parse_number(data.get(self.custom_gib))
+        if isinstance(gib, bool) or not isinstance(gib, (int, float)) or not gib > 0:
+            raise UserError(
+                f"GPU memory: {plain(gib)} is not a size in GiB; type the card's memory, e.g. 24", "gpu_gib"
+            )
+        return "cuda", gpus, float(gib), f"{count}a {gib:g} GiB GPU"
+
+    def pending_proposal(self, model: Any) -> str:
+        """What a proposal waits for: the embedded model's one conversion first, when it has not happened yet."""
+        if model == EMBEDDED_MODEL and not self.studio.embedded_ready():
+            return CONVERTING + "working out a configuration that fits…"
+        return PENDING_PROPOSAL
+
+    def pending_data(self, model: Any) -> str:
+        if model == EMBEDDED_MODEL and not self.studio.embedded_ready():
+            return CONVERTING + "reading the data…"
+        return PENDING_DATA
 
     # ----- handlers (tests call them with {component: value} dicts)
     def choose(self, data: dict, request: gr.Request | None = None) -> dict:
-        """A choice changed: write it into the shared form and mark the data and the proposal as pending."""
+        """A choice changed: write it into the shared form and mark the data and the proposal as pending. The
+        sequence length is the data's again: the next proposal measures it."""
         form = self.form(data)
         goal = data.get(self.goal) or "sft"
-        task, objective = GOAL_SETTINGS[goal]
+        settings = self.studio.goal_settings(goal)
         if goal == "dpo" and form.get("objective") in PREFERENCE_OBJECTIVES:
-            objective = form["objective"]  # keep orpo / kto chosen in Configure: they are preferences too
+            settings["objective"] = form["objective"]  # keep orpo / kto chosen in Configure: they are preferences too
         dataset = self._matching_data(goal, data.get(self.data) or form.get("dataset"))
         session = session_of(request)
-        chosen = {"model": data.get(self.model) or form.get("model"), "dataset": dataset, "task": task}
-        chosen["objective"] = objective
+        chosen = {"model": data.get(self.model) or form.get("model"), "dataset": dataset, **settings}
         return {
             **{self.config.fields[n]: v for n, v in chosen.items()},
             **self._kept({**form, **chosen}),
             self.data: gr.update(value=dataset, choices=self._data_choices(dataset)),
             self.data_ticket: self.tickets.issue(session, "data"),
             self.proposal_ticket: self.tickets.issue(session, "proposal"),
-            self.data_info: PENDING_DATA,
-            self.proposal: PENDING_PROPOSAL,
+            self.pinned: [],
+            self.data_info: self.pending_data(chosen["model"]),
+            self.proposal: self.pending_proposal(chosen["model"]),
+            self.message: "",
         }
 
     def choose_hardware(self, data: dict, request: gr.Request | None = None) -> dict:
         """The hardware changed: only the proposal depends on it."""
         choice = data.get(self.hardware)
+        custom = choice == CARD and data.get(self.card) == CUSTOM
+        typed = [n for n in data.get(self.pinned) or [] if n == "max_seq_length"]
         return {
             self.proposal_ticket: self.tickets.issue(session_of(request), "proposal"),
+            self.pinned: typed,  # settings used for another card are proposed afresh
             self.card: gr.update(visible=choice == CARD),
+            self.custom_gib: gr.update(visible=custom),
             self.gpus: gr.update(visible=choice != CPU),
-            self.proposal: PENDING_PROPOSAL,
+            self.proposal: self.pending_proposal(data.get(self.model)),
             self.message: "",
         }
 
-    def ask_proposal(self, request: gr.Request | None = None) -> dict:
-        """Propose pressed: a new ticket, shown as pending."""
+    def ask_proposal(self, data: dict, request: gr.Request | None = None) -> dict:
+        """Propose pressed (or the card, its size or the count changed): a new ticket, shown as pending; proposed
+        afresh but for a length typed here."""
         ticket = self.tickets.issue(session_of(request), "proposal")
-        return {self.proposal_ticket: ticket, self.proposal: PENDING_PROPOSAL, self.message: ""}
+        custom = data.get(self.hardware) == CARD and data.get(self.card) == CUSTOM
+        return {
+            self.proposal_ticket: ticket,
+            self.pinned: [n for n in data.get(self.pinned) or [] if n == "max_seq_length"],
+            self.proposal: self.pending_proposal(data.get(self.model)),
+            self.custom_gib: gr.update(visible=custom),
+            self.message: "",
+        }
+
+    def pin_seq(self, data: dict, request: gr.Request | None = None) -> dict:
+        """The sequence length typed here: it goes into the form, and proposals keep it until the data changes."""
+        seq = parse_number(data.get(self.seq), whole=True)  # the config refuses it in one line if it is none
+        return {
+            self.config.fields["max_seq_length"]: seq,
+            **self._kept({**self.form(data), "max_seq_length": seq}),
+            self.pinned: sorted({*(data.get(self.pinned) or []), "max_seq_length"}),
+            self.proposal_ticket: self.tickets.issue(session_of(request), "proposal"),
+            self.proposal: self.pending_proposal(data.get(self.model)),
+            self.message: "",
+        }
 
     @per_visitor
     def propose(self, data: dict, request: gr.Request | None = None) -> dict:
-        """Propose a configuration that fits the chosen hardware and write it into the shared form; dropped if the
-        choices changed while it was worked out."""
+        """The one search's proposal for the chosen hardware, written into the shared form when it fits (when
+        nothing fits, only on request: `use_needed`); dropped if the choices changed while it was worked out."""
         session = session_of(request)
         ticket = data.get(self.proposal_ticket)
         if not self.tickets.current(session, "proposal", ticket):
             return {self.proposal: gr.skip()}  # the choices changed while this request waited its turn
         form = self.form(data)
-        device, gpus, gib, where = self.hardware_of(data)
+        pinned = tuple(data.get(self.pinned) or ())
         try:
-            proposal = self.studio.propose(form, device=device, gpus=gpus, gpu_gib=gib)
+            device, gpus, gib, where = self.hardware_of(data)
+            proposal = self.studio.propose(form, device=device, gpus=gpus, gpu_gib=gib, pinned=pinned)
         except UserError as exc:
             answer = {self.proposal: f"⚠ No proposal: {plain(exc)}"}
         except Exception as exc:  # never a traceback in the page
@@ -333,20 +409,62 @@ class StartTab:
 
     def _proposal_updates(self, form: dict[str, Any], proposal: Any, where: str) -> dict:
         values = {n: v for n, v in dict(proposal.values).items() if n in self.config.fields}
-        new_form = {**form, **values}
-        fit = fit_text(proposal.estimate, proposal.fits, where)
+        fit = fit_text(proposal.estimate, proposal.verdict, where)
         reasons = "\n".join(f"- {plain(r)}" for r in proposal.reasons)
-        head = "### Proposed for " + plain(where)
         if proposal.fits is False:
-            head += "\n⚠ Nothing tried fits this hardware; this is the closest. Pick a larger card or a smaller model."
-        proposed = {"values": new_form, "fit": fit}
-        updates = {self.config.fields[n]: v for n, v in values.items() if form.get(n) != v}
+            # Nothing fits: the form keeps its values; the combination is written only when the user asks.
+            needed = _needed_choice(proposal.needed, values)
+            head = f"### ⚠ Nothing fits {plain(where)}: Start would run out of memory"
+            note = (
+                "Nothing was written into the settings. **Use these settings** writes them with the hardware that "
+                "holds them; or pick a smaller model."
+                if needed
+                else "Nothing was written into the settings: pick a smaller model or more GPUs."
+            )
+            proposed = {"values": form, "fit": fit, "fits": False, "where": where, "needed": needed}
+            return {
+                self.proposal: f"{head}\n{reasons}\n\n{note}",
+                self.summary: run_summary(form, proposed),
+                self.proposed: proposed,
+                self.use_needed_btn: gr.update(visible=needed is not None, value=_use_label(needed)),
+                self.start_btn: gr.update(interactive=False),
+            }
+        new_form = {**form, **values}
+        proposed = {"values": new_form, "fit": fit, "fits": proposal.fits, "where": where, "needed": None}
+        updates = {self.config.fields[n]: v for n, v in values.items() if str(form.get(n)) != str(v)}
         return {
             **updates,
             **self._kept(new_form),
-            self.proposal: f"{head}\n{reasons}\n\nWritten into the settings: **Configure** shows every one of them.",
+            self.seq: new_form.get("max_seq_length"),
+            self.proposal: f"### Proposed for {plain(where)}\n{reasons}\n\nWritten into the settings: **Configure** "
+            "shows every one of them.",
             self.summary: run_summary(new_form, proposed),
             self.proposed: proposed,
+            self.use_needed_btn: gr.update(visible=False),
+            self.start_btn: gr.update(interactive=True),
+        }
+
+    def use_needed(self, data: dict, request: gr.Request | None = None) -> dict:
+        """Write the combination that fits the hardware named when nothing fit, and choose that hardware (a new
+        proposal follows for it)."""
+        needed = (data.get(self.proposed) or {}).get("needed")
+        if not needed:
+            return {self.message: "Nothing to use: press **Propose a configuration** first."}
+        form = {**self.form(data), **needed["values"]}
+        card = needed["card"] if needed["card"] in self.cards else CUSTOM
+        return {
+            **{self.config.fields[n]: v for n, v in needed["values"].items() if n in self.config.fields},
+            **self._kept(form),
+            self.pinned: needed["fields"],  # the next proposal, for that card, keeps the combination checked for it
+            self.hardware: CARD,
+            self.card: gr.update(value=card, visible=True),
+            self.custom_gib: gr.update(value=needed["gib"], visible=card == CUSTOM),
+            self.gpus: gr.update(value=needed["gpus"], visible=True),
+            self.seq: form.get("max_seq_length"),
+            self.proposal_ticket: self.tickets.issue(session_of(request), "proposal"),
+            self.proposal: self.pending_proposal(form.get("model")),
+            self.use_needed_btn: gr.update(visible=False),
+            self.message: "",
         }
 
     @per_visitor
@@ -392,11 +510,14 @@ class StartTab:
         saved = data.get(self.config.saved) if self.config.saved is not None else None
         form = {**self.form(data), **{k: v for k, v in (saved or {}).items() if k in FIELD_NAMES}}
         model, dataset = form.get("model"), form.get("dataset")
+        proposed = data.get(self.proposed)
         return {
             self.model: gr.update(value=model, choices=self._model_choices(model)),
             self.data: gr.update(value=dataset, choices=self._data_choices(dataset)),
             self.goal: goal_of(form),
-            self.summary: run_summary(form, data.get(self.proposed)),
+            self.seq: form.get("max_seq_length"),
+            self.summary: run_summary(form, proposed),
+            self.start_btn: gr.update(interactive=not out_of_memory(form, proposed)),
         }
 
     @per_visitor
@@ -416,8 +537,15 @@ class StartTab:
 
     @per_visitor
     def start(self, data: dict, request: gr.Request | None = None) -> dict:
-        """Start a run with the shared form (as the Train tab's Start does), then show it on the Train tab."""
+        """Start a run with the shared form (as the Train tab's Start does), then show it on the Train tab; refused
+        in plain words when the proposal found these settings will run out of memory on the chosen hardware."""
         form = self.form(data)
+        proposed = data.get(self.proposed)
+        if out_of_memory(form, proposed):
+            return {
+                self.message: f"⚠ Not started: these settings will run out of memory on {plain(proposed['where'])}. "
+                "Use the settings proposed for larger hardware, or pick a smaller model."
+            }
         _, problems = self.studio.check(form)
         if problems:
             name, problem = next(iter(problems.items()))
@@ -464,6 +592,24 @@ class StartTab:
         if current and current not in names:
             names.insert(0, current)
         return [(data_label(n), n) for n in names]
+
+
+def _needed_choice(needed: Any, values: dict[str, Any]) -> dict[str, Any] | None:
+    """What `use_needed` writes: the combination and the hardware that holds it (None when there is none)."""
+    if needed is None:
+        return None
+    card = needed.cards[0] if needed.cards else ""
+    fields = sorted({*needed.changes, "max_seq_length"})
+    return {"values": values, "card": card, "gib": needed.gpu_gib, "gpus": needed.gpus, "fields": fields}
+
+
+def _use_label(needed: dict[str, Any] | None) -> str:
+    """The button that writes the combination for the larger hardware."""
+    if not needed:
+        return "Use these settings"
+    count = f"{needed['gpus']} × " if needed["gpus"] > 1 else ""
+    hardware = needed["card"] or f"GPUs of {needed['gib']:g} GiB"
+    return f"Use these settings, for {count}{hardware}"
 
 
 def _skip(answer: dict) -> dict:
@@ -521,25 +667,43 @@ def build(studio: Studio) -> StartTab:
             )
             # This machine's GPU is looked for when the page loads (`detect`): building the UI never imports torch.
             tab.hardware = gr.Radio(hardware_choices(None), value=CPU, label="4. Hardware", elem_id="start-hardware")
-            card = first_card(tab.cards)
-            tab.card = gr.Dropdown(
-                [(f"{name} · {gib:g} GiB", name) for name, gib in tab.cards.items()],
-                value=card,
-                label="GPU card",
-                visible=False,
-                elem_id="start-card",
-            )
-            tab.gpus = gr.Number(value=1, precision=0, label="Number of GPUs", visible=False, elem_id="start-gpus")
+            with gr.Row(equal_height=False):
+                tab.card = gr.Dropdown(
+                    card_choices(tab.cards),
+                    value=first_card(tab.cards),
+                    label="GPU card",
+                    info="The memory a program can use on it; or a size of your own.",
+                    visible=False,
+                    elem_id="start-card",
+                    min_width=220,
+                )
+                tab.custom_gib = number_box(
+                    value=24.0, label="GPU memory (GiB)", visible=False, elem_id="start-gib", min_width=140
+                )
+                tab.gpus = number_box(
+                    value=1, label="Number of GPUs", visible=False, elem_id="start-gpus", min_width=140
+                )
     tab.data_info = gr.HTML(DATA_HINT, elem_id="start-data-info")
     with gr.Row(equal_height=False):
         with gr.Column(scale=3, min_width=300):
-            tab.propose_btn = gr.Button("Propose a configuration", elem_id="start-propose")
+            with gr.Row(equal_height=True):
+                tab.propose_btn = gr.Button("Propose a configuration", elem_id="start-propose", scale=2)
+                tab.seq = number_box(
+                    value=defaults["max_seq_length"],
+                    label="Tokens per row (sequence length)",
+                    info="Proposed from the data's own lengths; type another to keep it.",
+                    elem_id="start-seq",
+                    scale=1,
+                    min_width=200,
+                )
             tab.proposal = gr.Markdown(NO_PROPOSAL, elem_id="start-proposal")
+            tab.use_needed_btn = gr.Button("Use these settings", visible=False, elem_id="start-use-needed")
         with gr.Column(scale=2, min_width=300):
             tab.summary = gr.Markdown(run_summary(defaults, None), elem_id="start-summary")
             tab.start_btn = gr.Button("Start training", variant="primary", elem_id="start-go")
             tab.message = gr.Markdown("", elem_id="start-message")
     tab.proposed = gr.State(None)
+    tab.pinned = gr.State([])
     tab.proposal_ticket = gr.State(0)
     tab.data_ticket = gr.State(0)
     return tab
@@ -555,8 +719,14 @@ def wire(tab: StartTab, config: ConfigTab, train: Any, tabs: Any, start_tab: Any
     reading = {"api_visibility": "private", "show_progress": "minimal", "concurrency_id": "start-data"}
     form_out = [config.fields[n] for n in ("model", "dataset", "task", "objective")]
     kept = [config.saved] if config.saved is not None else []
-    proposal_out = [*config.fields.values(), tab.proposal, tab.summary, tab.proposed, *kept]
-    pending = [*form_out, *kept, tab.data, tab.data_ticket, tab.proposal_ticket, tab.data_info, tab.proposal]
+    proposal_out = [
+        *config.fields.values(), tab.seq, tab.proposal, tab.summary, tab.proposed, tab.use_needed_btn, tab.start_btn,
+        *kept,
+    ]  # fmt: skip
+    pending = [
+        *form_out, *kept, tab.data, tab.data_ticket, tab.proposal_ticket, tab.pinned, tab.data_info,
+        tab.proposal, tab.message,
+    ]  # fmt: skip
 
     def then_propose(event: Any) -> None:
         # The data is read again after the proposal: its share of rows that fit uses the proposed length.
@@ -567,16 +737,26 @@ def wire(tab: StartTab, config: ConfigTab, train: Any, tabs: Any, start_tab: Any
         event.then(tab.look_at_data, tab.inputs, [tab.data_info], **reading)
         then_propose(event)
 
+    asked = [tab.proposal_ticket, tab.pinned, tab.proposal, tab.custom_gib, tab.message]
     for trigger in (tab.model.input, tab.data.input, tab.goal.input):
         then_look_and_propose(trigger(tab.choose, tab.inputs, pending, **quick))
-    hardware_out = [tab.proposal_ticket, tab.card, tab.gpus, tab.proposal, tab.message]
+    hardware_out = [tab.proposal_ticket, tab.pinned, tab.card, tab.custom_gib, tab.gpus, tab.proposal, tab.message]
     then_propose(tab.hardware.input(tab.choose_hardware, tab.inputs, hardware_out, **quick))
-    asked = [tab.proposal_ticket, tab.proposal, tab.message]
-    for trigger in (tab.card.input, tab.gpus.submit, tab.gpus.blur, tab.propose_btn.click):
-        then_propose(trigger(tab.ask_proposal, None, asked, **quick))
+    # API clients use /propose (ui/api.py): the same answer, from the same backend search.
+    proposing_triggers = (tab.card.input, tab.custom_gib.submit, tab.custom_gib.blur, tab.gpus.submit, tab.gpus.blur)
+    for trigger in (*proposing_triggers, tab.propose_btn.click):
+        then_propose(trigger(tab.ask_proposal, tab.inputs, asked, **quick))
+    pinned = [config.fields["max_seq_length"], *kept, tab.pinned, tab.proposal_ticket, tab.proposal, tab.message]
+    for trigger in (tab.seq.submit, tab.seq.blur):
+        then_propose(trigger(tab.pin_seq, tab.inputs, pinned, **quick))
+    used = [
+        *config.fields.values(), *kept, tab.pinned, tab.hardware, tab.card, tab.custom_gib, tab.gpus, tab.seq,
+        tab.proposal_ticket, tab.proposal, tab.use_needed_btn, tab.message,
+    ]  # fmt: skip
+    then_propose(tab.use_needed_btn.click(tab.use_needed, tab.inputs, used, **quick))
     uploaded = tab.upload.upload(tab.use_upload, tab.upload, [tab.data, tab.message], api_visibility="private")
     then_look_and_propose(uploaded.then(tab.choose, tab.inputs, pending, **quick))
-    shown = [tab.model, tab.data, tab.goal, tab.summary]
+    shown = [tab.model, tab.data, tab.goal, tab.seq, tab.summary, tab.start_btn]
     start_tab.select(tab.show, tab.inputs, shown, **quick)
     demo.load(tab.show, {*tab.inputs, config.saved}, shown, **quick)
     demo.load(tab.detect, None, [tab.hardware, tab.gpus], api_visibility="private", show_progress="hidden")

@@ -21,7 +21,7 @@ import pandas as pd
 from finetune.config import FIELD_NAMES, field_label
 from finetune.errors import BusyError, UserError
 from finetune.studio import RunPreview, RunSummary, Studio
-from ui.config_tab import ConfigTab, form_stamp, warn
+from ui.config_tab import ConfigTab, form_stamp, kind_of, parse_number, warn
 from ui.formatting import (
     RUN_HEADERS,
     log_lines,
@@ -116,8 +116,10 @@ def changed_settings(values: dict[str, Any], defaults: dict[str, Any]) -> list[s
     """'Label = value' for each setting that differs from the defaults."""
     out = []
     for name in FIELD_NAMES:
-        if name in values and values[name] != defaults.get(name):
-            value = values[name]
+        value = values.get(name)
+        if kind_of(name) in ("int", "float"):
+            value = parse_number(value)  # number fields hold the text typed
+        if name in values and value != defaults.get(name):
             shown = str(value).lower() if isinstance(value, bool) else ("(empty)" if value in ("", None) else value)
             out.append(f"{field_label(name)} = {plain(shown)}")
     return out

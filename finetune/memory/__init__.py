@@ -17,37 +17,20 @@ import threading
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from finetune.catalogue import GPU_CARDS  # noqa: F401 - the common cards (name -> GiB a process can use)
 from finetune.config import TrainConfig
 from finetune.errors import UserError
-from finetune.memory.advice import (  # noqa: F401 - the advice lives in advice.py; re-exported here
+from finetune.memory.advice import (  # noqa: F401 - the search and its words live beside; re-exported here
     KINDS,
     Advice,
+    Needed,
     Proposal,
-    _advise,
     advice_text,
     propose,
 )
 
 GiB = 2**30
 MiB = 2**20
-
-# Memory a process can allocate on common cards, in GiB (torch.cuda.get_device_properties().total_memory; the
-# marketing size in the name is decimal GB and includes memory the driver keeps).
-GPU_CARDS: dict[str, float] = {
-    "T4 (16 GB)": 14.7,
-    "V100 (16 GB)": 15.8,
-    "V100 (32 GB)": 31.7,
-    "L4 (24 GB)": 22.0,
-    "A10G (24 GB)": 22.0,
-    "RTX 3090 (24 GB)": 23.7,
-    "RTX 4090 (24 GB)": 23.6,
-    "L40S (48 GB)": 44.4,
-    "A6000 (48 GB)": 47.5,
-    "A100 (40 GB)": 39.4,
-    "A100 (80 GB)": 79.1,
-    "H100 (80 GB)": 79.1,
-    "H200 (141 GB)": 139.8,
-}
 
 # ----- What a GPU holds beyond live tensors (the fit verdict compares the device total with the card's memory).
 # Calibrated on the lent H200 (torch 2.11+cu130, transformers 5.24, peft 0.21.2, bitsandbytes 0.50.2; DESIGN.md §4,
@@ -107,9 +90,12 @@ class MemoryEstimate:
     total_bytes: int  # tensor_bytes + overheads: the whole device as nvidia-smi shows it; decides the fit verdict
     comparisons: dict[str, int]  # rule_of_thumb, accelerate (other ways of estimating; not used)
     gpu_gib: float | None = None
-    fits: bool | None = None
+    fits: bool | None = None  # fits with headroom (at least margin_bytes left)
     headroom_bytes: int | None = None
     advice: list[Advice] = field(default_factory=list)
+    verdict: str = ""  # fits | tight (within the card, inside the margin) | does not fit ("" without gpu_gib)
+    margin_bytes: int | None = None  # the headroom a fit keeps: max(5% of the card, 1 GiB)
+    needed: Needed | None = None  # when nothing fits: the smallest hardware on which the best combination fits
     sizes: dict[str, int] = field(default_factory=dict)  # each component's full size (analytic), live or not
     method: str = "traced"  # traced: fake-tensor replay; analytic: formulas only
     peak_phase: str = ""
@@ -148,14 +134,18 @@ class MemoryEstimate:
             others = ", ".join(f"{k.replace('_', ' ')} {_size(v)}" for k, v in self.comparisons.items())
             lines += ["", f"For comparison (not used): {others}"]
         if self.gpu_gib:
-            verdict = "fits" if self.fits else "does NOT fit"
+            verdict = {"fits": "fits", "tight": "TIGHT (inside the margin)"}.get(self.verdict, "does NOT fit")
             lines += [
                 "",
-                f"On {self.gpu_gib:g} GiB: {verdict} (headroom {_size(self.headroom_bytes or 0, signed=True)})",
+                f"On {self.gpu_gib:g} GiB: {verdict} (headroom {_size(self.headroom_bytes or 0, signed=True)}; a fit "
+                f"keeps {_size(self.margin_bytes or 0)})",
             ]
         for i, a in enumerate(self.advice, start=1):
             changes = ", ".join(f"{k}={v}" for k, v in a.changes.items())
-            lines.append(f"  {i}. {a.title}: {changes} -> {_size(a.new_total_bytes)} ({a.cost})")
+            tight = " [tight]" if a.tight else ""
+            lines.append(f"  {i}. {a.title}: {changes} -> {_size(a.new_total_bytes)}{tight} ({a.cost})")
+        if self.needed is not None:
+            lines.append(self.needed.line)
         lines += [f"Note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -170,20 +160,16 @@ def _size(n: int | float, signed: bool = False) -> str:
 # ----------------------------------------------------------------------------- the estimate
 
 
-def estimate(config: TrainConfig, device: str = "cuda", gpus: int = 1, gpu_gib: float | None = None) -> MemoryEstimate:
-    """Peak memory per device of a training step of `config`, with the fit verdict and advice for `gpu_gib`."""
+def estimate(
+    config: TrainConfig, device: str = "cuda", gpus: int = 1, gpu_gib: float | None = None, advise: bool = True
+) -> MemoryEstimate:
+    """Peak memory per device of a training step of `config`, with the fit verdict for `gpu_gib` (headroom kept)
+    and, unless `advise` is False, the one search's ranked options when it does not fit (`memory.search`)."""
+    from finetune.memory.search import judge
+
     _check_args(device, gpus, gpu_gib)
     est = _estimate_core(config, device, gpus)
-    if gpu_gib:
-        capacity = int(gpu_gib * GiB)
-        est.gpu_gib, est.fits, est.headroom_bytes = (
-            float(gpu_gib),
-            est.total_bytes <= capacity,
-            capacity - est.total_bytes,
-        )
-        if not est.fits:
-            est.advice = _advise(config, device, gpus, capacity, est)
-    return est
+    return judge(est, config, device, gpus, gpu_gib, advise=advise) if gpu_gib else est
 
 
 def _check_args(device: str, gpus: int, gpu_gib: float | None) -> None:
@@ -456,7 +442,9 @@ def packed_segments(plan: Any, notes: list[str]) -> list[int] | None:
         return None
     config = plan.config
     rows, seq = config.per_device_train_batch_size, config.max_seq_length
-    stats = _data_lengths(config)
+    from finetune.memory.search import stats_for
+
+    stats = stats_for(config)
     if stats is None or not stats.lengths:
         notes.append(
             f"packing: the data's lengths are not counted yet (that needs no download and the model's tokenizer at "
@@ -469,21 +457,6 @@ def packed_segments(plan: Any, notes: list[str]) -> list[int] | None:
         f"not {rows} x {seq} padded" + (f" ({stats.notes[0]})" if stats.notes else "")
     )
     return segments
-
-
-def _data_lengths(config: TrainConfig) -> Any:
-    """The data's token lengths when they cost no download and no conversion: counted already, or local data and a
-    tokenizer at hand (the embedded model's once converted: an estimate never waits for the conversion)."""
-    from finetune.config import EMBEDDED_MODEL
-    from finetune.data_stats import cached_or_local
-    from finetune.models import embedded_cache_dir
-
-    if config.model == EMBEDDED_MODEL and not (embedded_cache_dir() / "tokenizer_config.json").is_file():
-        return None
-    try:
-        return cached_or_local(config)
-    except Exception:  # noqa: BLE001 - unreadable data fails at start; the estimate takes the worst case
-        return None
 
 
 def replay_plan_for(config: TrainConfig, device: str) -> Any:
@@ -646,45 +619,14 @@ def register_cli(subparsers: Any) -> None:
 
 def run_cli(args: Any) -> int:
     """Handle `python -m finetune estimate`; returns the exit code (bad input raises UserError)."""
-    from finetune.cli_args import load_config
+    from finetune.cli_args import load_config, parse_count, parse_gib
 
     config = load_config(getattr(args, "config", None), getattr(args, "set", None))
     device = str(getattr(args, "device", "cuda") or "cuda").lower()
-    gpus = _parse_int(getattr(args, "gpus", 1), "--gpus")
-    gib = _parse_gib(getattr(args, "gpu_gib", None))
+    gpus = parse_count(getattr(args, "gpus", 1), "--gpus")
+    gib = parse_gib(getattr(args, "gpu_gib", None))
     if device not in ("cpu", "cuda"):
         raise UserError(f"--device: {device!r} is not allowed; choose cpu or cuda", field="device")
     est = estimate(config, device=device, gpus=gpus, gpu_gib=gib)
     print(json.dumps(est.to_dict(), indent=2) if getattr(args, "json", False) else est.render_text())
     return 0
-
-
-def _parse_int(value: Any, flag: str) -> int:
-    """A whole number >= 1 from the command line."""
-    try:
-        n = int(str(value))
-    except ValueError:
-        raise UserError(f"{flag}: {value!r} is not a whole number") from None
-    if n < 1:
-        raise UserError(f"{flag}: must be 1 or more")
-    return n
-
-
-def _parse_gib(value: Any) -> float | None:
-    """--gpu-gib: a positive number of GiB, or the name of a card in GPU_CARDS (case and spaces ignored)."""
-    if value in (None, ""):
-        return None
-    text = str(value).strip()
-    try:
-        gib = float(text)
-    except ValueError:
-        wanted = text.lower().replace(" ", "")
-        for name, size in GPU_CARDS.items():
-            if name.lower().replace(" ", "").startswith(wanted):
-                return size
-        raise UserError(
-            f"--gpu-gib: {text!r} is not a number of GiB or a known card ({', '.join(GPU_CARDS)})"
-        ) from None
-    if not math.isfinite(gib) or gib <= 0:
-        raise UserError(f"--gpu-gib: {text!r} must be a positive number of GiB")
-    return gib

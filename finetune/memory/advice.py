@@ -1,407 +1,264 @@
-"""Advice that keeps the task feasible: combinations of memory-saving changes, ranked by what they honestly cost.
+"""The one search's answer in words: the first screen's proposal (`propose`, also `python -m finetune propose`) and
+the paragraph shown after an out-of-memory failure (`advice_text`). The search itself, its ranking and the headroom
+rule live in `finetune.memory.search`; the Memory tab and `estimate --json` read the same options from an estimate.
 
-The search walks every combination of the levers a run has (gradient checkpointing, micro batch x accumulation at
-the same effective batch, 8-bit / paged optimizers, LoRA rank, LoRA / QLoRA, DeepSpeed ZeRO stage and offload,
-sequence length), cheapest first, and prices each with the estimator's formulas (scaled by how far they were from
-the replay of the user's own settings; no new replay per combination). A combination that fits hides the more
-drastic ones that contain it. The first fitting ones are then replayed to confirm the figure.
-
-Cost, in points of one per cent of training time: each lever's estimated slowdown (stated in SPEED_COST), plus a
-quality penalty where the training itself changes (a smaller rank, a 4-bit base, fewer trained parameters), plus
-ten points per per cent of training tokens cut off by a shorter max_seq_length, measured on the dataset's own token
-lengths (`finetune.data_stats`): cutting to 512 tokens is free when every row is shorter. Options that keep the data
-whole come first; the first one is pre-selected by the UI.
-
-Also here: `propose` (a complete configuration that fits, with reasons in plain words, for the first screen) and the
-paragraph shown after an out-of-memory failure (`advice_text`).
+A proposal starts from the fastest settings (no checkpointing, a plain AdamW, LoRA rather than QLoRA, the largest
+micro batch up to 8 at the same effective batch, packing where the plan can pack) and the sequence length that keeps
+every row of the data whole, then takes the search's best option if that does not fit with headroom. So it never
+keeps a choice a proposal made for other data or other hardware: it is recomputed from the same start whenever those
+change. A field the user set on
+purpose (`pinned`, e.g. the sequence length typed on the Start tab) is left as set.
 """
 
 from __future__ import annotations
 
-import itertools
-import math
-import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from finetune.config import TrainConfig
 from finetune.errors import UserError
+from finetune.memory.search import (  # noqa: F401 - re-exported: the search's names are the advice's vocabulary
+    KINDS,
+    Advice,
+    Needed,
+    billions,
+    cut_words,
+    judge,
+    search,
+    stats_for,
+    whole_length,
+)
 from finetune.plan import packing_for
 
-# Estimated extra training time per lever, as a fraction. Sources: checkpointing recomputes the forward pass of each
-# block (one more forward of three passes: +20-35% in published measurements); QLoRA ran at 14.4k vs LoRA's 19.5k
-# tokens/s on the H200 (DESIGN.md §4: +35%); 8-bit AdamW steps cost about the same as 32-bit ones; a smaller micro
-# batch keeps the GPU less busy (a guess of +4% per halving while a micro batch holds fewer than 4096 tokens);
-# ZeRO adds gradient communication; CPU offload moves every optimizer state over PCIe each step.
-SPEED_COST = {
-    "checkpointing": 0.30,
-    "optim8bit": 0.0,
-    "paged": 0.02,
-    "microbatch_halving": 0.04,
-    "qlora": 0.35,
-    "lora": -0.20,  # full -> LoRA is faster (no optimizer step for the frozen weights)
-    "zero2": 0.05,
-    "zero3": 0.15,
-    "offload": 1.00,
-    "lora_rank": 0.0,
-    "packing": -0.30,  # no compute on padding: 1.9x the real tokens/s on the bundled mixed set (bench/packing.py)
+# What each goal of the first screen (and `propose --goal`) sets: the task and the objective.
+GOALS: dict[str, dict[str, str]] = {
+    "sft": {"task": "causal_lm", "objective": "sft"},
+    "dpo": {"task": "causal_lm", "objective": "dpo"},
+    "orpo": {"task": "causal_lm", "objective": "orpo"},
+    "kto": {"task": "causal_lm", "objective": "kto"},
+    "classification": {"task": "sequence_classification", "objective": "sft"},
 }
-# What a change costs in what the model can learn, in the same points (a judgement, stated so it can be argued with).
-QUALITY_COST = {"optim8bit": 1, "lora": 30, "qlora": 8, "lora_rank_halving": 3}
-POINTS_PER_PERCENT_LOST = 10  # cutting 1% of the training tokens weighs like a 10% slowdown
-MIN_SEQ = 128  # the shortest sequence proposed
-MAX_RESULTS = 6
-REPLAY_MAX_BILLIONS = 2.0  # above this size the top advice keeps its scaled formula figure (a replay takes 15-30 s)
-PRICE_BUDGET_S = 3.0  # seconds spent pricing combinations at most (each is a formula evaluation, ~ms)
-
-# (title, what it costs in words) per kind of change, for the single-lever titles and the old API.
-KINDS = {
-    "checkpointing": (1, "Turn on gradient checkpointing", "about +30% time: activations are recomputed"),
-    "optim8bit": (2, "Use the 8-bit AdamW optimizer", "about the same speed; 8-bit optimizer states"),
-    "microbatch": (3, "Smaller micro batch, more accumulation", "same effective batch; a little slower"),
-    "lora_rank": (4, "Smaller LoRA rank", "same speed; the adapters can learn a little less"),
-    "lora": (5, "LoRA instead of full fine-tuning", "faster; trains small adapters only, usually a little below full"),
-    "zero": (6, "Shard with DeepSpeed ZeRO over the GPUs", "about +5-15% time: more communication between GPUs"),
-    "qlora": (7, "QLoRA: a 4-bit base model", "about +35% time; a 4-bit base is slightly less accurate"),
-    "offload": (8, "Offload optimizer states to CPU RAM (ZeRO)", "about 2x time: states cross PCIe every step"),
-    "shorter": (9, "Shorter sequences", "faster; rows longer than this are cut"),
-    "combine": (10, "Combine", ""),
-    "packing": (11, "Skip padding (packing)", "faster; the same loss and gradients, no memory spent on padding"),
-}
+MAX_MICRO_BATCH = 8  # the largest micro batch a proposal starts from (more rarely speeds a step up further)
 
 
-@dataclass
-class Advice:
-    """One set of changes that makes the run use less memory, keeping the effective batch size."""
-
-    title: str
-    changes: dict[str, Any]
-    new_total_bytes: int
-    cost: str  # what it costs, in words: speed, quality, data
-    fits: bool | None = None
-    kind: str = ""  # the lever when one; "combine" for several
-    slowdown: float = 0.0  # estimated extra training time (0.3 = +30%; negative = faster)
-    data_lost: float | None = 0.0  # share of training tokens cut off (None: the data's lengths are unknown)
-    score: float = 0.0  # the ranking cost in points (lower first)
-    kinds: list[str] = field(default_factory=list)  # every lever it pulls
-    replayed: bool = False  # new_total_bytes comes from a replay of these settings (else: formulas scaled)
-
-    @property
-    def keeps_data(self) -> bool:
-        """No training token is cut off (within 0.1%)."""
-        return self.data_lost is not None and self.data_lost <= 0.001
-
-
-@dataclass
-class Step:
-    """One position of one lever: its settings and what it costs."""
-
-    kind: str
-    changes: dict[str, Any]
-    slowdown: float
-    quality: float
-    label: str  # what it changes, in words
+def goal_settings(goal: str) -> dict[str, str]:
+    """The task and objective of a goal (sft, dpo, orpo, kto, classification); a UserError naming `goal` else."""
+    if goal not in GOALS:
+        raise UserError(f"goal: {goal!r} is not one of {', '.join(GOALS)}", field="goal")
+    return dict(GOALS[goal])
 
 
 @dataclass
 class Proposal:
-    """A complete configuration for the first screen: form values that fit, why, and the estimate."""
+    """A complete configuration for the first screen: form values, why, and their estimate on the asked hardware.
+
+    When nothing fits (`fits` False), `values` is the best combination for the hardware named in `needed`: the UI
+    writes it into the form only when the user asks."""
 
     values: dict[str, Any]  # every form field, keyed by field name
-    reasons: list[str]  # two or three plain sentences
-    estimate: Any  # the MemoryEstimate of these values
-    fits: bool | None
+    reasons: list[str]  # two to four plain sentences
+    estimate: Any  # the MemoryEstimate of these values on the asked hardware
+    fits: bool | None  # fits with headroom (None: no memory size was given, e.g. a CPU)
     changes: dict[str, Any] = field(default_factory=dict)  # what differs from the values asked about
+    verdict: str = ""  # fits | tight | does not fit ("" without a memory size)
+    needed: Needed | None = None  # when nothing fits: the smallest hardware that holds `values`
+    rows_kept_whole: float | None = None  # share of the rows not cut at values["max_seq_length"] (None: unknown)
+    data: dict[str, Any] | None = None  # the data's token-length figures (DataStats.to_dict), None when unknown
 
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict: the settings, the estimate, the headroom, the rows kept whole, the reasons."""
+        est = self.estimate
+        return {
+            "fits": self.fits,
+            "verdict": self.verdict,
+            "settings": dict(self.values),
+            "changes": dict(self.changes),
+            "reasons": list(self.reasons),
+            "total_bytes": getattr(est, "total_bytes", None),
+            "gpu_gib": getattr(est, "gpu_gib", None),
+            "headroom_bytes": getattr(est, "headroom_bytes", None),
+            "margin_bytes": getattr(est, "margin_bytes", None),
+            "rows_kept_whole": self.rows_kept_whole,
+            "data": self.data,
+            "needed": asdict(self.needed) if self.needed else None,
+            "estimate": est.to_dict() if hasattr(est, "to_dict") else None,
+        }
 
-# ----------------------------------------------------------------------------- the levers
+    def render_text(self) -> str:
+        """The proposal for a terminal: the verdict, the reasons, the settings that differ from the defaults, the
+        rows kept whole, and the command that trains it."""
+        import shlex
 
+        from finetune.memory import _size
 
-def _levers(config: TrainConfig, device: str, gpus: int) -> list[list[Step]]:
-    """For each lever, its positions from mildest (the current setting, no change) to most drastic."""
-    keep = Step("", {}, 0.0, 0.0, "")
-    levers: list[list[Step]] = []
-    if not config.gradient_checkpointing:
-        levers.append([keep, Step("checkpointing", {"gradient_checkpointing": True}, SPEED_COST["checkpointing"], 0,
-                                  "gradient checkpointing on")])  # fmt: skip
-    levers.append([keep, *_micro_batches(config)])
-    if config.optim == "adamw_torch":
-        levers.append([
-            keep,
-            Step("optim8bit", {"optim": "adamw_8bit"}, SPEED_COST["optim8bit"], QUALITY_COST["optim8bit"],
-                 "8-bit AdamW"),
-            Step("optim8bit", {"optim": "paged_adamw_8bit"}, SPEED_COST["paged"], QUALITY_COST["optim8bit"],
-                 "paged 8-bit AdamW"),
-        ])  # fmt: skip
-    levers.append([keep, *_methods(config, gpus)])
-    levers.append([keep, *_sharding(config, device, gpus)])
-    levers.append([keep, *_sequence_lengths(config)])
-    if not config.packing and packing_for(config.replace(packing=True))[0]:
-        levers.append([keep, Step("packing", {"packing": True}, SPEED_COST["packing"], 0, "packing on")])
-    return [lever for lever in levers if len(lever) > 1]
-
-
-def _micro_batches(config: TrainConfig) -> list[Step]:
-    """Smaller micro batches with more accumulation: the same examples per optimizer step."""
-    b, eff = config.per_device_train_batch_size, config.effective_batch_size
-    out = []
-    for d in (d for d in range(b - 1, 0, -1) if eff % d == 0):
-        busy = d * config.max_seq_length >= 4096  # a micro batch this large still keeps a GPU busy
-        slowdown = 0.0 if busy else SPEED_COST["microbatch_halving"] * math.log2(b / d)
-        changes = {"per_device_train_batch_size": d, "gradient_accumulation_steps": eff // d}
-        out.append(Step("microbatch", changes, slowdown, 0, f"batch {d} x {eff // d} accumulation"))
-    return out
-
-
-def _methods(config: TrainConfig, gpus: int) -> list[Step]:
-    """LoRA rank, LoRA instead of full, QLoRA instead of LoRA (QLoRA needs the Trainer backend, no ZeRO)."""
-    out: list[Step] = []
-    if config.method in ("lora", "qlora"):
-        r, halvings = config.lora_r // 2, 1
-        while r >= 8:
-            changes = {"lora_r": r, "lora_alpha": max(1, config.lora_alpha * r // config.lora_r)}
-            out.append(Step("lora_rank", changes, 0.0, QUALITY_COST["lora_rank_halving"] * halvings, f"LoRA rank {r}"))
-            r, halvings = r // 2, halvings + 1
-    qlora_ok = config.backend == "trainer" and config.zero_stage == 0
-    if config.method == "full":
-        out.append(Step("lora", {"method": "lora"}, SPEED_COST["lora"], QUALITY_COST["lora"], "LoRA adapters"))
-        if qlora_ok:
-            out.append(Step("qlora", {"method": "qlora"}, SPEED_COST["lora"] + SPEED_COST["qlora"],
-                            QUALITY_COST["lora"] + QUALITY_COST["qlora"], "QLoRA (4-bit base)"))  # fmt: skip
-    elif config.method == "lora" and qlora_ok:
-        out.append(Step("qlora", {"method": "qlora"}, SPEED_COST["qlora"], QUALITY_COST["qlora"], "QLoRA (4-bit base)"))
-    return out
-
-
-def _sharding(config: TrainConfig, device: str, gpus: int) -> list[Step]:
-    """ZeRO stages over several GPUs, and optimizer offload to CPU RAM (not with a 4-bit base)."""
-    if config.method == "qlora":
-        return []
-    out: list[Step] = []
-    if gpus > 1:
-        for stage in (s for s in (2, 3) if s > config.zero_stage):
-            cost = SPEED_COST["zero2" if stage == 2 else "zero3"]
-            out.append(Step("zero", {"zero_stage": stage}, cost, 0, f"ZeRO-{stage} over {gpus} GPUs"))
-    if config.offload_optimizer == "none" and device == "cuda":
-        changes = {"zero_stage": max(2, config.zero_stage), "offload_optimizer": "cpu"}
-        out.append(Step("offload", changes, SPEED_COST["offload"], 0, "optimizer states in CPU RAM"))
-    return out
-
-
-def _sequence_lengths(config: TrainConfig) -> list[Step]:
-    """Shorter max_seq_length, halving down to MIN_SEQ (their data cost is priced with the data's lengths)."""
-    out, seq = [], config.max_seq_length
-    while seq // 2 >= MIN_SEQ:
-        seq //= 2
-        out.append(Step("shorter", {"max_seq_length": seq}, 0.0, 0, f"{seq} tokens per row"))
-    return out
-
-
-# ----------------------------------------------------------------------------- the search
-
-
-def _advise(config: TrainConfig, device: str, gpus: int, capacity: int, base: Any) -> list[Advice]:
-    """Ranked combinations of changes that make the run fit within `capacity` bytes, cheapest honest cost first."""
-    stats = _stats_for(config)
-    ratio = min(1.25, max(0.8, base.tensor_bytes / max(1, base.analytic_tensor_bytes)))
-    combos = _ranked_combinations(config, device, gpus, stats)
-    found: list[tuple[tuple[int, ...], Advice]] = []
-    started = time.monotonic()
-    for positions, steps, score, lost in combos:
-        if len(found) >= MAX_RESULTS or (found and time.monotonic() - started > PRICE_BUDGET_S):
-            break  # (the first prices also build the census of each method: never stop before one fits)
-        if any(_contains(positions, kept) for kept, _ in found):
-            continue  # a milder combination inside this one already fits
-        changes = _merged(steps)
-        total = _price(config, changes, device, gpus, ratio)
-        if total is None or total > capacity:
-            continue
-        found.append((positions, _advice(steps, changes, total, capacity, score, lost)))
-    return _confirmed(config, device, gpus, capacity, [a for _, a in found])
-
-
-def _ranked_combinations(config: TrainConfig, device: str, gpus: int, stats: Any) -> list[tuple]:
-    """Every combination of lever positions with its cost: (positions, steps, score, tokens lost), best first."""
-    levers = _levers(config, device, gpus)
-    out = []
-    for positions in itertools.product(*(range(len(lever)) for lever in levers)):
-        if not any(positions):
-            continue
-        steps = [levers[i][p] for i, p in enumerate(positions) if p]
-        lost = _tokens_lost(steps, stats, config)
-        out.append((positions, steps, _score(steps, lost), lost))
-    # Options that keep the data whole first; then the cheapest; then the fewest changes.
-    out.sort(key=lambda c: (c[3] is None or c[3] > 0.001, c[2], len(c[1])))
-    return out
-
-
-def _contains(positions: tuple[int, ...], milder: tuple[int, ...]) -> bool:
-    """True when `positions` pulls every lever `milder` pulls at least as far (it only adds cost)."""
-    return all(m == 0 or (p >= m) for p, m in zip(positions, milder, strict=True))
-
-
-def _tokens_lost(steps: list[Step], stats: Any, config: TrainConfig) -> float | None:
-    """Share of training tokens a shorter max_seq_length cuts off; 0 without a cut; None when lengths are unknown."""
-    seq = next((s.changes["max_seq_length"] for s in steps if s.kind == "shorter"), None)
-    if seq is None:
-        return 0.0
-    if stats is None:
-        return None
-    return stats.tokens_lost(seq)
-
-
-def _score(steps: list[Step], lost: float | None) -> float:
-    """Points: slowdown in per cent, plus quality points, plus the data cut off (unknown counts as 10% of it)."""
-    slowdown = _slowdown(steps)
-    data = POINTS_PER_PERCENT_LOST * 100 * (0.1 if lost is None else lost)
-    return 100 * max(slowdown, -0.5) + sum(s.quality for s in steps) + data
-
-
-def _slowdown(steps: list[Step]) -> float:
-    """Combined extra time: the levers' factors multiply."""
-    factor = 1.0
-    for s in steps:
-        factor *= 1.0 + s.slowdown
-    return factor - 1.0
-
-
-def _merged(steps: list[Step]) -> dict[str, Any]:
-    """All settings of the steps (offload's zero_stage wins over a lower one)."""
-    changes: dict[str, Any] = {}
-    for s in steps:
-        for key, value in s.changes.items():
-            changes[key] = max(value, changes[key]) if key == "zero_stage" and key in changes else value
-    return changes
-
-
-def _advice(steps: list[Step], changes: dict[str, Any], total: int, capacity: int, score: float, lost: Any) -> Advice:
-    """An Advice: a title naming what changes, and the cost in words (speed, quality, data)."""
-    kinds = [s.kind for s in steps]
-    if len(steps) == 1:
-        kind = steps[0].kind
-        title = KINDS[kind][1] + (f" ({steps[0].label})" if kind in ("microbatch", "shorter", "lora_rank") else "")
-    else:
-        kind, title = "combine", " + ".join(s.label for s in steps)
-        title = title[0].upper() + title[1:]
-    slowdown = _slowdown(steps)
-    speed = "about the same speed" if abs(slowdown) < 0.03 else f"about {slowdown:+.0%} time"
-    parts = [speed]
-    quality = [s.label for s in steps if s.quality and s.kind != "optim8bit"]
-    if quality:
-        parts.append("changes what is trained: " + ", ".join(quality))
-    seq = changes.get("max_seq_length")
-    if seq is not None:
-        parts.append(
-            f"data length unknown: rows over {seq} tokens are cut"
-            if lost is None
-            else ("every row still fits" if lost <= 0.001 else f"cuts {lost:.1%} of the training tokens")
+        est = self.estimate
+        where = f"{est.gpus} × {est.gpu_gib:g} GiB" if est.gpu_gib else est.device
+        need = _size(est.total_bytes)
+        if self.fits:
+            left, keep = _size(est.headroom_bytes), _size(est.margin_bytes)
+            head = f"Proposal for {where}: fits, leaving {left} (a fit keeps {keep})"
+        elif self.fits is None:
+            head = f"Proposal for {where}: about {need} per device"
+        else:
+            head = f"Nothing fits {where} with headroom: it will run out of memory there"
+        lines = [head, *(f"  - {r}" for r in self.reasons)]
+        defaults = TrainConfig().to_dict()
+        differ = {k: v for k, v in self.values.items() if defaults.get(k) != v}
+        if differ:
+            lines += ["", "Settings (those that differ from the defaults):"]
+            lines += [f"  {k}: {str(v).lower() if isinstance(v, bool) else v}" for k, v in differ.items()]
+        if self.rows_kept_whole is not None and self.data:
+            lines.append(f"Rows kept whole: {self.rows_kept_whole:.0%} of {self.data['rows']}")
+        sets = " ".join(
+            f"--set {shlex.quote(f'{k}={str(v).lower() if isinstance(v, bool) else v}')}" for k, v in differ.items()
         )
-    return Advice(title, changes, int(total), "; ".join(parts), total <= capacity, kind, slowdown, lost, score, kinds)
+        on = ""
+        if self.needed is not None:
+            count = f"{self.needed.gpus} × " if self.needed.gpus > 1 else ""
+            on = f" on {count}{' or '.join(self.needed.cards) or f'{self.needed.gpu_gib:g} GiB GPUs'}"
+        lines += ["", f"Train it{on}: python -m finetune train {sets}".rstrip()]
+        return "\n".join(lines)
 
 
-def _price(config: TrainConfig, changes: dict[str, Any], device: str, gpus: int, ratio: float) -> int | None:
-    """Total bytes after a change: the formulas, scaled by how far they were from the replay for this config."""
+# ----------------------------------------------------------------------------- the proposal
+
+
+def propose(
+    config: TrainConfig,
+    device: str = "cuda",
+    gpus: int = 1,
+    gpu_gib: float | None = None,
+    pinned: tuple[str, ...] = (),
+) -> Proposal:
+    """The best configuration like `config` for `gpus` devices of `gpu_gib` GiB (the search's answer), with the
+    reasons in words; `pinned` fields are kept as set."""
     from finetune import memory as mem
+
+    stats, unread = data_lengths(config)
+    start = baseline(config, stats, pinned)
+    est = mem.estimate(start, device=device, gpus=gpus, gpu_gib=gpu_gib, advise=False)
+    chosen, option, needed = start, None, None
+    if est.fits is False:
+        found = search(start, device, gpus, int(gpu_gib * mem.GiB), est, stats, pinned)
+        est.advice, est.needed = found.options, found.needed
+        option = est.advice[0] if est.advice and est.advice[0].fits else None
+        needed = None if option else est.needed
+        changes = option.changes if option else (needed.changes if needed else {})
+        chosen = start.replace(**changes)
+        if changes:
+            est = mem.estimate(chosen, device=device, gpus=gpus, gpu_gib=gpu_gib, advise=option is not None)
+    asked, values = config.to_dict(), chosen.to_dict()
+    return Proposal(
+        values=values,
+        reasons=_reasons(chosen, est, stats, unread, option, needed, pinned),
+        estimate=est,
+        fits=est.fits,
+        changes={k: v for k, v in values.items() if asked.get(k) != v},
+        verdict=getattr(est, "verdict", ""),
+        needed=needed,
+        rows_kept_whole=stats.share_within(chosen.max_seq_length) if stats is not None and stats.lengths else None,
+        data=stats.to_dict() if stats is not None else None,
+    )
+
+
+def data_lengths(config: TrainConfig) -> tuple[Any, str]:
+    """(the data's token lengths, "") or (None, why they are unknown): a proposal reads the data it proposes for."""
+    from finetune.data_stats import data_stats
 
     try:
-        new = config.replace(**changes)
-    except UserError:
-        return None
-    if new.errors():
-        return None  # a combination the config refuses (e.g. QLoRA with ZeRO)
-    est = mem._estimate_core(new, device, gpus, trace_it=False)
-    tensors = int(est.analytic_tensor_bytes * (ratio if mem._traceable(new) else 1.0))
-    return tensors + sum(mem._overheads(tensors, new).values()) if device == "cuda" else tensors
+        return data_stats(config), ""
+    except UserError as exc:
+        return None, str(exc)
+    except Exception as exc:  # noqa: BLE001 - a proposal without the data's lengths still helps
+        text = str(exc).strip().splitlines()
+        return None, (text[0] if text else type(exc).__name__)[:200]
 
 
-def _confirmed(config: TrainConfig, device: str, gpus: int, capacity: int, advice: list[Advice]) -> list[Advice]:
-    """Replay suggestions in rank order until one is confirmed to fit (its figure becomes the exact one); drop the
-    ones the replay shows do not fit. Suggestions after the first confirmed one keep their formula figure."""
-    from finetune import memory as mem
-
-    out: list[Advice] = []
-    replays = 0 if _billions(config) <= REPLAY_MAX_BILLIONS else 2  # a large model's replay takes 15-30 s here
-    for a in advice:
-        new = config.replace(**a.changes)
-        if replays < 2 and mem._traceable(new) and not any(x.fits for x in out):
-            replays += 1
-            est = mem._estimate_core(new, device, gpus)
-            a.new_total_bytes, a.fits, a.replayed = est.total_bytes, est.total_bytes <= capacity, True
-            if not a.fits:
-                continue
-        out.append(a)
-    return out
-
-
-def _stats_for(config: TrainConfig) -> Any:
-    """The data's token lengths, or None when they are not known without a download or the data cannot be read
-    (then a cut's cost is unknown and cuts rank after every option that keeps the data)."""
-    from finetune.data_stats import cached_or_local
-
-    try:
-        return cached_or_local(config)
-    except Exception:  # noqa: BLE001 - advice without the data's lengths still helps: cuts are ranked last
-        return None
-
-
-# ----------------------------------------------------------------------------- the first screen's proposal
-
-
-def propose(config: TrainConfig, device: str = "cuda", gpus: int = 1, gpu_gib: float | None = None) -> Proposal:
-    """A configuration like `config` that fits `gpu_gib` (the best advice applied), with the reasons in words."""
-    from finetune import memory as mem
-
-    stats = _stats_for(config)
-    start = _fit_to_data(config, stats)
-    est = mem.estimate(start, device=device, gpus=gpus, gpu_gib=gpu_gib)
-    chosen, advice = start, None
-    if est.fits is False and est.advice:
-        advice = est.advice[0]
-        chosen = start.replace(**advice.changes)
-        est = mem.estimate(chosen, device=device, gpus=gpus, gpu_gib=gpu_gib)
-    asked = config.to_dict()
-    values = chosen.to_dict()
-    changes = {k: v for k, v in values.items() if asked.get(k) != v}
-    reasons = _reasons(config, chosen, est, stats, advice, gpu_gib)
-    return Proposal(values, reasons, est, est.fits, changes)
-
-
-def _fit_to_data(config: TrainConfig, stats: Any) -> TrainConfig:
-    """max_seq_length lowered to the smallest power of two (>= MIN_SEQ) that keeps every row whole: free memory."""
-    if stats is None or not stats.lengths or config.packing:
-        return config
-    enough = max(MIN_SEQ, 1 << max(0, stats.max - 1).bit_length())
-    return config.replace(max_seq_length=enough) if enough < config.max_seq_length else config
+def baseline(config: TrainConfig, stats: Any, pinned: tuple[str, ...] = ()) -> TrainConfig:
+    """Where a proposal starts: the fastest memory settings at the same effective batch (packing on where the plan
+    can pack), and the sequence length that keeps every row whole (the length as set when the data's lengths are
+    unknown). `pinned` fields stay."""
+    eff = config.effective_batch_size
+    micro = max(d for d in range(1, min(eff, MAX_MICRO_BATCH) + 1) if eff % d == 0)
+    changes: dict[str, Any] = {
+        "gradient_checkpointing": False,
+        "per_device_train_batch_size": micro,
+        "gradient_accumulation_steps": eff // micro,
+    }
+    if config.optim in ("adamw_8bit", "paged_adamw_8bit"):
+        changes["optim"] = "adamw_torch"
+    if config.method == "qlora":
+        changes["method"] = "lora"
+    if config.backend == "trainer":
+        changes.update(zero_stage=0, offload_optimizer="none", offload_param="none")
+    whole = whole_length(config, stats)
+    if whole:
+        changes["max_seq_length"] = whole
+    start = config.replace(**{k: v for k, v in changes.items() if k not in pinned})
+    if "packing" not in pinned and not start.packing and packing_for(start.replace(packing=True))[0]:
+        start = start.replace(packing=True)  # no compute and no memory spent on padding, the same loss
+    return start
 
 
 def _reasons(
-    asked: TrainConfig, chosen: TrainConfig, est: Any, stats: Any, advice: Advice | None, gpu_gib: float | None
+    chosen: TrainConfig,
+    est: Any,
+    stats: Any,
+    unread: str,
+    option: Advice | None,
+    needed: Needed | None,
+    pinned: tuple[str, ...],
 ) -> list[str]:
-    """Two or three sentences on why: the method, the batch and checkpointing, the data's length. (The fit verdict
-    itself is the estimate's: the UI shows it beside these.)"""
+    """Two to four sentences on why: the method, the memory (savers, headroom, or the hardware needed), the data."""
     out = [_method_sentence(chosen, est)]
-    batch = f"batch {chosen.per_device_train_batch_size} × {chosen.gradient_accumulation_steps} accumulation"
-    if advice is not None:
-        checkpointing = chosen.gradient_checkpointing and not asked.gradient_checkpointing
-        how = f"gradient checkpointing and {batch}" if checkpointing else advice.title[0].lower() + advice.title[1:]
-        out.append(
-            f"As asked it needs more than {gpu_gib:g} GiB; {how} keeps the effective batch of "
-            f"{chosen.effective_batch_size} ({advice.cost})."
-        )
-    elif est.fits:
-        out.append(f"{batch[0].upper()}{batch[1:]} fits as set: nothing slower (checkpointing, a smaller micro batch) "
-                   "is needed.")  # fmt: skip
-    elif est.fits is False:
-        out.append("No combination of the memory savers fits this card: choose a smaller model or a larger card.")
-    if stats is not None and stats.lengths:
-        seq = chosen.max_seq_length
-        if seq < asked.max_seq_length and stats.max <= seq:
-            out.append(f"Every row is at most {stats.max} tokens, so {seq} tokens per row keeps them whole and needs "
-                       f"less memory than {asked.max_seq_length}.")  # fmt: skip
-        else:
-            out.append(f"{stats.share_within(seq):.0%} of the {stats.rows} rows fit {seq} tokens whole "
-                       f"(longest {stats.max}).")  # fmt: skip
+    memory = _memory_sentence(chosen, est, option, needed)
+    if memory:
+        out.append(memory)
+    out.append(_data_sentence(chosen, stats, unread, pinned))
     return out
+
+
+def _memory_sentence(chosen: TrainConfig, est: Any, option: Advice | None, needed: Needed | None) -> str:
+    """The memory in one sentence: what was turned on and what it leaves, or what hardware it needs."""
+    from finetune.memory import _size
+
+    if needed is not None:
+        return needed.line
+    if est.gpu_gib is None:
+        return ""
+    batch = f"batch {chosen.per_device_train_batch_size} × {chosen.gradient_accumulation_steps} accumulation"
+    left = f"{_size(est.headroom_bytes)} of headroom on {est.gpu_gib:g} GiB"
+    if est.fits and option is None:
+        return f"{batch[0].upper()}{batch[1:]} fits as set, leaving {left}: nothing slower is needed."
+    if est.fits and option is not None:
+        how = option.title[0].lower() + option.title[1:]
+        return (
+            f"The fastest settings need more than the card holds with headroom; {how} keeps the effective batch of "
+            f"{chosen.effective_batch_size} ({_speed_words(option.slowdown)}) and leaves {left}."
+        )
+    state = "is tight" if getattr(est, "verdict", "") == "tight" else "does not fit"
+    return f"It {state} on {est.gpu_gib:g} GiB (needs about {_size(est.total_bytes)}): it will run out of memory."
+
+
+def _speed_words(slowdown: float) -> str:
+    return "about the same speed" if abs(slowdown) < 0.03 else f"about {slowdown:+.0%} time"
+
+
+def _data_sentence(chosen: TrainConfig, stats: Any, unread: str, pinned: tuple[str, ...]) -> str:
+    """The sequence length and what it does to the data, measured on the data's own token lengths."""
+    seq = chosen.max_seq_length
+    if stats is None or not stats.lengths:
+        why = f" ({unread.rstrip('.')})" if unread else ""
+        return f"The data's token lengths are unknown{why}: {seq} tokens per row as set; longer rows are cut."
+    cut = cut_words(stats, seq)
+    if not cut:
+        return f"Every row is at most {stats.max} tokens, so {seq} tokens per row keeps them whole."
+    if "max_seq_length" in pinned:
+        return f"{seq} tokens per row, as you set it: {cut}."
+    whole = whole_length(chosen, stats)
+    if whole is not None and whole < stats.max:
+        return f"The model takes at most {whole} tokens per row: {cut}."
+    return f"{seq} tokens per row: {cut}; keeping every row whole ({whole} tokens) does not fit with headroom."
 
 
 def _method_sentence(config: TrainConfig, est: Any) -> str:
@@ -409,7 +266,7 @@ def _method_sentence(config: TrainConfig, est: Any) -> str:
     from finetune import memory as mem
 
     weights = est.sizes.get("weights", 0) + est.sizes.get("quant_constants", 0)
-    params = _billions(config)
+    params = billions(config)
     if config.method == "qlora":
         full16 = 2 * params * 1e9 if params else 0
         than = f" instead of {full16 / 1e9:.0f} GB" if full16 else ""
@@ -420,21 +277,11 @@ def _method_sentence(config: TrainConfig, est: Any) -> str:
     return f"Full fine-tuning updates every weight of the {_size_name(params)} model: the most memory, the most change."
 
 
-def _billions(config: TrainConfig) -> float:
-    """The model's parameter count in billions (from the census the estimate already made), 0 when unknown."""
-    from finetune import memory as mem
-
-    try:
-        return mem._census(config, mem.model_config_of(config)).total / 1e9
-    except Exception:  # noqa: BLE001 - only for the wording
-        return 0.0
-
-
-def _size_name(billions: float) -> str:
+def _size_name(count: float) -> str:
     """8.0 -> '8B'; 0.135 -> '135M'."""
-    if not billions:
+    if not count:
         return "base"
-    return f"{billions:.0f}B" if billions >= 1.5 else f"{billions * 1000:.0f}M" if billions < 1 else f"{billions:.1f}B"
+    return f"{count:.0f}B" if count >= 1.5 else f"{count * 1000:.0f}M" if count < 1 else f"{count:.1f}B"
 
 
 # ----------------------------------------------------------------------------- after an out-of-memory error
@@ -454,9 +301,11 @@ def advice_text(config: TrainConfig, gpus: int = 1) -> str:
     if capacity:
         need += f"; {where} has {mem._size(capacity)}"
     target = capacity if capacity and est.total_bytes > capacity else int(0.75 * est.total_bytes)
-    advice = _advise(config, device, gpus, target, est)
+    found = search(config, device, gpus, target, est, stats_for(config))
+    advice = [a for a in found.options if a.fits] or found.options
     if not advice:
-        return f"Out of memory. {need}. Reduce max_seq_length or per_device_train_batch_size."
+        extra = f" {found.needed.line}" if found.needed else ""
+        return f"Out of memory. {need}. Reduce max_seq_length or per_device_train_batch_size.{extra}"
     first = advice[0]
     lines = [
         f"Out of memory. {need}.",

@@ -1,7 +1,8 @@
-"""Export a finished run to run outside Python: a merged Transformers model, or one GGUF file plus an Ollama Modelfile.
+"""Export a finished run to run outside Python: a merged Transformers model, one GGUF file plus an Ollama Modelfile,
+or the LoRA adapter alone as a llama.cpp LoRA GGUF.
 
-    export_run(run_dir, "merged" | "gguf", quant="f16" | "q8_0", out=None, progress=None) -> ExportResult
-    python -m finetune export RUN_DIR --format merged|gguf [--quant f16|q8_0] [--out PATH]
+    export_run(run_dir, "merged" | "gguf" | "gguf-lora", quant="f16" | "q8_0", out=None, progress=None) -> ExportResult
+    python -m finetune export RUN_DIR --format merged|gguf|gguf-lora [--quant f16|q8_0] [--out PATH]
 
 LoRA adapters are merged onto the base in its saved precision; a QLoRA adapter is merged onto the full-precision base
 (never 4-bit), with a warning that this is not exactly the model training evaluated. A full fine-tune's run directory
@@ -10,7 +11,7 @@ place at the end, so a failed export (a full disk, a file-size limit, a folder i
 the final name and says why in one line; such folders left by an export that was killed are removed by the next one.
 Export writes only under `--out` (a path without '..' or symbolic links), or under the run's `exports/` folder, never
 into the run's own files; damaged weights are refused before any work. Its output is scanned for local paths like a
-Hub push.
+Hub push, and its files are readable like any file the user creates (some writers make 0600 files).
 torch / transformers / peft / gguf are imported inside the functions.
 """
 
@@ -34,7 +35,8 @@ from finetune.pids import own_start, same_process
 from finetune.publish.public import FULL_MODEL_FILES, TOKENIZER_FILES, check_no_local_paths, looks_like_path
 from finetune.rundir import RunDir
 
-FORMATS = ("merged", "gguf")
+FORMATS = ("merged", "gguf", "gguf-lora")
+GGUF_FORMATS = ("gguf", "gguf-lora")
 QUANTS = ("f16", "q8_0")
 EXPORTS_FOLDER = "exports"
 STAGE_PREFIX = ".export-"  # the hidden folder an export is written in before it is renamed into place
@@ -89,16 +91,20 @@ def export_run(
     """Export a finished run as `fmt` under `out` (default: the run's exports/ folder); UserError on bad input."""
     say = progress or (lambda message: None)
     fmt, quant = check_format(fmt, quant)
-    run = finished_run(run_dir)
+    run, source = exportable_run(run_dir)
     config = run.load_config()
     if config.task != "causal_lm":
         raise UserError(f"format: export supports causal_lm runs, not {config.task}; push the adapter", "format")
-    check_weights_readable(run)
+    check_weights_readable(run, source)
+    if fmt == "gguf-lora":
+        _check_lora(source, config)  # refuse before any folder is made
     target = _target(run, fmt, quant, out)
     warnings = (QLORA_WARNING,) if config.method == "qlora" else ()
+    if source != run.path:
+        warnings += (f"{run.name} stopped before its final save: exported from its last checkpoint, {source.name}",)
     for warning in warnings:
         say(warning)
-    main = _write_staged(run, config, fmt, quant, target, say)
+    main = _write_staged(run, config, fmt, quant, target, say, source)
     size = sum(p.stat().st_size for p in target.rglob("*") if p.is_file())
     result = ExportResult(target, main, size, warnings)
     say(result.summary())
@@ -106,14 +112,14 @@ def export_run(
 
 
 def check_format(fmt: str, quant: str | None) -> tuple[str, str | None]:
-    """The format and quantisation, checked: (merged, None) or (gguf, f16|q8_0)."""
+    """The format and quantisation, checked: (merged, None) or (gguf | gguf-lora, f16|q8_0)."""
     fmt = str(fmt or "").strip().lower()  # a number through the API is refused by name like any other value
     if fmt not in FORMATS:
         raise UserError(f"format: expected one of {', '.join(FORMATS)}, got {fmt!r}", "format")
     quant = str(quant or "").strip().lower() or None
     if fmt == "merged" and quant:
         raise UserError("quant: only for --format gguf (a merged model keeps its own precision)", "quant")
-    if fmt == "gguf":
+    if fmt in GGUF_FORMATS:
         quant = quant or "f16"
         if quant not in QUANTS:
             raise UserError(f"quant: expected one of {', '.join(QUANTS)}, got {quant!r}", "quant")
@@ -128,19 +134,33 @@ def finished_run(run_dir: str | Path) -> RunDir:
     return find_finished_run(run_dir, runs_root(), "export")
 
 
-def check_weights_readable(run: RunDir) -> None:
-    """Refuse, naming the file, a run whose saved weights are cut short or damaged, before minutes of work."""
+def exportable_run(run_dir: str | Path) -> tuple[RunDir, Path]:
+    """(the run, the folder whose weights to export): the final adapter or model, or, for a run that stopped,
+    failed or was interrupted before its final save, its last complete checkpoint; a UserError saying why not."""
+    from finetune.paths import runs_root
+    from finetune.rundir import ACTIVE, find_run
+
+    run = find_run(run_dir, runs_root(), field="run_dir")
+    checkpoint = run.last_checkpoint()
+    if not run.has_final_model() and checkpoint is not None and run.effective_status() not in ACTIVE:
+        return run, checkpoint
+    return finished_run(run_dir), run.path
+
+
+def check_weights_readable(run: RunDir, source: Path | None = None) -> None:
+    """Refuse, naming the file, a run whose saved weights (in `source`: the run, or a checkpoint of it) are cut
+    short or damaged, before minutes of work."""
     from safetensors import SafetensorError, safe_open
 
-    for path in sorted(run.path.glob("*.safetensors")):
+    for path in sorted((source or run.path).glob("*.safetensors")):
         try:
             with safe_open(str(path), "pt"):
                 pass
         except (SafetensorError, OSError) as exc:
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise UserError(
-                f"run_dir: {run.name}/{path.name} cannot be read ({reason}): the file is damaged or cut short; "
-                "train the run again or resume it from a checkpoint",
+                f"run_dir: {run.name}/{path.relative_to(run.path)} cannot be read ({reason}): the file is damaged or "
+                "cut short; train the run again or resume it from a checkpoint",
                 "run_dir",
             ) from None
 
@@ -154,7 +174,7 @@ def _target(run: RunDir, fmt: str, quant: str | None, out: str | Path | None) ->
         if target.resolve().is_relative_to(run.path.resolve()) and EXPORTS_FOLDER not in target.parts:
             raise UserError(f"out: not among the run's own files; use its {EXPORTS_FOLDER}/ folder or elsewhere", "out")
     else:
-        target = run.path / EXPORTS_FOLDER / (fmt if fmt == "merged" else f"gguf-{quant}")
+        target = run.path / EXPORTS_FOLDER / (fmt if fmt == "merged" else f"{fmt}-{quant}")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -175,7 +195,9 @@ def _out_path(out: str | Path) -> Path:
     return target
 
 
-def _write_staged(run: RunDir, config: TrainConfig, fmt: str, quant: str | None, target: Path, say: Progress) -> Path:
+def _write_staged(
+    run: RunDir, config: TrainConfig, fmt: str, quant: str | None, target: Path, say: Progress, source: Path
+) -> Path:
     """Write the export into a hidden `.export-*` folder beside `target`, then rename it into place: whatever fails
     (a full disk, a file-size limit, a folder that cannot be written), nothing is left under the final name.
     Returns the export's main file."""
@@ -187,7 +209,8 @@ def _write_staged(run: RunDir, config: TrainConfig, fmt: str, quant: str | None,
     try:
         write_json(tmp / STAGE_OWNER, {"pid": os.getpid(), "started": own_start()})
         stage = tmp / target.name
-        main = _write(run, config, fmt, quant, stage, say)
+        main = _write(run, config, fmt, quant, stage, say, source)
+        _readable_like_new_files(stage)
         check_no_local_paths(stage, config, run)
         _replace(stage, target)
     except UserError:
@@ -238,28 +261,59 @@ def _replace(stage: Path, target: Path) -> None:
 # -------------------------------------------------------------------------------------------------- writing
 
 
-def _write(run: RunDir, config: TrainConfig, fmt: str, quant: str | None, stage: Path, say: Progress) -> Path:
-    """Write the export into `stage`; returns its main file (the folder itself for merged)."""
+def _write(
+    run: RunDir, config: TrainConfig, fmt: str, quant: str | None, stage: Path, say: Progress, source: Path
+) -> Path:
+    """Write the export of the weights in `source` into `stage`; returns its main file (the folder for merged)."""
     if fmt == "merged":
-        write_merged(run, config, stage, say)
+        write_merged(run, config, stage, say, source)
         return stage
-    from finetune.publish import gguf_writer
+    if fmt == "gguf-lora":
+        return _write_lora(run, config, quant or "f16", stage, say, source)
+    from finetune.publish import gguf_writer, modelfile
 
     stage.mkdir()
     with tempfile.TemporaryDirectory(prefix=".merged-", dir=stage.parent) as tmp:
         merged = Path(tmp) / "merged"
         if config.method == "full":
-            gguf_writer.check_gguf_support(run.path)  # refuse before any work
-            merged = run.path
+            gguf_writer.check_gguf_support(source)  # refuse before any work
+            merged = source
         else:
             _check_base_supported(config)
-            write_merged(run, config, merged, say)
+            write_merged(run, config, merged, say, source)
         name = _export_name(run)
         gguf_file = stage / f"{name}-{quant}.gguf"
         gguf_writer.write_gguf(merged, gguf_file, quant or "f16", name, say)
         say("Writing the Ollama Modelfile…")
-        (stage / "Modelfile").write_text(gguf_writer.modelfile_text(merged, gguf_file.name), encoding="utf-8")
+        (stage / "Modelfile").write_text(modelfile.modelfile_text(merged, gguf_file.name), encoding="utf-8")
     return gguf_file
+
+
+def _write_lora(run: RunDir, config: TrainConfig, quant: str, stage: Path, say: Progress, source: Path) -> Path:
+    """The run's adapter (in `source`: the run, or its last checkpoint) alone as a llama.cpp LoRA GGUF, for a GGUF
+    of its base model."""
+    from finetune.publish import gguf_lora
+
+    stage.mkdir()
+    target = stage / f"{_export_name(run)}-lora-{quant}.gguf"
+    gguf_lora.write_lora_gguf(source, _base_config(config), target, quant, _export_name(run), say)
+    return target
+
+
+def _check_lora(source: Path, config: TrainConfig) -> None:
+    """A one-line UserError when the adapter in `source` has no llama.cpp LoRA form (or there is no adapter)."""
+    from finetune.publish import gguf_lora
+
+    if config.method == "full":
+        raise UserError("format: gguf-lora needs a LoRA run; a full fine-tune has no adapter (use gguf)", "format")
+    gguf_lora.check_lora_support(source, _base_config(config))
+
+
+def _base_config(config: TrainConfig) -> dict:
+    """The base model's config values (architecture, layers, heads): its config only, never its weights."""
+    from finetune.models import load_model_config
+
+    return load_model_config(config.model, trust_remote_code=config.trust_remote_code).to_dict()
 
 
 def _check_base_supported(config: TrainConfig) -> None:
@@ -277,20 +331,23 @@ def _export_name(run: RunDir) -> str:
     return keep or "model"
 
 
-def write_merged(run: RunDir, config: TrainConfig, stage: Path, say: Progress) -> None:
-    """A standalone Transformers model in `stage`: weights (adapter merged in), config, tokenizer, chat template."""
+def write_merged(run: RunDir, config: TrainConfig, stage: Path, say: Progress, source: Path | None = None) -> None:
+    """A standalone Transformers model in `stage`: weights (adapter merged in), config, tokenizer, chat template;
+    the weights from `source` (the run's final save, or a checkpoint of it)."""
+    source = source or run.path
     stage.mkdir(parents=True)
     if config.method == "full":
         say("Copying the model files…")
-        _copy_files(run.path, stage, FULL_MODEL_FILES)
+        _copy_files(source, stage, FULL_MODEL_FILES)
     else:
         say("Merging the adapter into the base model…")
-        _merge_adapter(run, config, stage)
-    _copy_files(run.path, stage, TOKENIZER_FILES)
+        _merge_adapter(source, config, stage)
+    _copy_files(source, stage, TOKENIZER_FILES)
+    _copy_files(run.path, stage, TOKENIZER_FILES)  # the run's own, where a checkpoint holds none
     _drop_local_name(stage / "config.json")
 
 
-def _merge_adapter(run: RunDir, config: TrainConfig, stage: Path) -> None:
+def _merge_adapter(source: Path, config: TrainConfig, stage: Path) -> None:
     """Load the base as the run plan loads it, but never 4-bit (a QLoRA run's plan as LoRA), merge, save."""
     import torch
     from peft import PeftModel
@@ -302,7 +359,7 @@ def _merge_adapter(run: RunDir, config: TrainConfig, stage: Path) -> None:
     base = load_base(plan)
     saved_dtype = _saved_dtype(config)
     with torch.no_grad():
-        model = PeftModel.from_pretrained(base, str(run.path)).merge_and_unload()
+        model = PeftModel.from_pretrained(base, str(source)).merge_and_unload()
         if saved_dtype is not None:  # merged in float32 on the CPU; saved as the base was (bf16 stays half the size)
             model = model.to(saved_dtype)
     model.save_pretrained(str(stage))
@@ -319,6 +376,17 @@ def _saved_dtype(config: TrainConfig) -> object | None:
     dtype = getattr(saved, "dtype", None) or getattr(saved, "torch_dtype", None)
     dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
     return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else None
+
+
+def _readable_like_new_files(folder: Path) -> None:
+    """Give every file the mode a newly created file gets (0644 under the usual umask): safetensors writes 0600."""
+    probe = folder / ".mode-probe"  # read the umask by creating a file (os.umask would change it for all threads)
+    probe.touch()
+    mode = probe.stat().st_mode & 0o666
+    probe.unlink()
+    for path in folder.rglob("*"):
+        if path.is_file():
+            path.chmod(mode)
 
 
 def _copy_files(source: Path, stage: Path, patterns: tuple[str, ...]) -> None:
@@ -343,22 +411,25 @@ def _drop_local_name(path: Path) -> None:
 
 
 def register_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add `export RUN_DIR --format merged|gguf [--quant f16|q8_0] [--out PATH]` to the CLI."""
+    """Add `export RUN_DIR --format merged|gguf|gguf-lora [--quant f16|q8_0] [--out PATH]` to the CLI."""
     parser = subparsers.add_parser(
         "export",
-        help="export a finished run as a merged model or a GGUF file with an Ollama Modelfile",
+        help="export a finished run as a merged model, a GGUF file with an Ollama Modelfile, or a LoRA GGUF",
         description=(
             "Export a finished run to run outside Python: --format merged writes a standalone Transformers model "
             "(adapter merged in); --format gguf writes one .gguf file (weights, tokenizer, chat template) for "
-            "llama.cpp, Ollama and LM Studio, with an Ollama Modelfile beside it. Written under --out, or under the "
-            f"run's {EXPORTS_FOLDER}/ folder."
+            "llama.cpp, Ollama and LM Studio, with an Ollama Modelfile beside it; --format gguf-lora writes the LoRA "
+            "adapter alone as a llama.cpp LoRA GGUF (llama-cli -m BASE.gguf --lora FILE). Written under --out, or "
+            f"under the run's {EXPORTS_FOLDER}/ folder."
         ),
     )
     parser.add_argument("run_dir", metavar="RUN_DIR", help="run directory, or the name of a run under the runs root")
-    parser.add_argument("--format", default="merged", metavar="FORMAT", help="merged (default) or gguf")
-    parser.add_argument("--quant", metavar="QUANT", help="gguf weight type: f16 (default) or q8_0")
+    parser.add_argument("--format", default="merged", metavar="FORMAT", help="merged (default), gguf or gguf-lora")
+    parser.add_argument("--quant", metavar="QUANT", help="gguf / gguf-lora weight type: f16 (default) or q8_0")
     parser.add_argument(
-        "--out", metavar="PATH", help=f"folder to create (default: RUN_DIR/{EXPORTS_FOLDER}/merged or gguf-QUANT)"
+        "--out",
+        metavar="PATH",
+        help=f"folder to create (default: RUN_DIR/{EXPORTS_FOLDER}/merged, gguf-QUANT or gguf-lora-QUANT)",
     )
     parser.set_defaults(func=_cli_export)
     return parser

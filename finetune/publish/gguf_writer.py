@@ -2,15 +2,17 @@
 
     check_gguf_support(model_dir) -> str                 the GGUF architecture, or a UserError naming the model type
     write_gguf(model_dir, target, quant, name, say)      weights + hyperparameters + tokenizer + chat template
-    modelfile_text(model_dir, gguf_name) -> str          FROM / TEMPLATE / PARAMETER stop / temperature
+    tokenizer_pre(model_dir) -> str                      llama.cpp's pre-tokenizer name, found as its converter does
 
 Built on the `gguf` package (GGUFWriter, TensorNameMap, SpecialVocab, quants.quantize), as llama.cpp's own
-convert_hf_to_gguf.py is. Only what transformers can read back and we test is accepted: llama, mistral and qwen2
-shapes with a byte-level BPE tokenizer (SmolLM2, Llama 3, Qwen2). torch / gguf are imported inside the functions.
+convert_hf_to_gguf.py is. Only what llama.cpp loads and tokenizes as the original, and we test, is accepted: llama,
+mistral and qwen2 shapes with a byte-level BPE tokenizer llama.cpp knows (SmolLM2, Llama 3, Qwen2, GPT-2). The Ollama
+Modelfile is `finetune.publish.modelfile`. torch / gguf / transformers are imported inside the functions.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -22,13 +24,28 @@ from finetune.errors import UserError
 # a Llama: the same computation within the context length, as llama.cpp has no sliding window for it either).
 GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
 QUANTS = ("f16", "q8_0")
-# The llama.cpp pre-tokenizer names for the byte-level splits we recognise (a wrong one silently mis-tokenizes).
-_LLAMA3_REGEX_START = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+"
-DEFAULT_TEMPERATURE = 0.7
-CHATML_TEMPLATE = (
-    "{{- range .Messages }}<|im_start|>{{ .Role }}\n{{ .Content }}<|im_end|>\n{{ end }}<|im_start|>assistant\n"
+# llama.cpp's converter identifies a BPE pre-tokenizer by the token ids the tokenizer gives for this check text
+# (sha256 of their Python list form) and writes the matching name as `tokenizer.ggml.pre`; llama.cpp refuses a name
+# it does not know, and a wrong known name silently mis-tokenizes. The text and the hashes are the converter's; only
+# the names we support and test are listed (a different vocabulary gives a different hash, so is refused).
+CHECK_TEXT = (
+    "\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n\U0001f680 (normal) "
+    "\U0001f636\u200d\U0001f32b\ufe0f (multiple emojis concatenated) \u2705 \U0001f999\U0001f999 "
+    "3 33 333 3333 33333 333333 3333333 33333333 3.3 3..3 3...3 "
+    "\u1780\u17b6\u1793\u17cb\u178f\u17c2\u1796\u17b7\u179f\u17c1\u179f\u17a2\u17b6\u1785\U0001f601 "
+    "?\u6211\u60f3\u5728apple\u5de5\u4f5c1314151\u5929\uff5e ------======= "
+    "\u043d\u0435\u0449\u043e \u043d\u0430 \u0411\u044a\u043b\u0433\u0430\u0440\u0441\u043a\u0438 "
+    "''''''```````\"\"\"\"......!!!!!!?????? I've been 'told he's there, 'RE you sure? 'M not sure I'll make it, "
+    "'D you like some tea? We'Ve a'lL"
 )
-FALLBACK_TEMPLATE = "{{ if .System }}{{ .System }}\n\n{{ end }}{{ .Prompt }}"
+KNOWN_PRE_TOKENIZERS = {
+    "855059429035d75a914d1eda9f10a876752e281a054a7a3d421ef0533e5b6249": "smollm",  # SmolLM, SmolLM2
+    "0ef9807a4087ebef797fc749390439009c3b9eda9ad1a097abbe738f486c01e5": "llama-bpe",  # Llama 3
+    "e636dc30a262dcc0d8c323492e32ae2b70728f4df7dfe9737d9f920a282b8aea": "qwen2",  # Qwen1.5, Qwen2, Qwen2.5
+    "d4540891389ea895b53b399da6ac824becc30f2fba0e9ddbb98f92e55ca0e97c": "qwen2",  # Qwen3 tokenizer
+    "3ce83efda5659b07b1ad37ca97ca5797ea4285d9b9ab0dc679e4a720c9da7454": "gpt-2",  # GPT-2
+    "0fe1cf6eda062318a1af7270f3331a85c539a01778ff948e24388e949c5282f4": "gpt-2",  # ruGPT3XL
+}
 
 Say = Callable[[str], None]
 
@@ -52,7 +69,7 @@ def check_gguf_support(model_dir: Path) -> str:
     rope_type = rope.get("rope_type") or rope.get("type") or "default"
     if rope_type != "default":
         raise UserError(f"format: gguf export does not support rope scaling {rope_type!r} yet", field="format")
-    _tokenizer_pre(model_dir, model_type)  # refuses a tokenizer we cannot describe
+    tokenizer_pre(model_dir)  # refuses a tokenizer llama.cpp would not know
     return GGUF_ARCHITECTURES[model_type]
 
 
@@ -69,6 +86,9 @@ def write_gguf(model_dir: Path, target: Path, quant: str, name: str, say: Say) -
     _add_tokenizer(writer, model_dir, config)
     say(f"Converting the weights to {quant}…")
     _add_tensors(writer, model_dir, config, arch, quant)
+    # What llama.cpp's converter also writes: the size ("135M", from the tensors written) and the quant version.
+    writer.add_size_label(gguf.size_label(*writer.get_total_parameter_count()))
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -81,6 +101,7 @@ def _add_hyperparameters(writer: Any, config: dict[str, Any], name: str, quant: 
     heads = config["num_attention_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     rope = config.get("rope_parameters") or {}
+    writer.add_type(gguf.GGUFType.MODEL)
     writer.add_name(name)
     writer.add_context_length(config.get("max_position_embeddings", 2048))
     writer.add_embedding_length(config["hidden_size"])
@@ -108,28 +129,45 @@ def _tokenizer_json(model_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def _tokenizer_pre(model_dir: Path, model_type: str) -> str:
-    """llama.cpp's name for how this byte-level BPE tokenizer splits text before merging, or a UserError."""
+def tokenizer_pre(model_dir: Path, tokenizer: Any = None) -> str:
+    """llama.cpp's name for this tokenizer's pre-tokenizer, identified as its converter does, or a UserError.
+    `tokenizer`: the folder's tokenizer when already loaded (AutoTokenizer, as training and the converter load it)."""
     data = _tokenizer_json(model_dir)
     if (data.get("model") or {}).get("type") != "BPE" or "ByteLevel" not in json.dumps(data.get("pre_tokenizer")):
         raise UserError(
             "format: gguf export supports byte-level BPE tokenizers (SmolLM2, Llama 3, Qwen2) only", field="format"
         )
+    tokenizer = tokenizer or _load_tokenizer(model_dir)
+    digest = hashlib.sha256(str(tokenizer.encode(CHECK_TEXT)).encode()).hexdigest()
+    if digest not in KNOWN_PRE_TOKENIZERS:
+        raise UserError(
+            f"format: llama.cpp does not know this tokenizer ({_describe(tokenizer, data)}: its check-text hash "
+            f"{digest[:12]}… is not smollm, llama-bpe, qwen2 or gpt-2), so a GGUF would fail to load or mis-tokenize; "
+            "export --format merged instead",
+            field="format",
+        )
+    return KNOWN_PRE_TOKENIZERS[digest]
+
+
+def _load_tokenizer(model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def _describe(tokenizer: Any, data: dict[str, Any]) -> str:
+    """A short name for a tokenizer in a message: its class, size and pre-tokenizer steps."""
     pre = data.get("pre_tokenizer") or {}
     steps = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
-    kinds = [step.get("type") for step in steps]
-    if model_type == "qwen2":
-        return "qwen2"
-    if kinds == ["ByteLevel"] and steps[0].get("use_regex", True):
-        return "gpt2"
-    if kinds == ["Digits", "ByteLevel"] and steps[0].get("individual_digits"):
-        return "smollm"
-    if kinds[:1] == ["Split"] and _LLAMA3_REGEX_START in json.dumps(steps[0].get("pattern")):
-        return "llama-bpe"
-    raise UserError(
-        f"format: gguf export does not know this tokenizer's pre-tokenizer ({' + '.join(map(str, kinds))})",
-        field="format",
-    )
+    kinds = "+".join(str(step.get("type")) for step in steps)
+    return f"{type(tokenizer).__name__}, {len(tokenizer)} tokens, {kinds} pre-tokenizer"
+
+
+def _adds_special(tokenizer: Any) -> tuple[bool, bool]:
+    """(adds BOS, adds EOS) when encoding plain text: llama.cpp reads them from the file, Ollama defaults BOS to on."""
+    ids = tokenizer("a")["input_ids"]
+    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+    return bos is not None and ids[:1] == [bos], eos is not None and ids[-1:] == [eos]
 
 
 def _add_tokenizer(writer: Any, model_dir: Path, config: dict[str, Any]) -> None:
@@ -152,12 +190,16 @@ def _add_tokenizer(writer: Any, model_dir: Path, config: dict[str, Any]) -> None
         else:
             tokens.append(by_id[index])
             types.append(gguf.TokenType.NORMAL)
+    loaded = _load_tokenizer(model_dir)
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(_tokenizer_pre(model_dir, config["model_type"]))
+    writer.add_tokenizer_pre(tokenizer_pre(model_dir, loaded))
     writer.add_token_list(tokens)
     writer.add_token_types(types)
-    # Merges, bos/eos/pad ids, add_bos flags and the chat template, read as llama.cpp's converter reads them.
-    gguf.SpecialVocab(model_dir, load_merges=True, n_vocab=n_vocab).add_to_gguf(writer, quiet=True)
+    # Merges, bos/eos/pad ids and the chat template, read as llama.cpp's converter reads them; the add-BOS/EOS flags
+    # from what the tokenizer really does (its config may not say, and a missing flag means "add BOS" to Ollama).
+    special = gguf.SpecialVocab(model_dir, load_merges=True, n_vocab=n_vocab)
+    special.add_special_token["bos"], special.add_special_token["eos"] = _adds_special(loaded)
+    special.add_to_gguf(writer, quiet=True)
 
 
 # --------------------------------------------------------------------------------------------------- tensors
@@ -200,10 +242,10 @@ def _add_tensors(writer: Any, model_dir: Path, config: dict[str, Any], arch: Any
             data = llama_permute(data, heads, heads)
         elif arch == gguf.MODEL_ARCH.LLAMA and hf_name.endswith("k_proj.weight"):
             data = llama_permute(data, heads, kv_heads)
-        _add_one(writer, name, data, quant)
+        add_weight(writer, name, data, quant)
 
 
-def _add_one(writer: Any, name: str, data: Any, quant: str) -> None:
+def add_weight(writer: Any, name: str, data: Any, quant: str) -> None:
     """Norms and biases stay float32; matrices become f16, or q8_0 when their rows split into 32-value blocks."""
     import gguf
     import numpy as np
@@ -215,48 +257,3 @@ def _add_one(writer: Any, name: str, data: Any, quant: str) -> None:
         writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
     else:
         writer.add_tensor(name, data.astype(np.float16))
-
-
-# --------------------------------------------------------------------------------------------------- Ollama
-
-
-def modelfile_text(model_dir: Path, gguf_name: str) -> str:
-    """An Ollama Modelfile for the GGUF beside it: its chat template in Go-template form, stop tokens, temperature."""
-    config = json.loads((Path(model_dir) / "tokenizer_config.json").read_text(encoding="utf-8"))
-    template = _chat_template(model_dir, config)
-    chatml = "<|im_start|>" in template and "<|im_end|>" in template
-    stops = ["<|im_end|>", "<|im_start|>"] if chatml else []
-    eos = config.get("eos_token")
-    eos = eos.get("content") if isinstance(eos, dict) else eos
-    if eos and eos not in stops:
-        stops.append(eos)
-    lines = [f"FROM ./{gguf_name}", ""]
-    if chatml:
-        lines.append(f'TEMPLATE """{CHATML_TEMPLATE}"""')
-    else:
-        lines += [
-            "# The chat template is not ChatML, which is the form this exporter translates; this plain template",
-            "# sends the prompt as is. Replace it with the Go-template form of the model's chat template (the",
-            "# original Jinja template is embedded in the GGUF as tokenizer.chat_template).",
-            f'TEMPLATE """{FALLBACK_TEMPLATE}"""',
-        ]
-    lines += [f"PARAMETER stop {json.dumps(stop)}" for stop in stops]
-    lines.append(f"PARAMETER temperature {_temperature(model_dir)}")
-    return "\n".join(lines) + "\n"
-
-
-def _chat_template(model_dir: Path, tokenizer_config: dict[str, Any]) -> str:
-    jinja = Path(model_dir) / "chat_template.jinja"
-    if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
-    template = tokenizer_config.get("chat_template") or ""
-    return template if isinstance(template, str) else json.dumps(template)
-
-
-def _temperature(model_dir: Path) -> float:
-    """The model's own sampling temperature when it sets one, else a common default."""
-    try:
-        data = json.loads((Path(model_dir) / "generation_config.json").read_text(encoding="utf-8"))
-        return float(data.get("temperature") or DEFAULT_TEMPERATURE)
-    except (OSError, ValueError, TypeError):
-        return DEFAULT_TEMPERATURE

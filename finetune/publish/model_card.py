@@ -351,20 +351,32 @@ def build_model_card(
     )
     body = _body(s, repo_id or "OWNER/NAME", merged=merged, license=license, loss_curve=loss_curve)
     if gguf_file:
-        body = body.rstrip("\n") + "\n\n" + _run_gguf_section(repo_id or "OWNER/NAME", gguf_file) + "\n"
+        from finetune.publish.modelfile import default_system_prompt
+
+        system = default_system_prompt(Path(run_dir))
+        body = body.rstrip("\n") + "\n\n" + _run_gguf_section(repo_id or "OWNER/NAME", gguf_file, system) + "\n"
     card = ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
     return str(card)
 
 
-def _run_gguf_section(repo_id: str, gguf_file: str) -> str:
-    """How to run the pushed .gguf with Ollama and llama.cpp."""
+def _run_gguf_section(repo_id: str, gguf_file: str, system: str | None) -> str:
+    """How to run the pushed .gguf with Ollama and llama.cpp, and which system prompt the Modelfile sends."""
     name = repo_id.split("/")[-1].lower()
+    if system:
+        said = (
+            f"The Modelfile's `SYSTEM` is the chat template's default system prompt, which every training conversation "
+            f'without its own system message carried, so Ollama prompts the model as it was trained: "{system}"'
+        )
+    else:
+        said = "The chat template has no default system prompt, so the Modelfile sets none (`SYSTEM` is yours to add)."
     return "\n".join(
         [
             "## Run it with Ollama or llama.cpp",
             "",
             f"`{gguf_file}` holds the merged model, its tokenizer and chat template in one file; `Modelfile` is its "
-            "Ollama recipe (chat template, stop tokens, parameters).",
+            "Ollama recipe (chat template, system prompt, stop tokens, parameters).",
+            "",
+            said,
             "",
             "```bash",
             f"hf download {repo_id} {gguf_file} Modelfile --local-dir {name}",
