@@ -4,7 +4,7 @@ For each configuration: build a random-initialised model from a config, save it,
 engine does (`finetune.models.load_model` + `finetune.engines.hf_trainer.training_arguments` + `Trainer`, 3 optimizer
 steps), count live tensor storages with a TorchDispatchMode (`finetune.memory.trace.LiveBytes`: every storage any op
 creates, and every weight, buffer and quantisation constant that exists before), and print the peak beside
-`finetune.memory.estimate(...)`, accelerate's `estimate-memory` figure and the "about 5x the model" rule of thumb.
+`finetune.memory.estimate(plan)`, accelerate's `estimate-memory` figure and the "about 5x the model" rule of thumb.
 
     .venv/bin/python bench/memory_accuracy.py                 # CPU, 16 small configurations, a few minutes
     .venv/bin/python bench/memory_accuracy.py --only llama    # configurations whose name contains "llama"
@@ -32,6 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from finetune.plan import plan_for  # noqa: E402 (after the path set-up above)
 
 MiB = 2**20
 
@@ -275,13 +277,13 @@ def measure(config: Any, device: str, memtracker: bool = False) -> dict[str, int
     from finetune.engines.hf_trainer import training_arguments
     from finetune.memory.trace import LiveBytes, _quant_state_tensors
 
-    if config.objective != "sft":
+    plan = plan_for(config)
+    if plan.objective.engine == "preference":
         return measure_preference(config, device)
-    precision = models.compute_dtype_name(config)
-    model = models.load_model(config)
+    model = models.load_model(plan)
     rows = config.per_device_train_batch_size * config.gradient_accumulation_steps * config.max_steps
     with tempfile.TemporaryDirectory() as out:
-        args = training_arguments(config, Path(out), precision, has_eval=False)
+        args = training_arguments(plan, Path(out), has_eval=False)
         args.logging_strategy = "no"
         trainer = Trainer(
             model=model,
@@ -319,7 +321,7 @@ def preference_rows(config: Any, rows: int) -> list[dict[str, Any]]:
     """Preference rows whose every sequence (prompt + answer) runs past `max_seq_length`: TRL cuts each to exactly
     that length (the worst case, as for SFT). DPO / ORPO pairs; KTO rows with alternating good / bad labels."""
     long = " ".join(["Arr matey, the capital of France be Paris! The quick brown fox jumps over the lazy dog."] * 40)
-    if config.objective == "kto":
+    if plan_for(config).objective.data_kind == "unpaired":
         return [{"prompt": f"Question {i}?\n", "completion": long, "label": i % 2 == 0} for i in range(rows)]
     return [{"prompt": f"Question {i}?\n", "chosen": long, "rejected": long[::-1]} for i in range(rows)]
 
@@ -334,7 +336,6 @@ def measure_preference(config: Any, device: str) -> dict[str, int]:
     from finetune import models
     from finetune.engines import preference
     from finetune.memory.trace import LiveBytes
-    from finetune.plan import plan_for
 
     if not (Path(config.model) / "tokenizer.json").is_file():
         from tests.tiny import build_tokenizer
@@ -342,7 +343,7 @@ def measure_preference(config: Any, device: str) -> dict[str, int]:
         build_tokenizer(Path(config.model))  # byte-level BPE, vocabulary 384: ids fit every bench model
     tokenizer = AutoTokenizer.from_pretrained(config.model)
     plan = plan_for(config)
-    model = models.load_model(config, plan=plan)
+    model = models.load_model(plan)
     reference = None
     if plan.reference == "copy":
         reference = models.load_base(plan)
@@ -350,9 +351,9 @@ def measure_preference(config: Any, device: str) -> dict[str, int]:
         reference.eval()
     rows = config.per_device_train_batch_size * config.gradient_accumulation_steps * config.max_steps
     with tempfile.TemporaryDirectory() as out:
-        args = preference.preference_arguments(config, plan, Path(out), has_eval=False)
+        args = preference.preference_arguments(plan, Path(out), has_eval=False)
         args.logging_strategy, args.save_strategy, args.report_to = "no", "no", []
-        kwargs = {"ref_model": reference} if plan.objective in ("dpo", "kto") else {}
+        kwargs = {"ref_model": reference} if plan.objective.reference != "none" else {}
         trainer = preference.trainer_class(plan.objective)(
             model=model,
             args=args,
@@ -373,6 +374,53 @@ def measure_preference(config: Any, device: str) -> dict[str, int]:
         result = {"peak": counter.peak}
         trainer.model = trainer.model_wrapped = trainer.optimizer = trainer.lr_scheduler = None
     del model, trainer, reference
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+def measure_grpo(config: Any, device: str, prompts: list[str]) -> dict[str, int]:
+    """Train optimizer steps of learning from rewards as the engine does (`finetune.engines.grpo`: TRL's GRPOTrainer
+    with the run's arguments, sampling included); the peak of live tensor bytes. A reward that is 1 for every answer
+    keeps the step's work what it is whatever the answers say."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    from finetune import models
+    from finetune.engines import grpo, preference
+    from finetune.memory.trace import LiveBytes
+
+    tokenizer = AutoTokenizer.from_pretrained(config.model)
+    plan = plan_for(config)
+    model = models.load_model(plan)
+    rows = [{"prompt": [{"role": "user", "content": text}]} for text in prompts]
+
+    def constant(prompts: list, completions: list, **_: Any) -> list[float]:
+        return [1.0] * len(completions)
+
+    with tempfile.TemporaryDirectory() as out:
+        args = grpo.grpo_arguments(plan, Path(out), has_eval=False)
+        args.logging_strategy, args.save_strategy, args.report_to = "no", "no", []
+        trainer_class = type("MeasuredGRPO", (preference.StudioTRL, preference.load_class(plan.objective.trainer)), {})
+        trainer = trainer_class(
+            model=model, reward_funcs=[constant], args=args, train_dataset=Dataset.from_list(rows),
+            processing_class=tokenizer,
+        )  # fmt: skip
+        preference.drop_reference_adapter(trainer, plan)
+        counter = LiveBytes()
+        for t in [*trainer.model.parameters(), *trainer.model.buffers()]:
+            counter.track(t)
+        if trainer.ref_model is not None:
+            for t in [*trainer.ref_model.parameters(), *trainer.ref_model.buffers()]:
+                counter.track(t)
+        counter.reset("train")
+        with counter:
+            trainer.train()
+        result = {"peak": counter.peak}
+        trainer.model = trainer.model_wrapped = trainer.optimizer = trainer.lr_scheduler = trainer.ref_model = None
+    del model, trainer
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -413,7 +461,7 @@ def run_case(case: Case, where: Path, device: str) -> dict[str, Any]:
     model_dir = save_random_model(case, where)
     config = train_config(case, model_dir, device)
     t0 = time.perf_counter()
-    est = memory.estimate(config, device=device)
+    est = memory.estimate(plan_for(config, device))
     est_s = time.perf_counter() - t0
     measured = measure(config, device)
     return {
@@ -515,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
         f"- command: `{command.strip()}`\n"
         f"- measured: peak of live tensor storages over 3 real Trainer steps "
         f"({'torch.cuda.max_memory_allocated' if args.device == 'cuda' else 'TorchDispatchMode counter'}); "
-        f"ours: `finetune.memory.estimate(config, device={args.device!r}).tensor_bytes`\n"
+        f"ours: `finetune.memory.estimate(plan_for(config, {args.device!r})).tensor_bytes`\n"
         f"- batch {CPU_BATCH} ({CPU_BIGVOCAB_BATCH} for bigvocab) unless the name says; "
         f"errors are (estimate - measured) / measured\n\n{table(rows, args.device)}\n\n{headline(rows)}\n"
     )

@@ -198,6 +198,7 @@ def run_kernels(args: argparse.Namespace, model_dir: Path, report: Report) -> st
 
     from finetune import data, models
     from finetune.config import TrainConfig
+    from finetune.plan import plan_for
 
     config = TrainConfig(
         model=str(model_dir), dataset=str(args.data), eval_split="", max_seq_length=args.seq, lora_dropout=0.0,
@@ -209,7 +210,7 @@ def run_kernels(args: argparse.Namespace, model_dir: Path, report: Report) -> st
     batches = [rows[i : i + args.batch] for i in range(0, args.kernel_batches * args.batch, args.batch)]
     padded, packed = (data.collator(config, tokenizer, packing=on) for on in (False, True))
     device = torch.device("cuda" if args.cuda else "cpu")
-    model = models.load_model(config).to(device)
+    model = models.load_model(plan_for(config)).to(device)  # planned for this machine, as a run here would be
     if args.gradient_checkpointing == "on":
         models.enable_checkpointing(model)
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if args.cuda else torch.autocast("cpu", enabled=False)

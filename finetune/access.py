@@ -73,6 +73,10 @@ REFUSED = {
     "trust_remote_code": (
         "trust_remote_code: not available in this public app (the model repository's code would run on the server)"
     ),
+    "rewards": (
+        "rewards: python: rewards are not available in this public app (a visitor's code would run on the server); "
+        "use number_match, exact_match, regex:, contains: or max_length:"
+    ),
 }
 
 
@@ -217,6 +221,8 @@ class AccessPolicy:
         out: dict[str, str] = {}
         if not self.remote_code and _truthy(values.get("trust_remote_code")):
             out["trust_remote_code"] = REFUSED["trust_remote_code"]
+        if self.public and _runs_code(values.get("rewards")):
+            out["rewards"] = REFUSED["rewards"]
         if self.server_paths:
             return out
         allowed_files = {str(p) for p in uploads}
@@ -256,6 +262,13 @@ class AccessPolicy:
         if _BUNDLED.fullmatch(value):
             return True
         return _hub_id(value) and not value.lower().endswith(DATA_SUFFIXES)
+
+
+def _runs_code(rewards: Any) -> bool:
+    """Whether a `rewards` value names a python: reward (code from a file, run by the server)."""
+    from finetune.rewards import split
+
+    return isinstance(rewards, str) and any(part.strip().startswith("python:") for part in split(rewards))
 
 
 def _truthy(value: Any) -> bool:

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
+from finetune import objectives
 from finetune.cli_args import add_config_args, load_config
 from finetune.config import parse_set_option
 from finetune.errors import UserError
+from finetune.terminal import follow, summary_line
 
 
 def quiet_libraries() -> None:
@@ -88,7 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_args(propose)
     propose.add_argument("--model", help="a Hub id, a local model folder or the embedded model (default: the config's)")
     propose.add_argument("--data", help="a data file, a Hub dataset id or bundled:pirate (default: the config's)")
-    propose.add_argument("--goal", default="sft", help="sft, dpo, orpo, kto or classification (default: sft)")
+    goals = ", ".join(dict.fromkeys([*objectives.GOALS, *objectives.OBJECTIVES]))
+    goal = objectives.DEFAULT_GOAL
+    propose.add_argument("--goal", default=goal, help=f"{goals} (default: {goal})")
     propose.add_argument("--gpu-gib", required=True, help="memory per GPU in GiB, or a card's name (e.g. l4, a100)")
     propose.add_argument("--gpus", default="1", help="number of GPUs (default: 1)")
     propose.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
@@ -184,71 +186,6 @@ def _train(args: Any) -> int:
     return 0 if final and final.status in ("completed", "stopped") else 1
 
 
-def follow(manager: Any, show_bar: bool) -> Any:
-    """Poll the run, draw a terminal progress bar, and turn Ctrl-C into a clean stop (checkpoint saved)."""
-    from tqdm import tqdm
-
-    stops = {"n": 0}
-
-    def on_sigint(signum: int, frame: Any) -> None:
-        stops["n"] += 1
-        if stops["n"] > 1:
-            raise KeyboardInterrupt
-        print("\nstopping after this step (saving a checkpoint); Ctrl-C again to abort", file=sys.stderr)
-        manager.stop()
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    bar = None
-    seen_messages: set[str] = set()
-    try:
-        while manager.is_active():
-            state = manager.state()
-            if state and state.message and state.message not in seen_messages and show_bar:
-                seen_messages.add(state.message)
-                (bar.write if bar else print)(f"[{state.status}] {state.message}")
-            if show_bar and state and state.status == "running" and state.max_steps:
-                if bar is None:
-                    bar = tqdm(
-                        total=state.max_steps, initial=state.step, unit="step", dynamic_ncols=True, mininterval=1
-                    )
-                if bar.n != state.step:
-                    bar.set_postfix_str(_postfix(state), refresh=False)
-                    bar.update(state.step - bar.n)
-            manager.wait(0.2)  # returns as soon as the run ends
-        state = manager.state()
-        if bar is not None and state:
-            bar.set_postfix_str(_postfix(state), refresh=False)
-            bar.update(state.step - bar.n)
-            bar.close()
-        return state
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _postfix(state: Any) -> str:
-    parts = []
-    if state.loss is not None:
-        parts.append(f"loss={state.loss:.3f}")
-    if state.eval_loss is not None:
-        parts.append(f"eval={state.eval_loss:.3f}")
-    if state.tokens_per_second:
-        parts.append(f"{state.tokens_per_second:.0f} tok/s")
-    return " ".join(parts)
-
-
-def summary_line(state: Any, manager: Any) -> str:
-    """One closing line: status, steps, time, losses and where the result is."""
-    if state is None:
-        return "no run"
-    if state.status == "failed":
-        advice = f" — {state.advice}" if state.advice else ""
-        return f"failed: {state.error}{advice}"
-    took = (state.finished_at or time.time()) - (state.started_at or time.time())
-    losses = f", loss {state.loss:.4f}" if state.loss is not None else ""
-    evals = f", eval loss {state.eval_loss:.4f}" if state.eval_loss is not None else ""
-    return f"{state.status}: step {state.step}/{state.max_steps} in {took:.0f}s{losses}{evals} → {state.run_dir}"
-
-
 # --------------------------------------------------------------------------- propose
 def cmd_propose(args: Any) -> int:
     """Print the proposal for a model, data, goal and hardware (text, or JSON with --json)."""
@@ -256,17 +193,19 @@ def cmd_propose(args: Any) -> int:
 
     from finetune.cli_args import parse_count, parse_gib
     from finetune.config import TrainConfig
-    from finetune.memory.advice import goal_settings, propose
+    from finetune.memory import propose
+    from finetune.plan import plan_for
 
     values = load_config(args.config, args.set).to_dict()
     pinned = tuple(parse_set_option(item)[0] for item in args.set or [])
     values.update({k: v for k, v in (("model", args.model), ("dataset", args.data)) if v})
-    values.update(goal_settings(str(args.goal).strip().lower()))
+    values.update(objectives.goal_settings(str(args.goal).strip().lower()))
     gib = parse_gib(args.gpu_gib)
     if gib is None:
         raise UserError("--gpu-gib: give the memory of one GPU in GiB, or a card's name (e.g. l4)")
     gpus = parse_count(args.gpus, "--gpus")
-    proposal = propose(TrainConfig.from_dict(values), device="cuda", gpus=gpus, gpu_gib=gib, pinned=pinned)
+    plan = plan_for(TrainConfig.from_dict(values), device="cuda", world_size=gpus)
+    proposal = propose(plan, gpu_gib=gib, pinned=pinned)
     print(json.dumps(proposal.to_dict(), indent=2, default=str) if args.json else proposal.render_text())
     return 0
 
@@ -275,13 +214,14 @@ def cmd_propose(args: Any) -> int:
 def cmd_chat(args: Any) -> int:
     from finetune.inference import MAX_NEW_TOKENS, GenerationSettings, load_for_chat, stream_reply
     from finetune.paths import runs_root
+    from finetune.plan import plan_for
     from finetune.rundir import find_run
 
     if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:  # before minutes of model loading
         raise UserError(f"--max-new-tokens: {args.max_new_tokens} is out of range; use 1 to {MAX_NEW_TOKENS}")
     run = find_run(args.run_dir, runs_root(), field="run_dir") if args.run_dir else None
-    config = run.load_config() if run else load_config(args.config, args.set)
-    model, tokenizer = load_for_chat(config, run.path if run else None)
+    plan = run.load_plan() if run else plan_for(load_config(args.config, args.set))  # a run: as it trained
+    model, tokenizer = load_for_chat(plan, run.path if run else None)
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens)
     prompts = [args.prompt] if args.prompt else None
     history: list[dict[str, str]] = []

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from finetune import objectives
 from finetune.errors import ConfigError
 
 EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"
@@ -44,12 +45,8 @@ DEEPSPEED_SCHEDULERS = {
 }
 LORA_INITS = ("true", "gaussian", "pissa", "olora")  # PEFT's `init_lora_weights` names
 REPORTERS = ("none", "tensorboard", "trackio", "wandb")
-OBJECTIVES = ("sft", "dpo", "orpo", "kto")
-PREFERENCE_OBJECTIVES = ("dpo", "orpo", "kto")
-# TRL DPOConfig.loss_type names; "rpo" is TRL's ["sigmoid", "sft"]: DPO plus the NLL of the chosen answer.
-DPO_LOSSES = ("rpo", "sigmoid", "ipo", "hinge", "robust")
-# Plain DPO (sigmoid) at a LoRA-sized learning rate turned SmolLM2 into nonsense within 20 steps; rpo kept it fluent.
-DEFAULT_DPO_LOSS = "rpo"
+# Every objective's `loss_type` names ("" = the objective's own default), from the objectives registry.
+LOSS_TYPES = ("", *dict.fromkeys(loss for o in objectives.OBJECTIVES.values() for loss in o.loss_types))
 LIGER_CHOICES = ("auto", "on", "off")
 OFFLOAD = ("none", "cpu", "nvme")
 
@@ -60,6 +57,12 @@ MAX_YAML_DEPTH = 3  # the mapping, a list value (lora_target_modules), nothing d
 MAX_TEXT_CHARS = 4096  # one text field: a Hub id, a path, a column name
 MAX_INT = 2**31 - 1  # whole-number fields end up in C ints (torch, numpy, the Trainer)
 MAX_SEED = 2**32 - 1  # numpy's seed range
+# Text fields a YAML file may also give as a list (kept as comma-separated text): what each item must be.
+LIST_FIELDS = {
+    "lora_target_modules": (str, "give layer names as text, e.g. [q_proj, v_proj]"),
+    "rewards": (str, "give rewards as text, e.g. [number_match, 'max_length:64']"),
+    "reward_weights": ((int, float), "give one number per reward, e.g. [1, 0.5]"),
+}
 
 
 def _f(default: Any, help: str, group: str, **rules: Any) -> Any:
@@ -89,10 +92,10 @@ class TrainConfig:
         False, "Run Python code shipped with the model repository. Only for repositories you trust.", "Model"
     )
     task: str = _f(
-        "causal_lm",
+        objectives.CAUSAL_LM,
         "causal_lm: instruction / chat tuning (SFT). sequence_classification: predict a label for a text (or pair).",
         "Model",
-        choices=("causal_lm", "sequence_classification"),
+        choices=objectives.TASKS,
     )
     num_labels: int = _f(
         0, "Number of classes for sequence classification; 0 = count them in the data.", "Model", min=0
@@ -136,29 +139,61 @@ class TrainConfig:
 
     # --- Objective
     objective: str = _f(
-        "sft",
+        objectives.DEFAULT,
         "sft: learn to give the answers in the data (supervised fine-tuning). dpo: learn which of two answers is "
         "better (prompt, chosen, rejected). orpo: SFT and preference in one loss, no reference model. kto: learn from "
-        "single answers marked good or bad (prompt, completion, label).",
+        "single answers marked good or bad (prompt, completion, label). grpo: learn from rewards: the model samples "
+        "answers to each prompt and the rewards score them (prompt; rewards).",
         "Objective",
-        choices=OBJECTIVES,
+        choices=objectives.CHOICES,
     )
-    beta: float = _f(
-        0.1,
-        "Preference strength. dpo/kto: how far the tuned model may move from the reference (higher stays closer; "
-        "0.1 is usual). orpo: weight of the preference term beside the SFT loss.",
+    beta: float | None = _f(
+        None,
+        "KL / preference strength; empty = the objective's usual value (dpo, orpo, kto: 0.1; grpo: 0, TRL's default: "
+        "no KL term and no reference model). dpo/kto/grpo: how far the tuned model may move from the reference "
+        "(higher stays closer). orpo: weight of the preference term beside the SFT loss.",
         "Objective",
         min=0.0,
         max=100.0,
+        optional=True,
     )
     loss_type: str = _f(
-        DEFAULT_DPO_LOSS,
-        "DPO loss. rpo: DPO plus the SFT loss on the chosen answer, which keeps the model fluent while it learns the "
-        "preference (the default). sigmoid: the original DPO (use a small learning rate: it can drift into "
-        "nonsense). ipo: a squared loss that does not over-fit clean pairs. hinge: SLiC's margin loss. robust: "
-        "tolerates some pairs labelled the wrong way round.",
+        "",
+        "DPO or GRPO loss; empty = the objective's default (dpo: rpo, grpo: dapo). DPO: rpo adds the SFT loss on the "
+        "chosen answer, which keeps the model fluent while it learns the preference; sigmoid is the original DPO (use "
+        "a small learning rate: it can drift into nonsense); ipo, a squared loss that does not over-fit clean pairs; "
+        "hinge, SLiC's margin loss; robust tolerates some pairs labelled the wrong way round. GRPO (TRL's names): dapo "
+        "averages over every token of the step (no length bias); grpo per answer's length; dr_grpo by a constant; "
+        "bnpo over the micro batch's tokens; cispo, sapo, luspo and vespo are the papers' variants.",
         "Objective",
-        choices=DPO_LOSSES,
+        choices=LOSS_TYPES,
+    )
+    rewards: str = _f(
+        "",
+        "grpo: what scores each sampled answer, comma-separated: number_match (the last number equals the answer "
+        "column's), exact_match, regex:PATTERN, contains:TEXT, max_length:N (1 up to N tokens, 0 at 2N), "
+        "python:FILE:FUNCTION (TRL's signature f(prompts, completions, **columns) -> list of numbers).",
+        "Objective",
+    )
+    reward_weights: str = _f(
+        "", "grpo: one weight per reward, comma-separated (1,0.5); empty = every reward weighs 1.", "Objective"
+    )
+    num_generations: int = _f(
+        4,
+        "grpo: answers sampled per prompt and compared with each other; it must divide the completions of a step "
+        "(per_device_train_batch_size × gradient_accumulation_steps).",
+        "Objective",
+        min=2,
+    )
+    max_completion_length: int = _f(
+        128, "grpo: longest sampled answer, in tokens (memory grows with it).", "Objective", min=1
+    )
+    temperature: float = _f(
+        1.0,
+        "grpo: sampling temperature of the answers (higher: more varied answers to learn from).",
+        "Objective",
+        min=0.01,
+        max=10.0,
     )
 
     # --- Method
@@ -373,6 +408,18 @@ FIELDS = {f.name: f for f in fields(TrainConfig)}
 FIELD_NAMES = tuple(FIELDS)
 
 
+def field_kind(name: str) -> str:
+    """A field's value type: bool, int, float or str (an optional number is its number type)."""
+    f = FIELDS[name]
+    kind = f.type if isinstance(f.type, str) else f.type.__name__
+    return kind.replace(" | None", "")
+
+
+def field_optional(name: str) -> bool:
+    """Whether a field may be left empty (it then takes the value the rest of the config implies)."""
+    return bool(FIELDS[name].metadata.get("optional"))
+
+
 def field_help(name: str) -> str:
     """Help text of one field."""
     return FIELDS[name].metadata["help"]
@@ -398,8 +445,13 @@ LABELS = {
     "max_seq_length": "Longest example (tokens)",
     "packing": "Skip padding (pack examples)",
     "objective": "Training goal",
-    "beta": "Preference strength (beta)",
-    "loss_type": "DPO loss",
+    "beta": "KL / preference strength (beta)",
+    "loss_type": "Loss (DPO / GRPO)",
+    "rewards": "Rewards",
+    "reward_weights": "Reward weights",
+    "num_generations": "Answers per prompt",
+    "max_completion_length": "Longest answer (tokens)",
+    "temperature": "Sampling temperature",
     "method": "Method",
     "lora_r": "LoRA rank",
     "lora_alpha": "LoRA alpha",
@@ -512,8 +564,10 @@ _FALSE = {"false", "no", "off", "0"}
 
 def _coerce(f: dataclasses.Field, value: Any) -> Any:
     """Turn YAML / CLI / form values into the field's type, or raise a clear error."""
-    kind = f.type if isinstance(f.type, str) else f.type.__name__
+    kind = field_kind(f.name)
     name = f.name
+    if f.metadata.get("optional") and (value is None or (isinstance(value, str) and not value.strip())):
+        return None  # empty: the value the rest of the config implies (the objective's own beta)
     if name == "init_lora_weights" and isinstance(value, bool):
         return "true" if value else value  # PEFT's True; False (random, for debugging) is not offered
     if kind == "bool":
@@ -550,10 +604,10 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
     # str
     if value is None:
         return ""
-    if isinstance(value, (list, tuple)) and name == "lora_target_modules":
-        if len(value) > 1000 or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{name}: give layer names as text, e.g. [q_proj, v_proj]", field=name)
-        value = ",".join(value)
+    if isinstance(value, (list, tuple)) and name in LIST_FIELDS:
+        if len(value) > 1000 or not all(isinstance(v, LIST_FIELDS[name][0]) and not isinstance(v, bool) for v in value):
+            raise ConfigError(f"{name}: {LIST_FIELDS[name][1]}", field=name)
+        value = ",".join(str(v) for v in value)
     if isinstance(value, (int, float)) and not isinstance(value, bool) and name in ("dataset_split", "eval_split"):
         return str(value)
     if not isinstance(value, str):
@@ -586,8 +640,10 @@ def _check_rules(f: dataclasses.Field, value: Any) -> None:
         raise ConfigError(
             f"{f.name}: {_short(value)} is not allowed{hint}; choose one of: {', '.join(choices)}", field=f.name
         )
+    if value is None:
+        return  # an optional number left empty
     lo, hi = f.metadata.get("min"), f.metadata.get("max")
-    if hi is None and f.type in ("int", int):
+    if hi is None and field_kind(f.name) == "int":
         hi = MAX_INT
     if lo is not None and value < lo:
         raise ConfigError(f"{f.name}: {_short(value)} is out of range{_range_text(f)}", field=f.name)
@@ -648,18 +704,7 @@ def _cross_field_errors(c: TrainConfig) -> list[ConfigError]:
             "init_lora_weights",
             f"{c.init_lora_weights} rewrites the base weights, which QLoRA keeps in 4 bits; use method: lora",
         )
-    if c.objective != "sft" and c.task == "sequence_classification":
-        bad("objective", f"{c.objective} trains a causal LM on answers; use objective: sft for sequence_classification")
-    if c.objective in PREFERENCE_OBJECTIVES and c.backend == "deepspeed":
-        bad("backend", f"{c.objective} runs through TRL's trainer; use backend: trainer (zero_stage 1-3 still works)")
-    if c.loss_type != DEFAULT_DPO_LOSS and c.objective != "dpo":
-        bad("loss_type", f"applies to objective: dpo; leave it at {DEFAULT_DPO_LOSS} for {c.objective}")
-    if c.objective in ("dpo", "kto") and c.method != "full" and c.init_lora_weights in ("pissa", "olora"):
-        bad(
-            "init_lora_weights",
-            f"{c.init_lora_weights} moves part of the base weights into the adapter, so the base with the adapter "
-            f"off is not the starting model {c.objective} compares against; use true or gaussian",
-        )
+    out += [ConfigError(f"{name}: {message}", field=name) for name, message in objectives.config_problems(c)]
     if c.method == "qlora" and c.optim == "sgd":
         pass  # allowed: SGD on LoRA weights works, just unusual
     return out

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from finetune import objectives
 from finetune.config import BUNDLED_DATASET, TrainConfig
 from finetune.errors import UserError
 
@@ -41,6 +42,9 @@ REJECTED_NAMES = ("rejected", "dispreferred", "rejected_response")
 PREFERENCE_PROMPT_NAMES = ("prompt", "question", "instruction", "input")
 KTO_COMPLETION_NAMES = ("completion", "response", "answer", "output")
 PREFERENCE_KINDS = ("preference", "unpaired")  # prompt/chosen/rejected pairs; prompt/completion/label (kto)
+PROMPTS_KIND = "prompts"  # prompts alone (learning from rewards): every other column goes to the reward functions
+TRL_KINDS = (*PREFERENCE_KINDS, PROMPTS_KIND)  # rows TRL's trainers read in their own shape
+PREVIEW_COLUMNS = 4  # a prompt's other columns shown in the preview
 ROLE_ALIASES = {"human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant"}
 
 
@@ -351,7 +355,7 @@ def _arrow_uniform(values: list[Any]) -> bool:
 # ----------------------------------------------------------------------------- checking values
 def _check_columns(tables: list[_Table], fmt: DataFormat, config: TrainConfig) -> list[dict[str, list[Any]]]:
     """Every row of every used column checked; returns the normalised columns of each table."""
-    if fmt.kind in PREFERENCE_KINDS:
+    if fmt.kind in TRL_KINDS:
         return [_check_preference_table(table, fmt) for table in tables]
     out: list[dict[str, list[Any]]] = [{} for _ in tables]
     for role, column in fmt.columns.items():
@@ -644,10 +648,13 @@ def detect_format(columns: list[str], config: TrainConfig) -> DataFormat:
         value = getattr(config, key)
         if value and value not in cols:
             raise UserError(f"{key}: column {value!r} is not in the data; columns: {', '.join(columns)}", field=key)
-    if config.task == "sequence_classification":
+    objective = objectives.of(config)
+    if objective.is_classifier:
         return _detect_classification(columns, config)
-    if config.objective != "sft":
+    if objective.data_kind in PREFERENCE_KINDS:
         return _detect_preference(columns, config)
+    if objective.data_kind == PROMPTS_KIND:
+        return _detect_prompts(columns, config)
     messages = config.messages_column or _first(MESSAGES_NAMES, cols)
     if messages and not (config.prompt_column or config.text_column):
         return DataFormat("messages", {"messages": messages})
@@ -663,9 +670,10 @@ def detect_format(columns: list[str], config: TrainConfig) -> DataFormat:
     if text:
         return DataFormat("text", {"text": text})
     if _first(CHOSEN_NAMES, cols) and _first(REJECTED_NAMES, cols):
+        learners = [o.name for o in objectives.OBJECTIVES.values() if o.data_kind in PREFERENCE_KINDS]
         raise UserError(
-            f"objective: columns {', '.join(columns)} hold preference pairs, which objective: sft cannot learn from; "
-            "set objective: dpo, orpo or kto",
+            f"objective: columns {', '.join(columns)} hold preference pairs, which objective: {objective.name} cannot "
+            f"learn from; set objective: {', '.join(learners[:-1])} or {learners[-1]}",
             field="objective",
         )
     raise UserError(
@@ -704,7 +712,7 @@ def _detect_preference(columns: list[str], config: TrainConfig) -> DataFormat:
                 f"prompt_column: no prompt column found among {', '.join(columns)}; set prompt_column", "prompt_column"
             )
         return DataFormat("preference", {"prompt": prompt, "chosen": chosen, "rejected": rejected})
-    if config.objective == "kto":
+    if objectives.of(config).data_kind == "unpaired":
         completion = config.completion_column or _first(KTO_COMPLETION_NAMES, cols)
         label = config.label_column or _first(LABEL_NAMES, cols)
         if prompt and completion and label:
@@ -717,19 +725,30 @@ def _detect_preference(columns: list[str], config: TrainConfig) -> DataFormat:
     raise UserError(_not_preference_data(columns, config), field="dataset")
 
 
+def _detect_prompts(columns: list[str], config: TrainConfig) -> DataFormat:
+    """A prompt column (text or a conversation) for learning from rewards; the rest goes to the reward functions."""
+    prompt = config.prompt_column or _first(PREFERENCE_PROMPT_NAMES, set(columns))
+    if not prompt:
+        raise UserError(
+            f"prompt_column: no prompt column among {', '.join(columns)}; objective: {config.objective} samples "
+            "answers to prompts: name the column with prompt_column (text or chat messages)",
+            field="prompt_column",
+        )
+    return DataFormat(PROMPTS_KIND, {"prompt": prompt})
+
+
 def _not_preference_data(columns: list[str], config: TrainConfig) -> str:
     """Why data without pairs cannot train a preference objective, and what to use instead."""
+    objective = objectives.of(config)
     needs = "prompt, chosen and rejected columns"
-    if config.objective == "kto":
+    if objective.data_kind == "unpaired":
         needs += " (or prompt, completion and a true/false label)"
     advice = "set chosen_column and rejected_column if they have other names"
-    if config.dataset.startswith("bundled:"):
-        pairs = BUNDLED_DIR / (config.dataset.split(":", 1)[1] + "-pairs")
-        if pairs.is_dir():
-            advice = f"use dataset: bundled:{pairs.name}, the same set as preference pairs"
+    if config.dataset.startswith("bundled:") and objective.bundled_data not in ("", config.dataset):
+        advice = f"use dataset: {objective.bundled_data}, the same set as preference pairs"
     return (
         f"dataset: {config.dataset} has columns {', '.join(columns)}, not preference data; "
-        f"objective: {config.objective} needs {needs}; {advice}"
+        f"objective: {objective.name} needs {needs}; {advice}"
     )
 
 
@@ -801,7 +820,9 @@ def prepare(config: TrainConfig, tokenizer: Any) -> PreparedData:
     fmt = detect_format(list(train_raw.column_names), config)
     if fmt.kind in PREFERENCE_KINDS:
         return _prepare_preference(config, tokenizer, train_raw, eval_raw, fmt)
-    if config.task == "causal_lm" and fmt.kind == "classification":
+    if fmt.kind == PROMPTS_KIND:
+        return _prepare_prompts(config, tokenizer, train_raw, eval_raw, fmt)
+    if not objectives.of(config).is_classifier and fmt.kind == "classification":
         raise UserError("task: this data has labels; set task: sequence_classification", field="task")
     if fmt.kind == "classification":
         return _prepare_classification(config, tokenizer, train_raw, eval_raw, fmt)
@@ -839,7 +860,7 @@ def _prepare_preference(config: TrainConfig, tokenizer: Any, train_raw: Any, eva
     notes = []
     train = shaped(train_raw, "train")
     evaluation = shaped(eval_raw, "eval") if eval_raw is not None else None
-    if config.objective == "kto":
+    if objectives.of(config).data_kind == "unpaired":
         if fmt.kind == "preference":
             notes.append("kto: each pair gives two rows, the chosen answer marked good and the rejected one bad")
             train = _unpaired(train)
@@ -848,6 +869,41 @@ def _prepare_preference(config: TrainConfig, tokenizer: Any, train_raw: Any, eva
         # so that batches are not all good then all bad (and a resume sees the same order).
         train = train.shuffle(seed=config.seed).flatten_indices()
     return PreparedData(train, evaluation, fmt, notes=notes)
+
+
+def _prepare_prompts(config: TrainConfig, tokenizer: Any, train_raw: Any, eval_raw: Any, fmt: DataFormat) -> Any:
+    """Rows for learning from rewards in TRL's shape: `prompt` (a conversation when the model has a chat template),
+    every other column as it is (the reward functions read them), and the data row each came from (for errors).
+    Prompts longer than max_seq_length tokens are skipped, with a note."""
+    from finetune.rewards import ROW_COLUMN
+
+    column = fmt.columns["prompt"]
+    notes: list[str] = []
+
+    def shaped(raw: Any, name: str) -> Any:
+        def one(row: dict[str, Any], index: int) -> dict[str, Any]:
+            prompt = trl_row({"prompt": row[column]}, DataFormat(PROMPTS_KIND, {"prompt": "prompt"}), tokenizer)
+            return {**{k: v for k, v in row.items() if k != column}, **prompt, ROW_COLUMN: index + 1}
+
+        rows = raw.map(one, with_indices=True, remove_columns=[column], desc=f"shaping {name} prompts")
+        kept = rows.filter(lambda row: _prompt_tokens(row["prompt"], tokenizer) <= config.max_seq_length)
+        if len(kept) < len(rows):
+            notes.append(f"{len(rows) - len(kept)} {name} prompts are longer than max_seq_length and were skipped")
+        if len(kept) == 0:
+            raise UserError(
+                f"max_seq_length: every {name} prompt is longer than {config.max_seq_length} tokens; raise it",
+                "max_seq_length",
+            )
+        return kept
+
+    evaluation = shaped(eval_raw, "eval") if eval_raw is not None else None
+    return PreparedData(shaped(train_raw, "train"), evaluation, fmt, notes=notes)
+
+
+def _prompt_tokens(prompt: Any, tokenizer: Any) -> int:
+    """Tokens of a prompt as the model reads it before its answer (chat markup included)."""
+    text = render_preference({"prompt": prompt}, tokenizer)["prompt"]
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def _unpaired(pairs: Any) -> Any:
@@ -931,7 +987,7 @@ def collator(config: TrainConfig, tokenizer: Any, packing: bool = False) -> Any:
         from transformers import DataCollatorWithFlattening
 
         return DataCollatorWithFlattening(return_flash_attn_kwargs=True, separator_id=IGNORE)
-    if config.task == "sequence_classification":
+    if objectives.of(config).is_classifier:
         from transformers import DataCollatorWithPadding
 
         return DataCollatorWithPadding(tokenizer)
@@ -947,8 +1003,12 @@ def preview(config: TrainConfig, tokenizer: Any, n: int = 3) -> dict[str, Any]:
     fmt = detect_format(list(train_raw.column_names), config)
     examples = []
     for row in train_raw.select(range(min(n, len(train_raw)))):
-        if fmt.kind in PREFERENCE_KINDS:
-            examples.append(_preference_example(row, fmt, tokenizer))
+        if fmt.kind in TRL_KINDS:
+            example = _preference_example(row, fmt, tokenizer)
+            if fmt.kind == PROMPTS_KIND:  # what the rewards read besides the prompt
+                others = [(k, v) for k, v in row.items() if k not in fmt.columns.values()]
+                example["columns"] = {k: str(v)[:80] for k, v in others[:PREVIEW_COLUMNS]}
+            examples.append(example)
             continue
         if fmt.kind == "classification":
             pair = row.get(fmt.columns.get("text_pair", ""), "")
@@ -1003,7 +1063,7 @@ def fingerprint(config: TrainConfig, train_raw: Any = None) -> dict[str, str]:
 
 def heldout_prompts(config: TrainConfig, limit: int = 5) -> list[str]:
     """Prompts answered at step 0 and at each evaluation, so the user sees the tuning take hold."""
-    if config.task != "causal_lm":
+    if objectives.of(config).is_classifier:
         return []
     if config.dataset.startswith("bundled:"):
         path = BUNDLED_DIR / config.dataset.split(":", 1)[1] / "heldout.json"
@@ -1017,7 +1077,7 @@ def heldout_prompts(config: TrainConfig, limit: int = 5) -> list[str]:
     fmt = detect_format(list(source.column_names), config)
     prompts: list[str] = []
     for row in source.select(range(min(limit, len(source)))):
-        if fmt.kind in PREFERENCE_KINDS:
+        if fmt.kind in TRL_KINDS:
             users = [m["content"] for m in as_conversation(row[fmt.columns["prompt"]], "prompt") if m["role"] == "user"]
             prompts += users[-1:]
         elif fmt.kind == "prompt_completion":

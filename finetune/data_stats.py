@@ -236,8 +236,8 @@ def _estimated_length(row: dict[str, Any], fmt: Any, tokenizer: Any = None) -> i
         value = row.get(column)
         if role == "label" or value is None:
             continue
-        if role == "messages":
-            messages = data.message_list(value)
+        if role == "messages" or isinstance(value, list):  # a conversation (a prompt may be one too)
+            messages = data.message_list(value) if role == "messages" else data.as_conversation(value, role)
             pieces.append(sum(tokens(m["content"]) + TEMPLATE_TOKENS for m in messages))
         else:
             pieces.append(tokens(data.text_value(value)) + TEMPLATE_TOKENS)

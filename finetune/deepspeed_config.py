@@ -16,10 +16,13 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from finetune.config import DEEPSPEED_SCHEDULERS, TrainConfig
 from finetune.errors import ConfigError
+
+if TYPE_CHECKING:
+    from finetune.plan import RunPlan
 
 DS_CONFIG_NAME = "ds_config.json"
 
@@ -59,17 +62,10 @@ def has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def resolved_precision(config: TrainConfig) -> str:
-    """fp32 | fp16 | bf16 as a run of this config on this machine would use it (fp16/bf16 need a GPU)."""
-    from finetune.plan import plan_for
-
-    return plan_for(config).precision
-
-
-def export_precision(config: TrainConfig) -> str:
+def export_precision(plan: RunPlan) -> str:
     """The precision for an exported config: an explicit choice is kept (the target may have a GPU this machine
-    lacks); `auto` is resolved on this machine."""
-    return config.precision if config.precision != "auto" else resolved_precision(config)
+    lacks); `auto` as the plan resolved it."""
+    return plan.config.precision if plan.config.precision != "auto" else plan.precision
 
 
 def use_torch_adam(config: TrainConfig, cuda: bool | None = None) -> bool:
@@ -110,7 +106,8 @@ def _has_ninja_module() -> bool:
 def deepspeed_config(
     config: TrainConfig,
     world_size: int = 1,
-    precision: str | None = None,
+    *,
+    precision: str,
     total_steps: int | None = None,
     hidden_size: int | None = None,
     torch_adam: bool | None = None,
@@ -118,14 +115,13 @@ def deepspeed_config(
 ) -> dict[str, Any]:
     """The complete DeepSpeed config for `world_size` processes.
 
-    precision: fp32 | fp16 | bf16 (default: what this machine would use). total_steps: optimizer steps of the run
+    precision: fp32 | fp16 | bf16 (the run plan's). total_steps: optimizer steps of the run
     (for the decaying schedulers; default max_steps). hidden_size: the model's, to size the communication buckets
     the way Hugging Face does (hidden², 0.9·hidden², 10·hidden); DeepSpeed's defaults otherwise.
     """
     if world_size < 1:
         raise ConfigError(f"world size: {world_size} must be at least 1")
     cuda = has_cuda() if cuda is None else cuda
-    precision = precision or resolved_precision(config)
     if precision not in ("fp32", "fp16", "bf16"):
         raise ConfigError(f"precision: {precision!r} must be resolved to fp32, fp16 or bf16", field="precision")
     steps = total_steps if total_steps and total_steps > 0 else max(config.max_steps, 1)

@@ -8,18 +8,20 @@ import os
 import re
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from finetune.config import TrainConfig
 from finetune.errors import UserError, os_reason
 
+if TYPE_CHECKING:
+    from finetune.plan import RunPlan
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 WRITE_LIMITS = (*DISK_FULL, errno.EFBIG)  # EFBIG: a file-size limit (ulimit -f)
 _RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # safetensors' writer: "I/O error: ... (os error 28)"
 PROBE_BYTES = 64 * 1024
 
 
-def plain_error(exc: BaseException, config: TrainConfig, step: int) -> tuple[str, str | None]:
-    """A one-line message for the user and, for out-of-memory, the estimator's advice."""
+def plain_error(exc: BaseException, plan: RunPlan, step: int) -> tuple[str, str | None]:
+    """A one-line message for the user and, for out-of-memory, the estimator's advice for the run's plan."""
     if isinstance(exc, UserError):
         return str(exc), None
     if isinstance(exc, OSError) and exc.errno is not None:
@@ -32,7 +34,7 @@ def plain_error(exc: BaseException, config: TrainConfig, step: int) -> tuple[str
         try:
             from finetune.memory import advice_text
 
-            advice = advice_text(config)
+            advice = advice_text(plan)
         except Exception:  # the advice is a help, never a second failure
             advice = "Try gradient_checkpointing: true, a smaller per_device_train_batch_size, or method: qlora."
         return f"out of memory at step {step}: the run needs more memory than the device has", advice

@@ -7,11 +7,13 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from finetune.config import TrainConfig
 from finetune.errors import UserError
 
+if TYPE_CHECKING:
+    from finetune.plan import RunPlan
 MAX_NEW_TOKENS = 1024  # the longest reply chat generates (the app and the CLI alike)
 
 
@@ -137,15 +139,14 @@ def head_size(weights: Path) -> int | None:
     return None
 
 
-def load_classifier(config: TrainConfig, run_path: Path) -> tuple[Any, Any, list[str]]:
-    """(model, tokenizer, label names) of a sequence-classification run, built as its plan trained it."""
+def load_classifier(plan: RunPlan, run_path: Path) -> tuple[Any, Any, list[str]]:
+    """(model, tokenizer, label names) of a sequence-classification run, built as its plan (plan.json) trained it."""
     from finetune import models
-    from finetune.plan import plan_for
 
+    config = plan.config
     weights = adapter_dir(run_path)
     if weights is None:
         raise UserError(f"run: {Path(run_path).name} has no saved weights yet (no checkpoint so far)", field="run")
-    plan = plan_for(config)
     if not plan.is_classifier:
         raise UserError("run: this run tunes a chat model; talk to it in the chat instead", field="run")
     names = label_names(run_path, config)
@@ -178,18 +179,17 @@ def classify(
     return Classification(sorted(labelled, key=lambda item: item[1], reverse=True))
 
 
-def load_for_chat(base: TrainConfig, run_path: Path | None = None) -> tuple[Any, Any]:
-    """(model, tokenizer) for chat, built as the run plan trains it: the base (4-bit for QLoRA) plus the run's
-    adapter, or a full fine-tune's own weights."""
+def load_for_chat(plan: RunPlan, run_path: Path | None = None) -> tuple[Any, Any]:
+    """(model, tokenizer) for chat, built as the plan says (a run's own plan.json, or the plan of the base model's
+    settings): the base (4-bit for QLoRA) plus the run's adapter, or a full fine-tune's own weights."""
     from finetune import models
-    from finetune.plan import plan_for
 
+    base = plan.config
     weights = None
     if run_path is not None:
         weights = adapter_dir(run_path)
         if weights is None:
             raise UserError(f"run: {Path(run_path).name} has no saved weights yet (no checkpoint so far)", field="run")
-    plan = plan_for(base)
     if plan.is_classifier:
         raise UserError("run: a sequence-classification run answers with labels: classify a text instead", field="run")
     tokenizer = models.load_tokenizer(base)
@@ -206,9 +206,9 @@ def load_for_chat(base: TrainConfig, run_path: Path | None = None) -> tuple[Any,
     return _place(model, plan), tokenizer
 
 
-def _place(model: Any, plan: Any) -> Any:
+def _place(model: Any, plan: RunPlan) -> Any:
     # A 4-bit model is placed by bitsandbytes when it loads; moving it again is refused.
-    if plan.device == "cuda" and plan.quantization is None:
+    if plan.placement() == "cuda" and plan.quantization is None:
         return model.to("cuda")
     return model
 

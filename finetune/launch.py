@@ -28,7 +28,7 @@ from typing import Any
 
 from finetune.config import TrainConfig
 from finetune.errors import BusyError, UserError
-from finetune.plan import uses_deepspeed
+from finetune.plan import RunPlan, plan_for
 from finetune.rundir import RunDir
 
 LAUNCHERS = ("torchrun", "deepspeed")
@@ -40,7 +40,7 @@ DEEPSPEED_HOSTFILE = "/job/hostfile"  # where the deepspeed launcher looks when 
 
 
 def launch_commands(
-    config: TrainConfig,
+    plan: RunPlan,
     config_path: str | Path = "run.yaml",
     gpus: int = 1,
     nodes: int = 1,
@@ -50,7 +50,7 @@ def launch_commands(
     sets: list[str] | None = None,
     output_dir: str | Path | None = None,
 ) -> dict[str, str]:
-    """Shell commands that train `config` (saved at `config_path`), by launcher.
+    """Shell commands that train the plan's config (saved at `config_path`), by launcher.
 
     Keys: "single" (one GPU, no launcher); "torchrun" and, when the run uses DeepSpeed, "deepspeed" (`gpus` GPUs on
     this machine); with nodes > 1 also "multinode" (the deepspeed launcher with a hostfile when the run uses DeepSpeed,
@@ -65,6 +65,7 @@ def launch_commands(
         raise UserError(f"--nodes: {nodes!r} must be a whole number ≥ 1", field="nodes")
     if not isinstance(master_port, int) or not 1 <= master_port <= 65535:
         raise UserError(f"--master-port: {master_port!r} must be a port number (1-65535)", field="master_port")
+    config = plan.config
     config.validate()
 
     base_args = ["train", "--config", str(config_path)]
@@ -79,7 +80,7 @@ def launch_commands(
     train_module = ["-m", "finetune", *multi_args]
 
     commands["torchrun"] = _join(["torchrun", "--standalone", "--nproc_per_node", str(gpus), *train_module])
-    if uses_deepspeed(config):
+    if plan.deepspeed:
         commands["deepspeed"] = _join(
             ["deepspeed", "--num_gpus", str(gpus), "--no_local_rank", "--module", "finetune", *multi_args]
         )
@@ -99,7 +100,7 @@ def launch_commands(
             str(master_port),
             *train_module,
         ]
-        if uses_deepspeed(config):
+        if plan.deepspeed:
             deepspeed_nodes = [
                 "deepspeed",
                 "--hostfile",
@@ -362,15 +363,6 @@ def _wait_for_group_end(run: RunDir) -> None:
         time.sleep(0.1)
 
 
-# Supervisors this process started: polled so that a finished one is reaped (never left a zombie that looks alive).
-_SUPERVISORS: list[subprocess.Popen] = []
-
-
-def reap_supervisors() -> None:
-    """Collect the exit status of supervisors this process started that have ended."""
-    _SUPERVISORS[:] = [proc for proc in _SUPERVISORS if proc.poll() is None]
-
-
 def _start_group(
     run: RunDir,
     config: TrainConfig,
@@ -386,7 +378,7 @@ def _start_group(
     from finetune import paths
     from finetune.device_lock import DeviceLock
     from finetune.pids import started_at
-    from finetune.process_group import GROUP_FILE, LOG_FILE, holder_alive, stop_path, update_group
+    from finetune.process_group import GROUP_FILE, LOG_FILE, holder_alive, keep_supervisor, stop_path, update_group
     from finetune.progress import TrainingState
 
     lock = DeviceLock(Path(root) if root else paths.runs_root(), still_busy=holder_alive)
@@ -446,7 +438,7 @@ def _start_group(
             run.write_status({**status, "pid": proc.pid, "pid_started": proc_started})
     lock.rewrite({**holder, "pid": proc.pid})
     lock.hand_over()  # the supervisor holds the lock from now on (same open file), until the group ends
-    _SUPERVISORS.append(proc)
+    keep_supervisor(proc)
     return run
 
 
@@ -510,8 +502,9 @@ def cmd_launch_command(args: Any) -> int:
     from finetune.cli_args import load_config
 
     config = load_config(args.config, args.set)
+    plan = plan_for(config)
     commands = launch_commands(
-        config,
+        plan,
         config_path=args.config or "run.yaml",
         gpus=args.gpus,
         nodes=args.nodes,
@@ -523,22 +516,22 @@ def cmd_launch_command(args: Any) -> int:
     if not args.config:
         print(f"# no --config given: save this config as run.yaml first ({config.backend} backend, defaults)")
     for key, command in commands.items():
-        print(f"# {describe(key, args.gpus, args.nodes, uses_deepspeed(config))}")
+        print(f"# {describe(key, args.gpus, args.nodes, plan.deepspeed)}")
         print(command)
     if args.ds_config:
-        _write_exported_ds_config(config, Path(args.ds_config), args.gpus * args.nodes)
+        _write_exported_ds_config(plan, Path(args.ds_config), args.gpus * args.nodes)
     return 0
 
 
-def _write_exported_ds_config(config: TrainConfig, path: Path, world_size: int) -> None:
+def _write_exported_ds_config(plan: RunPlan, path: Path, world_size: int) -> None:
     import json
 
     from finetune.atomic import write_text
     from finetune.deepspeed_config import deepspeed_config, export_precision
 
-    if not uses_deepspeed(config):
+    if not plan.deepspeed:
         raise UserError("--ds-config: this config does not use DeepSpeed; set zero_stage or backend: deepspeed")
-    ds = deepspeed_config(config, world_size=world_size, precision=export_precision(config))
+    ds = deepspeed_config(plan.config, world_size=world_size, precision=export_precision(plan))
     write_text(path, json.dumps(ds, indent=2) + "\n")
     print(f"# DeepSpeed config for {world_size} processes written to {path}")
 
@@ -571,8 +564,8 @@ def cmd_launch(args: Any) -> int:
 
 def follow_group(run: RunDir) -> int:
     """Stay attached to a launched run with `train`'s progress bar; Ctrl-C asks it to stop (checkpoint saved)."""
-    from finetune.cli import follow, summary_line
     from finetune.runs import RunManager
+    from finetune.terminal import follow, summary_line
 
     manager = RunManager()
     manager.follow_group(run)

@@ -156,16 +156,18 @@ def check_model(config: TrainConfig) -> None:
     import transformers
     from transformers.models.auto import modeling_auto
 
+    from finetune import objectives
     from finetune.plan import lora_targets, model_class_for
 
-    model_class = model_class_for(config.task)  # the class the engine will load
+    objective = objectives.of(config)
+    model_class = model_class_for(objective)  # the class the engine will load
     mapping = {
         "AutoModelForSequenceClassification": modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
         "AutoModelForCausalLM": modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
     }[model_class]
     model_type = getattr(model_config, "model_type", "")
     if model_type not in mapping:
-        need = "a classification head" if config.task == "sequence_classification" else "a model that generates text"
+        need = "a classification head" if objective.is_classifier else "a model that generates text"
         raise ConfigError(
             f"task: {config.task} needs {need}; {model_type!r} models have no {model_class.removeprefix('Auto')} "
             "class in transformers; choose the other task or another model",
@@ -219,24 +221,9 @@ def load_tokenizer(config: TrainConfig) -> Any:
 
 
 # ----------------------------------------------------------------------------- model
-def has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def compute_dtype_name(config: TrainConfig) -> str:
-    """The precision actually used on this machine (the run plan decides it)."""
-    from finetune.plan import plan_for
-
-    return plan_for(config).precision
-
-
-def load_model(config: TrainConfig, num_labels: int | None = None, plan: RunPlan | None = None) -> Any:
+def load_model(plan: RunPlan, num_labels: int | None = None) -> Any:
     """The model ready to train: full, LoRA-wrapped or 4-bit QLoRA-wrapped, as the run plan says."""
-    from finetune.plan import plan_for
-
-    return build_model(plan or plan_for(config), num_labels=num_labels)
+    return build_model(plan, num_labels=num_labels)
 
 
 def build_model(plan: RunPlan, num_labels: int | None = None, model_config: Any = None) -> Any:
@@ -272,7 +259,7 @@ def load_base(plan: RunPlan, num_labels: int | None = None, path: str | None = N
         if importlib.util.find_spec("bitsandbytes") is None:
             raise UserError("method: qlora needs the bitsandbytes package; install it or use method: lora", "method")
         kwargs["quantization_config"] = plan.quantization_config()
-        kwargs["device_map"] = {"": 0 if plan.device == "cuda" else "cpu"}
+        kwargs["device_map"] = {"": 0 if plan.placement() == "cuda" else "cpu"}  # (chat may run elsewhere)
     if plan.is_classifier:
         kwargs["num_labels"] = labels_of(plan, num_labels)
     model = from_pretrained(plan.auto_class(), path or resolve_model_path(config.model), **kwargs)

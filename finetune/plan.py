@@ -10,11 +10,13 @@ say which device), never transformers or peft; `lora_config()` / `quantization_c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from finetune import objectives
 from finetune.config import TrainConfig
 from finetune.errors import ConfigError
+from finetune.objectives import Objective
 
 # Our optimizer names → `TrainingArguments.optim`.
 TRAINER_OPTIMIZERS = {
@@ -24,6 +26,7 @@ TRAINER_OPTIMIZERS = {
     "sgd": "sgd",
 }
 _TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # bytes per element of each dtype a plan names
 
 
 @dataclass(frozen=True)
@@ -91,9 +94,11 @@ class RunPlan:
     deepspeed: bool  # DeepSpeed runs the step (its engine loop, or the Trainer with a ds config)
     optimizer: str  # our optimizer name (config.optim); `trainer_optim` maps it
     effective_batch: int  # examples per optimizer step over the whole world
-    objective: str = "sft"  # sft | dpo | orpo | kto
-    reference: str | None = None  # dpo/kto: "adapter-off" (the base under the adapter) or "copy" (a frozen copy)
+    objective: Objective = objectives.OBJECTIVES[objectives.DEFAULT]  # the objectives registry's record
+    reference: str | None = None  # "adapter-off" (the base under the adapter), "copy" (a frozen copy) or None
     liger: bool = False  # Liger's fused kernels patch the model (CUDA + liger-kernel installed)
+    beta: float = 0.1  # the objective's KL / preference weight (the config's, else the objective's default)
+    loss_type: str = ""  # the objective's loss (the config's, else the objective's default; "" without a choice)
     packing: bool = False  # micro batches without padding, attention confined per example (finetune/packing.py)
     packing_note: str = ""  # why packing is on or off for this run, in a few words
 
@@ -109,7 +114,8 @@ class RunPlan:
 
     @property
     def is_classifier(self) -> bool:
-        return self.config.task == "sequence_classification"
+        """The run trains a classification head (its objective's record says)."""
+        return self.objective.is_classifier
 
     def torch_dtype(self, name: str | None = None) -> Any:
         """A torch dtype by our name (default: the weight dtype)."""
@@ -130,6 +136,57 @@ class RunPlan:
         from peft import LoraConfig
 
         return LoraConfig(**self.lora.kwargs())
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as JSON-able data (the run's plan.json): every decision, the objective by its record's name; the
+        config itself is the run's config.yaml."""
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "config"}
+        values["objective"] = self.objective.name
+        for name in ("lora", "quantization"):
+            part = values[name]
+            values[name] = None if part is None else {f.name: getattr(part, f.name) for f in fields(part)}
+        if values["lora"] is not None and not isinstance(values["lora"]["target_modules"], str):
+            values["lora"]["target_modules"] = list(values["lora"]["target_modules"])
+        return values
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], config: TrainConfig) -> RunPlan:
+        """A plan read back from `to_dict()` data, for the run whose config is `config`."""
+        known = {f.name for f in fields(cls)} - {"config"}
+        data = {k: v for k, v in values.items() if k in known}
+        data["objective"] = objectives.OBJECTIVES.get(data.get("objective", ""), objectives.of(config))
+        if data.get("lora") is not None:
+            lora = dict(data["lora"])
+            targets = lora["target_modules"]
+            lora["target_modules"] = targets if isinstance(targets, str) else tuple(targets)
+            data["lora"] = LoraPlan(**lora)
+        if data.get("quantization") is not None:
+            data["quantization"] = QuantPlan(**data["quantization"])
+        return cls(config=config, **data)
+
+    def replanned(self, world_size: int | None = None, **changes: Any) -> RunPlan:
+        """The plan of this config with some fields changed, on the same device and world (or `world_size`
+        processes): the estimator's what-ifs."""
+        return plan_for(self.config.replace(**changes), device=self.device, world_size=world_size or self.world_size)
+
+    def for_merge(self) -> RunPlan:
+        """How an export merges the adapter into the base: on the CPU, in float32, never on a 4-bit base (a QLoRA
+        run's adapter merges into the full-precision weights)."""
+        return replace(
+            self,
+            device="cpu",
+            precision="fp32",
+            weight_dtype="float32",
+            compute_dtype="float32",
+            autocast_dtype=None,
+            quantization=None,
+            liger=False,
+        )
+
+    def placement(self) -> str:
+        """Where a model loaded with this plan goes on this machine: the plan's GPU when there is one, else the CPU
+        (a run trained on a GPU can still be chatted with here)."""
+        return "cuda" if self.device == "cuda" and _cuda_available() else "cpu"
 
     def quantization_config(self) -> Any:
         """`transformers.BitsAndBytesConfig` for QLoRA (None otherwise)."""
@@ -159,6 +216,7 @@ def plan_for(config: TrainConfig, device: str | None = None, world_size: int | N
 
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
     precision = resolve_precision(config.precision, device, check_hardware=real)
+    objective = objectives.of(config)
     half = None if precision == "fp32" else _TORCH_DTYPES[precision]
     # Full fine-tuning keeps fp32 master weights (autocast casts on the fly); LoRA adapters train on a 16-bit base;
     # QLoRA's non-quantised weights stay fp32 next to the 4-bit ones.
@@ -167,9 +225,9 @@ def plan_for(config: TrainConfig, device: str | None = None, world_size: int | N
     return RunPlan(
         config=config,
         device=device,
-        world_size=max(1, world_size),
+        world_size=world_size,  # (the estimator refuses fewer than one process in plain words)
         precision=precision,
-        model_class=model_class_for(config.task),
+        model_class=model_class_for(objective),
         weight_dtype=weight,
         compute_dtype=half or "float32",
         autocast_dtype=half,
@@ -178,9 +236,11 @@ def plan_for(config: TrainConfig, device: str | None = None, world_size: int | N
         deepspeed=uses_deepspeed(config),
         optimizer=config.optim,
         effective_batch=config.per_device_train_batch_size * config.gradient_accumulation_steps * max(1, world_size),
-        objective=config.objective,
-        reference=reference_for(config),
+        objective=objective,
+        reference=objective.reference_kind(config),
         liger=uses_liger(config, device),
+        beta=objective.beta(config),
+        loss_type=objective.loss_type(config),
         packing=packing,
         packing_note=packing_note,
     )
@@ -198,9 +258,9 @@ def resolve_precision(precision: str, device: str, check_hardware: bool = True) 
     return precision
 
 
-def model_class_for(task: str) -> str:
-    """The transformers Auto class for a task."""
-    return "AutoModelForSequenceClassification" if task == "sequence_classification" else "AutoModelForCausalLM"
+def model_class_for(objective: Objective) -> str:
+    """The transformers Auto class an objective trains."""
+    return "AutoModelForSequenceClassification" if objective.is_classifier else "AutoModelForCausalLM"
 
 
 def uses_deepspeed(config: TrainConfig) -> bool:
@@ -208,33 +268,13 @@ def uses_deepspeed(config: TrainConfig) -> bool:
     return config.backend == "deepspeed" or config.zero_stage > 0
 
 
-def reference_for(config: TrainConfig) -> str | None:
-    """What DPO/KTO compare against: with adapters, the same model with them switched off (no second copy in
-    memory); for full fine-tuning, a frozen copy of the starting weights. SFT and ORPO need no reference."""
-    if config.objective not in ("dpo", "kto"):
-        return None
-    return "copy" if config.method == "full" else "adapter-off"
-
-
-# Packing by objective: None where micro batches train without padding, else why not. The one place the rule lives
-# (it moves to the objectives registry in one step). TRL 1.16: DPOConfig.padding_free is switched off since its DPO
-# refactor (it warns and pads, dpo_trainer.py); KTOTrainer and the experimental ORPOTrainer have no padding-free path.
-PACKING_BY_OBJECTIVE: dict[str, str | None] = {
-    "sft": None,
-    "dpo": "TRL 1.16's DPO trainer has padding-free batches switched off (it pads them)",
-    "orpo": "TRL 1.16's ORPO trainer has no padding-free path",
-    "kto": "TRL 1.16's KTO trainer has no padding-free path",
-}
-
-
 def packing_for(config: TrainConfig) -> tuple[bool, str]:
     """Whether micro batches train without padding (`finetune.packing`), and the reason in one line. On where it
-    helps: a causal LM's sft with more than one example per micro batch (one example has no padding to remove)."""
+    helps and the objective's trainer can (its record's `unpacked_because` says why not): more than one example per
+    micro batch (one example has no padding to remove)."""
     if not config.packing:
         return False, "packing: false in the settings"
-    if config.task == "sequence_classification":
-        return False, "classification reads one label per padded row, from its last token"
-    why = PACKING_BY_OBJECTIVE.get(config.objective, f"the {config.objective} trainer has no padding-free path")
+    why = objectives.of(config).unpacked_because
     if why:
         return False, why
     if config.per_device_train_batch_size == 1:
@@ -304,10 +344,12 @@ def _liger_blocker(config: TrainConfig, device: str) -> str | None:
     """Why Liger cannot run for this config on `device` (None: it can, given the package)."""
     if device != "cuda":
         return "Liger's kernels need a CUDA GPU and this run has none"
-    if config.task != "causal_lm":
+    objective = objectives.of(config)
+    if objective.is_classifier:
         return "Liger's kernels serve causal_lm only (its fused loss replaces the language-model head's)"
-    if config.objective != "sft":
-        return f"the {config.objective} trainer does not use Liger's kernels (only sft does)"
+    if not objective.liger:
+        serves = ", ".join(o.name for o in objectives.OBJECTIVES.values() if o.liger)
+        return f"the {objective.name} trainer does not use Liger's kernels (only {serves} does)"
     if config.backend == "deepspeed":
         return "the DeepSpeed engine loop does not apply Liger's kernels (backend trainer does, with ZeRO too)"
     family = liger_model_type(config.model)
@@ -338,7 +380,7 @@ def lora_plan(config: TrainConfig) -> LoraPlan:
         alpha=config.lora_alpha,
         dropout=config.lora_dropout,
         target_modules=lora_targets(config.lora_target_modules),
-        task_type="SEQ_CLS" if config.task == "sequence_classification" else "CAUSAL_LM",
+        task_type="SEQ_CLS" if objectives.of(config).is_classifier else "CAUSAL_LM",
         use_dora=config.use_dora,
         use_rslora=config.use_rslora,
         init=config.init_lora_weights,

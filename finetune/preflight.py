@@ -47,7 +47,7 @@ def preflight(config: TrainConfig) -> None:
     if config.dataset.startswith("bundled:") or path.suffix.lower() in FILE_TYPES or path.exists():
         # Local data is small enough to read now: a bad file is refused before any run directory exists.
         train_raw, _ = data.load_raw(config)
-        data.detect_format(list(train_raw.column_names), config)
+        columns_ready(config, list(train_raw.column_names))
     else:
         hub_dataset_ready(config)
     if config.model != EMBEDDED_MODEL or models.embedded_cache_dir().is_dir():
@@ -65,6 +65,26 @@ def preflight(config: TrainConfig) -> None:
     plan.uses_liger(config, strict=True)  # liger_kernel: on where Liger cannot run is refused now
 
 
+def columns_ready(config: TrainConfig, columns: list[str]) -> None:
+    """The data's columns suit the objective (its format is detected); prompts for rewards also have the columns the
+    rewards read."""
+    from finetune import data
+
+    fmt = data.detect_format(columns, config)
+    if fmt.kind == data.PROMPTS_KIND:
+        rewards_ready(config, columns)
+
+
+def rewards_ready(config: TrainConfig, columns: list[str]) -> None:
+    """Learning from rewards: the columns the built-in rewards compare with are in the data, and each python: reward's
+    file exists, runs and defines its function (the file runs once here)."""
+    from finetune import rewards
+
+    specs = rewards.parse(config.rewards)
+    rewards.check_columns(specs, columns)
+    rewards.check_files(specs)
+
+
 def hub_dataset_ready(config: TrainConfig) -> None:
     """A Hub dataset is loaded as Start will load it (downloaded once into the Hub cache, which the run then reads):
     its splits and columns checked. Offline, only a copy already on this machine can be used; without one the answer
@@ -79,7 +99,7 @@ def hub_dataset_ready(config: TrainConfig) -> None:
             "dataset",
         )
     train_raw, _ = data.load_raw(config)
-    data.detect_format(list(train_raw.column_names), config)
+    columns_ready(config, list(train_raw.column_names))
 
 
 def _hub_copy_here(dataset: str) -> bool:
@@ -94,12 +114,15 @@ def _hub_copy_here(dataset: str) -> bool:
 
 
 def preference_ready(config: TrainConfig) -> None:
-    """Preference objectives run on TRL's trainers: refuse them, naming the field, where TRL is not installed."""
+    """Objectives that run on TRL's trainers are refused, naming the field, where TRL is not installed."""
     import importlib.util
 
-    if config.objective != "sft" and importlib.util.find_spec("trl") is None:
+    from finetune import objectives
+
+    if objectives.of(config).needs_trl and importlib.util.find_spec("trl") is None:
         raise ConfigError(
-            f"objective: {config.objective} needs the trl package (pip install trl==1.16.0); or use objective: sft",
+            f"objective: {config.objective} needs the trl package (pip install trl==1.16.0); or use objective: "
+            f"{objectives.DEFAULT}",
             "objective",
         )
 

@@ -22,6 +22,7 @@ behind, and while any of them lives the device stays busy (`holder_alive`, which
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -55,6 +56,20 @@ COLLECTIVE_TIMEOUT_S = 300
 def stop_path(run_path: Path) -> Path:
     """The stop flag of a launched run."""
     return Path(run_path) / STOP_FILE
+
+
+# Supervisors this process started: polled so that a finished one is reaped (never left a zombie that looks alive).
+_SUPERVISORS: list[subprocess.Popen] = []
+
+
+def keep_supervisor(proc: subprocess.Popen) -> None:
+    """Remember a supervisor this process started, so `reap_supervisors` collects its exit status."""
+    _SUPERVISORS.append(proc)
+
+
+def reap_supervisors() -> None:
+    """Collect the exit status of supervisors this process started that have ended."""
+    _SUPERVISORS[:] = [proc for proc in _SUPERVISORS if proc.poll() is None]
 
 
 def request_stop(run_path: Path) -> None:
@@ -158,9 +173,7 @@ def watch_supervisor() -> None:
     pid = int(pid_text)
     started = float(started_text) if started_text else None
 
-    def watch() -> None:
-        while same_process(pid, started):
-            time.sleep(WATCH_EVERY_S)
+    def settle() -> None:
         if os.environ.get("RANK", "0") != "0":
             os.kill(os.getpid(), signal.SIGKILL)
         with STATUS_WRITES:  # held to the end: no status write of the training thread can come after ours
@@ -168,6 +181,18 @@ def watch_supervisor() -> None:
                 _mark_abandoned(RunDir(Path(os.environ[GROUP_ENV])), pid)
             os.kill(os.getpid(), signal.SIGKILL)
 
+    def watch() -> None:
+        while same_process(pid, started):
+            time.sleep(WATCH_EVERY_S)
+        settle()
+
+    def at_exit() -> None:
+        # Rank 0 may end between two looks of the watcher: another rank that saw the supervisor's end first broke
+        # the collective, and rank 0's own failure line ("gloo ... Connection closed") would be the last word.
+        if not same_process(pid, started):
+            settle()
+
+    atexit.register(at_exit)
     threading.Thread(target=watch, name="supervisor-watch", daemon=True).start()
 
 

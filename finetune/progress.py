@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from finetune.objectives import Objective
 from finetune.pids import own_start
 from finetune.rundir import ACTIVE, FORMAT, RunDir
 
@@ -188,13 +189,13 @@ class Progress:
                     changes["eta_seconds"] = (now - t0) / (step - s0) * max(0, max_steps - step)
         self.update(**changes)
 
-    def on_log(self, step: int, logs: dict[str, Any]) -> None:
-        """Loss / eval loss lines: kept in the state and written to events.jsonl. Preference runs add what TRL
-        logs beside the loss (rewards of the chosen and rejected answers, their margin, the preference accuracy,
-        KTO's KL term) under the names in PREFERENCE_LOG_KEYS, the UI's contract."""
+    def on_log(self, step: int, logs: dict[str, Any], objective: Objective | None = None) -> None:
+        """Loss / eval loss lines: kept in the state and written to events.jsonl, with what the objective's trainer
+        logs beside the loss (a preference run's rewards and KL, ...) under the event keys its record names (the
+        UI's contract)."""
         if "loss" in logs:
             self.update(loss=float(logs["loss"]), learning_rate=_float(logs.get("learning_rate")))
-            preference = {ours: _float(logs[trl]) for trl, ours in PREFERENCE_LOG_KEYS.items() if trl in logs}
+            extra = objective.event_metrics(logs) if objective is not None else {}
             self.event(
                 "log",
                 step=step,
@@ -202,22 +203,12 @@ class Progress:
                 learning_rate=_float(logs.get("learning_rate")),
                 grad_norm=_float(logs.get("grad_norm")),
                 epoch=_float(logs.get("epoch")),
-                **preference,
+                **extra,
                 **_tokens(logs),
             )
         if "eval_loss" in logs:
             self.update(eval_loss=float(logs["eval_loss"]))
             self.event("eval", step=step, eval_loss=float(logs["eval_loss"]))
-
-
-# TRL's log names → the names in our "log" events (a contract with the UI: keep them as they are).
-PREFERENCE_LOG_KEYS = {
-    "rewards/chosen": "rewards_chosen",
-    "rewards/rejected": "rewards_rejected",
-    "rewards/margins": "rewards_margin",
-    "rewards/accuracies": "rewards_accuracy",
-    "kl": "kl",
-}
 
 
 def _tokens(logs: dict[str, Any]) -> dict[str, int]:

@@ -2,6 +2,8 @@
 
 Layout (the public contract other modules and tools read):
   config.yaml       resolved TrainConfig (never a token)
+  plan.json         the run plan it trained with (finetune/plan.py: device, world, precision, dtypes, model class,
+                    quantisation, LoRA, DeepSpeed, objective); chat, export and publish load the model by it
   status.json       {status, step, max_steps, epoch, loss, eval_loss, ..., error, started_at, updated_at, pid, owner}
   events.jsonl      one JSON object per line: {"time", "type": "status"|"log"|"eval"|"samples"|"message", ...};
                     "log" lines carry step and loss; "samples" carry step and [{prompt, answer}]
@@ -23,11 +25,14 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from finetune.atomic import overwrite, read_json, write_json, write_text
 from finetune.config import TrainConfig
 from finetune.errors import UserError
+
+if TYPE_CHECKING:
+    from finetune.plan import RunPlan
 
 ACTIVE = ("pending", "loading", "running", "stopping")
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -35,7 +40,7 @@ COMPLETE_MARKER = "finetune-complete.json"
 # status.json's "format": 2 = checkpoints count only with COMPLETE_MARKER (written after everything is on disk).
 FORMAT = 2
 # What a run writes into its directory before its first step: removed again if it fails there, and nothing else.
-_OWN_FILES = ("config.yaml", "status.json", "events.jsonl")
+_OWN_FILES = ("config.yaml", "plan.json", "status.json", "events.jsonl")
 _OWN_FOLDERS = ("initial-adapter",)  # PiSSA / OLoRA's saved start (engines/common.py)
 # Events tied to a step that a crash-and-resume trains again; the later copy wins.
 _STEP_EVENTS = ("log", "eval", "samples", "checkpoint")
@@ -73,6 +78,28 @@ class RunDir:
 
     def write_config(self, config: TrainConfig) -> None:
         write_text(self.config_path, config.to_yaml())
+
+    @property
+    def plan_path(self) -> Path:
+        return self.path / "plan.json"
+
+    def write_plan(self, plan: RunPlan) -> None:
+        """Record the plan the run trains with, beside its config."""
+        write_json(self.plan_path, plan.to_dict())
+
+    def load_plan(self) -> RunPlan:
+        """The plan the run trained with (runs from before plan.json: planned again for this machine)."""
+        from finetune.plan import RunPlan, plan_for
+
+        config = self.load_config()
+        values = read_json(self.plan_path)
+        if not isinstance(values, dict):
+            return plan_for(config)
+        try:
+            return RunPlan.from_dict(values, config)
+        except (TypeError, ValueError, KeyError):  # hand-edited or from an incompatible version
+            message = f"run: {self.name}/plan.json is damaged; it cannot say how the run trained"
+            raise UserError(message, "run") from None
 
     def read_status(self) -> dict[str, Any]:
         return read_json(self.status_path, default={}) or {}

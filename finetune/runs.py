@@ -24,6 +24,7 @@ from finetune.config import TrainConfig
 from finetune.device_lock import DeviceLock, busy_message, distributed_rank
 from finetune.errors import BusyError, ConfigError, UserError, os_reason
 from finetune.failures import DISK_FULL, disk_error, plain_error, release_memory
+from finetune.plan import RunPlan, plan_for
 from finetune.preflight import (
     check_new_run_dir,
     check_resume_overrides,
@@ -32,7 +33,7 @@ from finetune.preflight import (
     preflight,
     unique_run_path,
 )
-from finetune.process_group import GROUP_ENV, GroupProgress, group_alive, holder_alive, request_stop
+from finetune.process_group import GROUP_ENV, GroupProgress, group_alive, holder_alive, reap_supervisors, request_stop
 from finetune.progress import Progress, TrainingState
 from finetune.rundir import ACTIVE, RunDir, find_run, list_runs
 
@@ -103,8 +104,6 @@ class RunManager:
         restarted finds it again), else the last one this manager followed; None when there is neither."""
         if not self.find_groups or os.environ.get(GROUP_ENV):
             return self._group  # a rank of a group, or `train`: only what it was asked to follow
-        from finetune.launch import reap_supervisors
-
         reap_supervisors()
         holder = self._device_lock.holder()
         if holder.get("group") and holder.get("run_dir") and group_alive(Path(holder["run_dir"])):
@@ -219,6 +218,7 @@ class RunManager:
     ) -> TrainingState:
         rank, world = distributed_rank()
         launch = launch or Launch()
+        plan = plan_for(config)  # made once, here, for this machine and world; handed down and recorded
         # Several ranks agree at every step on whether to stop (the stop flag file of a launched run included).
         progress_class = GroupProgress if world > 1 else Progress
         progress = progress_class(run, run.name, owner=owner, write_files=rank == 0)
@@ -236,7 +236,7 @@ class RunManager:
             self._group = None  # from now on this run, not a group followed before, is the current one
         try:
             if rank == 0:
-                self._write_start(config, run, progress, resume_from, launch)
+                self._write_start(plan, run, progress, resume_from, launch)
         except OSError as exc:  # disk full, permissions, a file where a folder should be: refused, nothing held
             self._undo_start(run, launch)
             with self._lock:
@@ -244,10 +244,10 @@ class RunManager:
                 self._device_lock.release()  # a no-op when this process did not take it
             raise UserError(f"output_dir: cannot write the run in {run.path}: {os_reason(exc)}", "output_dir") from None
         if not background:
-            self._run(config, progress, resume_from, launch)
+            self._run(plan, progress, resume_from, launch)
             return progress.snapshot()
         thread = threading.Thread(
-            target=self._run, args=(config, progress, resume_from, launch), name=f"train-{run.name}", daemon=True
+            target=self._run, args=(plan, progress, resume_from, launch), name=f"train-{run.name}", daemon=True
         )
         with self._lock:
             self._active = ActiveRun(progress, thread, config)
@@ -255,15 +255,16 @@ class RunManager:
         return progress.snapshot()
 
     @staticmethod
-    def _write_start(
-        config: TrainConfig, run: RunDir, progress: Progress, resume_from: Path | None, launch: Launch
-    ) -> None:
-        """The run's first files: its folder (new or empty), config.yaml, status.json, and for a resume the marker
-        that tells readers which logged steps are trained again."""
+    def _write_start(plan: RunPlan, run: RunDir, progress: Progress, resume_from: Path | None, launch: Launch) -> None:
+        """The run's first files: its folder (new or empty), config.yaml and the plan beside it (a resume records the
+        plan of this machine), status.json, and for a resume the marker that tells readers which logged steps are
+        trained again."""
+        config = plan.config
         if launch.fresh:
             launch.made_folder = not run.path.exists()
             run.path.mkdir(parents=True, exist_ok=True)
         run.write_config(config)
+        run.write_plan(plan)
         if resume_from is not None:
             run.append_event({"type": "resume", "step": launch.resume_step, "checkpoint": resume_from.name})
         progress.set_status(
@@ -290,11 +291,11 @@ class RunManager:
             pass
 
     # ----------------------------------------------------------------- the run itself
-    def _run(self, config: TrainConfig, progress: Progress, resume_from: Path | None, launch: Launch) -> None:
+    def _run(self, plan: RunPlan, progress: Progress, resume_from: Path | None, launch: Launch) -> None:
         from finetune.engines import run_engine
 
         try:
-            final = run_engine(config, progress, resume_from)
+            final = run_engine(plan, progress, resume_from)
             progress.set_status(
                 final,
                 finished_at=time.time(),
@@ -304,7 +305,7 @@ class RunManager:
             if progress.write_error is not None:
                 raise progress.write_error  # the final status never reached the disk
         except BaseException as exc:  # every failure becomes a status the user can read, never a dead thread
-            self._fail(config, progress, exc, launch)
+            self._fail(plan, progress, exc, launch)
         finally:
             try:
                 if not self.process_ends_with_run:
@@ -315,12 +316,12 @@ class RunManager:
                     self._active = None
                     self._device_lock.release()
 
-    def _fail(self, config: TrainConfig, progress: Progress, exc: BaseException, launch: Launch) -> None:
+    def _fail(self, plan: RunPlan, progress: Progress, exc: BaseException, launch: Launch) -> None:
         run = RunDir(progress.run.path)
         disk = disk_error(exc, run.path)
         if disk is not None and disk.errno in DISK_FULL and progress.write_files:
             run.remove_torn_checkpoints()  # the save that filled the disk: room again for the status that says so
-        message, advice = plain_error(disk or exc, config, progress.snapshot().step)
+        message, advice = plain_error(disk or exc, plan, progress.snapshot().step)
         state = progress.snapshot()
         if launch.fresh:
             nothing_new = state.step == 0 and not _safe(run.checkpoints, [])

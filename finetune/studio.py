@@ -24,10 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from finetune import objectives  # the UI reads the registry (labels, goals, fields that apply) through this door
 from finetune.access import AccessPolicy
-from finetune.config import FIELDS, TrainConfig, field_label
+from finetune.config import FIELDS, TrainConfig, field_kind, field_label, field_optional
 from finetune.errors import BusyError, ConfigError, UserError
 from finetune.inference import MAX_NEW_TOKENS, Classification, GenerationSettings
+from finetune.plan import RunPlan
 from finetune.progress import TrainingState
 from finetune.rundir import RunDir, find_run, list_runs
 from finetune.runs import RunManager
@@ -35,6 +37,7 @@ from finetune.uploads import Uploads, is_upload
 
 BASE = "base"
 BASE_OF = "base-of:"  # chat source: the model a run started from (`base-of:RUN_ID`), whatever the form says now
+DEFAULT_GOAL = objectives.DEFAULT_GOAL  # the goal a proposal assumes when none is given
 RUN_ID_LIMIT = 200  # characters of a run id (folder names are shorter)
 TOKEN_LIMIT = 4096  # characters of a pasted Hub token
 CHAT_MESSAGE_LIMIT = 8000  # characters of one chat message (or the system prompt)
@@ -64,7 +67,7 @@ class RunSummary:
     owner: str = ""
     model: str = ""  # a short name: the Hub id's or folder's last part, never a server path
     method: str = ""  # full | lora | qlora
-    objective: str = "sft"
+    objective: str = objectives.DEFAULT  # the objectives registry's record name
     resumable: bool = False
     final: bool = False  # the final adapter / model is saved (chat, export and publish use it)
     checkpoint_step: int | None = None  # the newest complete checkpoint
@@ -224,6 +227,13 @@ class Studio:
             raise ConfigError(message, field=field)
         return config
 
+    def plan(self, values: dict[str, Any], device: str | None = None, gpus: int | None = None) -> RunPlan:
+        """The run plan of form values on `device` with `gpus` processes (default: this machine, one process): what
+        the estimate, the commands, the preview and the base model's chat are made from."""
+        from finetune.plan import plan_for
+
+        return plan_for(self.config(values), device=device, world_size=gpus)
+
     @staticmethod
     def config_from_yaml(text: str) -> TrainConfig:
         """A config from YAML text, through the backend's bounded parser (one-line `ConfigError` otherwise)."""
@@ -286,10 +296,10 @@ class Studio:
     def estimate(
         self, values: dict[str, Any], device: str = "cuda", gpus: int = 1, gpu_gib: float | None = None
     ) -> Any:
-        """The memory estimate (breakdown, fit verdict, advice) for these settings."""
+        """The memory estimate (breakdown, fit verdict, advice) for these settings on `gpus` processes of `device`."""
         from finetune import memory
 
-        return memory.estimate(self.config(values), device=device, gpus=gpus, gpu_gib=gpu_gib)
+        return memory.estimate(self.plan(values, device=device, gpus=gpus), gpu_gib=gpu_gib)
 
     def preview_data(self, values: dict[str, Any], n: int = 3) -> dict[str, Any]:
         """The first examples as the model sees them, with what is masked from the loss."""
@@ -308,10 +318,11 @@ class Studio:
         from finetune.launch import launch_commands
         from finetune.runs import unique_run_path
 
-        config = self.config(values)
+        plan = self.plan(values)
+        config = plan.config
         output_dir = None if config.output_dir else Path("runs") / unique_run_path(self.manager.root, config).name
         commands: dict[str, str] = {}
-        for key, command in launch_commands(config, gpus=gpus, nodes=nodes, output_dir=output_dir).items():
+        for key, command in launch_commands(plan, gpus=gpus, nodes=nodes, output_dir=output_dir).items():
             if command not in commands.values():  # without DeepSpeed the multi-node launcher is torchrun's
                 commands[key] = command
         return commands
@@ -319,21 +330,21 @@ class Studio:
     def preview_run(self, values: dict[str, Any], estimate: bool = True) -> RunPreview:
         """What Start would run with these settings on this machine: model, data, method, objective, steps, batch
         and (with `estimate`) the estimated peak memory per device. A `ConfigError` for bad settings."""
-        from finetune.plan import plan_for
-
-        config = self.config(values)
-        plan = plan_for(config)
+        plan = self.plan(values)
+        config = plan.config
         peak, note = None, ""
         if estimate:
+            from finetune import memory
+
             try:
-                peak = int(self.estimate(values, device=plan.device).total_bytes)
+                peak = int(memory.estimate(plan).total_bytes)
             except Exception as exc:  # the model config cannot be read offline, ...: the rest still holds
                 note = next(iter(field_problem(exc).values()))
         return RunPreview(
             model=short_model_name(config.model) if self.policy.public else str(config.model),
             dataset=Path(config.dataset).name if self.policy.public else str(config.dataset),
             method=config.method,
-            objective=plan.objective,
+            objective=plan.objective.name,
             max_steps=int(config.max_steps),
             epochs=float(config.num_train_epochs),
             effective_batch=int(plan.effective_batch),
@@ -607,24 +618,24 @@ class Studio:
         from finetune.inference import adapter_dir, load_for_chat
 
         if source == BASE:
-            config = self.config(base_values or {})
-            key, run_path = f"base:{config.model}", None
+            plan = self.plan(base_values or {})
+            key, run_path = f"base:{plan.config.model}", None
         elif isinstance(source, str) and source.startswith(BASE_OF):
             run = self._run(source[len(BASE_OF) :])
             self._check_run_allowed(run)
-            config, run_path = run.load_config(), None
-            key = f"base:{config.model}"
+            plan, run_path = run.load_plan(), None  # the base as the run loaded it
+            key = f"base:{plan.config.model}"
         else:
             run = self._run(source)
             self._check_run_allowed(run)
-            config, run_path = run.load_config(), run.path
+            plan, run_path = run.load_plan(), run.path  # the run's own plan: its class, dtype, 4-bit base, adapter
             weights = adapter_dir(run.path)
             key = f"{source}:{weights}"  # a newer checkpoint of a running run loads afresh
         with self._chat_lock:
             if key in self._chat_models:
                 self._chat_models.move_to_end(key)
                 return self._chat_models[key]
-            loaded = load_for_chat(config, run_path)
+            loaded = load_for_chat(plan, run_path)
             self._chat_models[key] = loaded
             while len(self._chat_models) > self._chat_cache_size:
                 self._chat_models.popitem(last=False)
@@ -637,10 +648,10 @@ class Studio:
         if not isinstance(source, str) or source == BASE or source.startswith(BASE_OF):
             return "chat"
         try:
-            config = self._run(source).load_config()
+            plan = self._run(source).load_plan()
         except UserError:
             return "chat"  # an unknown run: the chat itself reports it in its own words
-        return "classifier" if config.task == "sequence_classification" else "chat"
+        return "classifier" if plan.is_classifier else "chat"
 
     def classify(self, source: str, text: str, text_pair: str = "") -> Classification:
         """Every label's probability for a text (and optional second text) from a sequence-classification run."""
@@ -653,11 +664,12 @@ class Studio:
             raise UserError("text: empty; type the text to classify", field="text")
         run = self._run(source)
         self._check_run_allowed(run)
-        config = run.load_config()
+        plan = run.load_plan()
+        config = plan.config
         key = f"classify:{source}:{adapter_dir(run.path)}"  # a newer checkpoint of a running run loads afresh
         with self._chat_lock:
             if key not in self._chat_models:
-                self._chat_models[key] = load_classifier(config, run.path)
+                self._chat_models[key] = load_classifier(plan, run.path)
                 while len(self._chat_models) > self._chat_cache_size:
                     self._chat_models.popitem(last=False)
             self._chat_models.move_to_end(key)
@@ -770,14 +782,12 @@ class Studio:
         (set by the user on purpose) are kept; `python -m finetune propose` gives the same answer."""
         from finetune.memory import propose
 
-        return propose(self.config(values), device=device, gpus=gpus, gpu_gib=gpu_gib, pinned=tuple(pinned))
+        return propose(self.plan(values, device=device, gpus=gpus), gpu_gib=gpu_gib, pinned=tuple(pinned))
 
     @staticmethod
     def goal_settings(goal: str) -> dict[str, str]:
-        """The task and objective a goal sets (sft, dpo, orpo, kto, classification), as `propose --goal` does."""
-        from finetune.memory.advice import goal_settings
-
-        return goal_settings(goal)
+        """The task and objective a goal sets (the objectives registry's goals), as `propose --goal` does."""
+        return objectives.goal_settings(goal)
 
     @staticmethod
     def embedded_ready() -> bool:
@@ -831,8 +841,11 @@ def _empty_numbers(values: dict[str, Any]) -> dict[str, str]:
     """{field: "Label: empty; give a number"} for number fields left blank (a form sends None)."""
     problems = {}
     for name, value in values.items():
-        kind = FIELDS[name].type if isinstance(FIELDS[name].type, str) else FIELDS[name].type.__name__
-        if kind in NUMBER_TYPES and (value is None or (isinstance(value, str) and not value.strip())):
+        if (
+            field_kind(name) in NUMBER_TYPES
+            and not field_optional(name)
+            and (value is None or (isinstance(value, str) and not value.strip()))
+        ):
             problems[name] = f"{field_label(name)}: empty; give a number"
     return problems
 
@@ -842,9 +855,9 @@ def _summary(run: dict[str, Any]) -> RunSummary:
     folder = RunDir(Path(run["run_dir"]))
     try:
         config = folder.load_config()
-        model, method, objective = short_model_name(config.model), config.method, config.objective
+        model, method, objective = short_model_name(config.model), config.method, objectives.of(config).name
     except Exception:  # a run cut short before its config was written: listed by its name alone
-        model, method, objective = "", "", "sft"
+        model, method, objective = "", "", objectives.DEFAULT
     checkpoint = folder.last_checkpoint()
     return RunSummary(
         run_id=str(run["run_id"]),

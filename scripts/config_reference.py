@@ -16,7 +16,7 @@ from finetune.config import EMBEDDED_MODEL, FIELDS, field_groups  # noqa: E402
 def default_text(name: str) -> str:
     f = FIELDS[name]
     value = EMBEDDED_MODEL if name == "model" else f.default
-    if value == "":
+    if value in ("", None):
         return "*(empty)*"
     return f"`{str(value).lower() if isinstance(value, bool) else value}`"
 
@@ -24,7 +24,7 @@ def default_text(name: str) -> str:
 def allowed_text(name: str) -> str:
     meta = FIELDS[name].metadata
     if meta.get("choices"):
-        return " \\| ".join(meta["choices"])
+        return " \\| ".join(choice or "*(empty)*" for choice in meta["choices"])
     lo, hi = meta.get("min"), meta.get("max")
     if lo is not None and hi is not None:
         return f"{lo} – {hi}"

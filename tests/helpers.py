@@ -112,6 +112,26 @@ def hold_at_step(monkeypatch: Any, step: int) -> threading.Event:
     return held
 
 
+def stop_then_resume(monkeypatch: Any, config: TrainConfig, step: int) -> tuple[list, list]:
+    """Start `config`, hold it at `step`, stop it there (one checkpoint, at that step), resume it to the end in the
+    foreground; returns `assert_resumed_exactly`'s (first process's, resumed process's) log events."""
+    from finetune.runs import RunManager
+
+    manager = RunManager()
+    held = hold_at_step(monkeypatch, step)
+    manager.start(config)
+    assert held.wait(120), manager.state()
+    assert manager.stop()
+    stopped = manager.wait(120)
+    assert stopped.status == "stopped" and stopped.step == step, (stopped.status, stopped.error)
+    run = RunDir(Path(stopped.run_dir))
+    assert [p.name for p in run.checkpoints()] == [f"checkpoint-{step}"]
+    mark = events_size(run.path)
+    resumed = manager.resume(run.path, background=False)
+    assert resumed.status == "completed" and resumed.step == config.max_steps, (resumed.status, resumed.error)
+    return assert_resumed_exactly(run.path, mark, checkpoint_step=step, max_steps=config.max_steps)
+
+
 HOLD_LIMIT_S = 300  # a held run goes on by itself after this, so a failing test never hangs the suite
 
 
@@ -161,10 +181,11 @@ def measured_peak(config: TrainConfig) -> int:
     from finetune.memory.trace import LiveBytes
     from finetune.plan import plan_for
 
-    model = models.load_model(config)
+    plan = plan_for(config, "cpu")
+    model = models.load_model(plan)
     generator = torch.Generator().manual_seed(0)
     collate = default_data_collator
-    if plan_for(config, device="cpu").packing:
+    if plan.packing:
         batch = config.per_device_train_batch_size
         lengths = [min(n, config.max_seq_length) for n in data_stats(config).lengths[-batch:]]
         ids = [torch.randint(3, 300, (n,), generator=generator) for n in lengths]
@@ -174,7 +195,7 @@ def measured_peak(config: TrainConfig) -> int:
         ids = list(torch.randint(3, 300, (4, config.max_seq_length), generator=generator))
     rows = [{"input_ids": r, "attention_mask": torch.ones_like(r), "labels": r.clone()} for r in ids]
     with tempfile.TemporaryDirectory() as out:
-        args = training_arguments(config, Path(out), "fp32", has_eval=False)
+        args = training_arguments(plan, Path(out), has_eval=False)
         args.logging_strategy, args.save_strategy = "no", "no"
         trainer = Trainer(model=model, args=args, train_dataset=rows, data_collator=collate)
         counter = LiveBytes()

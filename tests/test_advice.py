@@ -16,6 +16,7 @@ from finetune import memory
 from finetune.config import FIELDS, TrainConfig
 from finetune.data_stats import data_stats
 from finetune.memory.search import cut_words, whole_length
+from finetune.plan import plan_for
 from finetune.studio import Studio
 from tests.helpers import tiny_config, write_jsonl
 
@@ -38,7 +39,7 @@ def short_rows(tmp_path_factory) -> Path:
 
 def fitting_capacity(config: TrainConfig, share: float = 0.6) -> float:
     """GiB that hold `share` of what the run needs on the CPU (so it does not fit as it is)."""
-    return share * memory.estimate(config, device="cpu").total_bytes / memory.GiB
+    return share * memory.estimate(plan_for(config, "cpu")).total_bytes / memory.GiB
 
 
 # ----------------------------------------------------------------------------- the data's token lengths
@@ -75,7 +76,7 @@ def test_cutting_rows_that_are_all_shorter_is_free(tiny_model_dir, short_rows):
         tiny_model_dir, dataset=str(short_rows), method="full", per_device_train_batch_size=8, max_seq_length=512,
         packing=False,  # padded rows: a packed micro batch already costs only its real tokens, whatever the cut
     )  # fmt: skip
-    est = memory.estimate(config, device="cpu", gpu_gib=fitting_capacity(config))
+    est = memory.estimate(plan_for(config, "cpu"), gpu_gib=fitting_capacity(config))
     assert est.fits is False and est.advice
     shorter = [a for a in est.advice if "max_seq_length" in a.changes]
     assert shorter and all(a.keeps_data and "every row still fits" in a.cost for a in shorter)
@@ -88,7 +89,7 @@ def test_cuts_are_priced_on_the_datas_lengths_and_said_in_rows_and_tokens(tiny_m
     config = tiny_config(
         tiny_model_dir, dataset=str(long_rows), method="full", per_device_train_batch_size=8, max_seq_length=512
     )
-    est = memory.estimate(config, device="cpu", gpu_gib=fitting_capacity(config))
+    est = memory.estimate(plan_for(config, "cpu"), gpu_gib=fitting_capacity(config))
     stats = data_stats(config)
     assert est.advice and whole_length(config, stats) == 512 < stats.max
     for a in est.advice:
@@ -112,7 +113,7 @@ def test_a_hub_dataset_is_never_downloaded_for_advice_and_its_cuts_rank_last(tin
         tiny_model_dir, dataset="someone/a-hub-dataset", method="full", per_device_train_batch_size=8,
         max_seq_length=512,
     )  # fmt: skip
-    est = memory.estimate(config, device="cpu", gpu_gib=fitting_capacity(config, 0.3))
+    est = memory.estimate(plan_for(config, "cpu"), gpu_gib=fitting_capacity(config, 0.3))
     assert est.advice
     cuts = [a for a in est.advice if "max_seq_length" in a.changes]
     assert cuts and all(a.data_lost is None and "data length unknown" in a.cost for a in cuts)
@@ -138,9 +139,9 @@ def llama_8b_qlora(long_rows) -> TrainConfig:
 
 def test_8b_qlora_on_a_24gb_card_keeps_2048_tokens_and_batch_8(llama_8b_qlora, capsys):
     card = memory.GPU_CARDS["L4 (24 GB)"]  # 22.0 GiB usable: the tightest 24 GB card
-    memory.estimate(llama_8b_qlora, device="cuda")  # the replay of the settings as given (cached afterwards)
+    memory.estimate(plan_for(llama_8b_qlora, "cuda"))  # the replay of the settings as given (cached afterwards)
     started = time.monotonic()
-    est = memory.estimate(llama_8b_qlora, device="cuda", gpu_gib=card)
+    est = memory.estimate(plan_for(llama_8b_qlora, "cuda"), gpu_gib=card)
     advice_seconds = time.monotonic() - started
     assert est.fits is False and est.advice
     top = est.advice[0]
@@ -205,8 +206,8 @@ def test_fits_means_headroom_is_left_and_inside_the_margin_is_tight(tiny_model_d
     assert margin_bytes(1000, device="cpu") == 50  # RAM: 5%, no floor
     assert [verdict(t, 100, "cpu") for t in (95, 96, 100, 101)] == ["fits", "tight", "tight", "does not fit"]
     config = tiny_config(tiny_model_dir, dataset=str(short_rows), method="full", per_device_train_batch_size=8)
-    total = memory.estimate(config, device="cpu").total_bytes
-    est = memory.estimate(config, device="cpu", gpu_gib=total / 0.98 / memory.GiB)  # 2% left: inside the margin
+    total = memory.estimate(plan_for(config, "cpu")).total_bytes
+    est = memory.estimate(plan_for(config, "cpu"), gpu_gib=total / 0.98 / memory.GiB)  # 2% left: inside the margin
     assert est.verdict == "tight" and est.fits is False and 0 < est.headroom_bytes < est.margin_bytes
     assert est.advice and est.advice[0].fits and not est.advice[0].tight
     assert est.advice[0].headroom_bytes >= est.margin_bytes  # the option shown first leaves the headroom

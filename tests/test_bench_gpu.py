@@ -135,7 +135,7 @@ def test_run_sh_dry_run_writes_and_copies_the_summary(tmp_path):
         timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "6 parses" in done.stdout
+    assert f"{len(run.steps(False, results))} parses" in done.stdout  # every step, whichever are added
     assert (results / "summary.md").is_file() and (out / "results" / "summary.md").is_file()
 
 

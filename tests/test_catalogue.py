@@ -11,6 +11,7 @@ import pytest
 from finetune import catalogue, memory, models
 from finetune.config import EMBEDDED_MODEL, TrainConfig
 from finetune.errors import UserError
+from finetune.plan import plan_for
 from finetune.studio import Studio
 
 # Published parameter counts (model cards / safetensors metadata), in billions.
@@ -84,7 +85,7 @@ def test_estimate_answers_for_a_popular_model_offline_in_seconds():
     config = memory.model_config_of(TrainConfig(model="META-LLAMA/llama-3.1-8b"))
     assert (config.hidden_size, config.num_hidden_layers, config.vocab_size) == (4096, 32, 128256)
     assert config.name_or_path == "meta-llama/Llama-3.1-8B"
-    est = memory.estimate(TrainConfig(model="Qwen/Qwen2.5-0.5B-Instruct", max_seq_length=256), device="cuda")
+    est = memory.estimate(plan_for(TrainConfig(model="Qwen/Qwen2.5-0.5B-Instruct", max_seq_length=256), "cuda"))
     assert est.total_bytes > 2 * 0.494e9  # at least its 16-bit weights
     assert time.monotonic() - started < 60
 
@@ -92,7 +93,7 @@ def test_estimate_answers_for_a_popular_model_offline_in_seconds():
 def test_unknown_hub_id_offline_fails_fast_with_one_line_in_estimate_check_and_start(tmp_path):
     started = time.monotonic()
     with pytest.raises(UserError) as caught:
-        memory.estimate(TrainConfig(model="someone/not-a-popular-model"), device="cuda")
+        memory.estimate(plan_for(TrainConfig(model="someone/not-a-popular-model"), "cuda"))
     assert caught.value.field == "model" and "not reachable" in str(caught.value) and "\n" not in str(caught.value)
     values = {**Studio.default_values(), "model": "someone/not-a-popular-model"}
     config, problems = Studio(runs_root=tmp_path / "runs").verify(values)  # Check, with Start's own checks

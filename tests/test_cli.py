@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from finetune.cli import main
+from finetune.plan import plan_for
 from finetune.rundir import RunDir, list_runs
 from tests.helpers import assert_resumed_exactly, events_size, tiny_config, wait_for_file, write_jsonl
 
@@ -140,7 +141,7 @@ def test_chat_answers_a_prompt_with_the_runs_adapter(tiny_model_dir, studio_home
     assert tuned.stdout.strip().startswith("Arr, matey!"), tuned.stdout
     from finetune.inference import generate_answers, load_for_chat
 
-    base_model, tokenizer = load_for_chat(tiny_config(tiny_model_dir))
+    base_model, tokenizer = load_for_chat(plan_for(tiny_config(tiny_model_dir)))
     base_answer = generate_answers(base_model, tokenizer, ["Question 99?"], max_new_tokens=12)[0]
     assert not base_answer.startswith("Arr"), base_answer  # so the phrase above came from the adapter
 

@@ -25,6 +25,7 @@ import torch
 from finetune.atomic import read_json
 from finetune.engines.world import free_port
 from finetune.launch import launch_commands
+from finetune.plan import plan_for
 from finetune.progress import Progress
 from finetune.rundir import RunDir
 from finetune.runs import RunManager
@@ -218,7 +219,7 @@ def test_engine_loop_one_process_and_torchrun_two_processes(tiny_model_dir, tmp_
     # Two processes under torchrun, same global batch: micro 2 × 2 ranks. The command is the one we print.
     config = ds_config(tiny_model_dir, stage, method, per_device_train_batch_size=2, output_dir=str(tmp_path / "two"))
     config.save(tmp_path / "run.yaml")
-    run_cli(launch_commands(config, tmp_path / "run.yaml", gpus=2)["torchrun"])
+    run_cli(launch_commands(plan_for(config), tmp_path / "run.yaml", gpus=2)["torchrun"])
     assert_two_processes_match_one(tmp_path / "two", losses(tmp_path / "two"), (stage, method), tiny_model_dir, config)
 
 
@@ -275,7 +276,7 @@ def test_a_two_process_run_killed_then_resumed_with_the_deepspeed_launcher(tiny_
     out = tmp_path / "two"
     config = ds_config(tiny_model_dir, 2, "lora", per_device_train_batch_size=2, output_dir=str(out))
     config.save(tmp_path / "run.yaml")
-    commands = launch_commands(config, tmp_path / "run.yaml", gpus=2)
+    commands = launch_commands(plan_for(config), tmp_path / "run.yaml", gpus=2)
     marker = tmp_path / "held"
     torchrun = shlex.split(commands["torchrun"])
     module = torchrun.index("finetune")

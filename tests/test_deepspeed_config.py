@@ -17,6 +17,7 @@ from finetune.deepspeed_config import (
 )
 from finetune.errors import ConfigError, UserError
 from finetune.launch import launch_commands
+from finetune.plan import plan_for
 
 
 def cfg(**values) -> TrainConfig:
@@ -190,7 +191,7 @@ def test_every_deepspeed_scheduler_name_is_a_config_choice():
 # --------------------------------------------------------------------------- launch commands
 def test_launch_commands_one_machine():
     c = cfg(backend="deepspeed", zero_stage=2, output_dir="/runs/a")
-    commands = launch_commands(c, "conf/run.yaml", gpus=4)
+    commands = launch_commands(plan_for(c), "conf/run.yaml", gpus=4)
     assert commands["single"] == "python -m finetune train --config conf/run.yaml"
     assert commands["torchrun"] == ("torchrun --standalone --nproc_per_node 4 -m finetune train --config conf/run.yaml")
     assert commands["deepspeed"] == (
@@ -201,7 +202,7 @@ def test_launch_commands_one_machine():
 
 def test_launch_commands_fix_the_output_dir_for_several_processes_and_quote_paths(studio_home):
     c = cfg(zero_stage=0)  # plain Trainer: no deepspeed launcher command
-    commands = launch_commands(c, "my runs/run.yaml", gpus=2, sets=["learning_rate=1e-4"])
+    commands = launch_commands(plan_for(c), "my runs/run.yaml", gpus=2, sets=["learning_rate=1e-4"])
     assert "deepspeed" not in commands
     argv = shlex.split(commands["torchrun"])
     assert argv[argv.index("--config") + 1] == "my runs/run.yaml"
@@ -213,7 +214,7 @@ def test_launch_commands_fix_the_output_dir_for_several_processes_and_quote_path
 
 def test_launch_commands_several_machines():
     c = cfg(backend="deepspeed", zero_stage=3, output_dir="/shared/run1")
-    commands = launch_commands(c, "run.yaml", gpus=8, nodes=2, hostfile="hosts.txt", master_addr="10.0.0.1")
+    commands = launch_commands(plan_for(c), "run.yaml", gpus=8, nodes=2, hostfile="hosts.txt", master_addr="10.0.0.1")
     assert commands["multinode"] == (
         "deepspeed --hostfile hosts.txt --num_nodes 2 --num_gpus 8 --master_port 29500 --master_addr 10.0.0.1 "
         "--no_local_rank --module finetune train --config run.yaml"
@@ -230,7 +231,7 @@ def test_launch_commands_several_machines():
 )
 def test_launch_commands_refuse_bad_counts(kwargs, message):
     with pytest.raises(UserError, match=message):
-        launch_commands(cfg(), **kwargs)
+        launch_commands(plan_for(cfg()), **kwargs)
 
 
 def test_launch_command_cli_prints_commands_and_writes_the_ds_config(tmp_path, capsys):

@@ -9,6 +9,7 @@ with less peak memory, and our model-family list agrees with liger-kernel's own 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -126,11 +127,12 @@ def test_the_trainer_gets_liger_only_from_the_plan_and_cpu_arguments_stay_as_the
     from finetune.engines.hf_trainer import training_arguments
 
     config = tiny_config(tiny_model_dir)
-    plain = training_arguments(config, tmp_path / "a", "fp32", has_eval=False)
+    plain = training_arguments(plan_for(config, device="cpu"), tmp_path / "a", has_eval=False)
     assert plain.use_liger_kernel is False
     assert plain.logging_nan_inf_filter is True  # a CPU has no device to stall: Trainer's default filter stays
     assert plain.include_num_input_tokens_seen == "non_padding"
-    assert training_arguments(config, tmp_path / "b", "fp32", has_eval=False, liger=True).use_liger_kernel is True
+    liger = dataclasses.replace(plan_for(config, device="cpu"), liger=True)
+    assert training_arguments(liger, tmp_path / "b", has_eval=False).use_liger_kernel is True
 
 
 def test_liger_patches_of_the_model_module_are_undone_after_the_run(tiny_model_dir):

@@ -16,6 +16,7 @@ from finetune import memory
 from finetune.config import TrainConfig
 from finetune.errors import UserError
 from finetune.memory import analytic as ma
+from finetune.plan import plan_for
 
 # The tiny test Llama (tests/tiny.py): hidden 64, MLP 128, 2 layers, 4 heads of 16, 2 KV heads, vocab 384, tied.
 H, MLP, LAYERS, HEADS, KV, V = 64, 128, 2, 4, 2, 384
@@ -42,7 +43,8 @@ def parts(tiny: Path, device: str = "cpu", **kw):
     """(shape, census, settings) for a config."""
     c = cfg(tiny, **kw)
     mc = memory.model_config_of(c)
-    return ma.shape_of(mc), ma.census(mc, c), ma.settings_for(c, device)
+    plan = plan_for(c, device)
+    return ma.shape_of(mc), ma.census(mc, plan), ma.settings_for(plan)
 
 
 # ----------------------------------------------------------------------------- light import
@@ -115,7 +117,7 @@ def test_activations_by_hand(tiny):
     head = 4 * H + 4 + 8 + 4 * H + 4 * H  # final norm input, 1/rms, ids, x/rms, lm_head input
     assert ma.activations_bytes(sh, c, s) == tokens * (LAYERS * 4376 + head)
     assert ma.logits_loss_bytes(sh, c, s) == 12 * tokens * V
-    s_ckpt = ma.settings_for(cfg(tiny, method="full", gradient_checkpointing=True), "cpu")
+    s_ckpt = ma.settings_for(plan_for(cfg(tiny, method="full", gradient_checkpointing=True), "cpu"))
     assert ma.activations_bytes(sh, c, s_ckpt) == tokens * (LAYERS * 4 * H + head)  # only block inputs kept
 
 
@@ -145,7 +147,7 @@ def test_zero_sharding_by_hand():
 
 @pytest.mark.parametrize("method", ["full", "lora", "qlora"])
 def test_replay_agrees_with_formulas(tiny, method):
-    est = memory.estimate(cfg(tiny, method=method), device="cpu")
+    est = memory.estimate(plan_for(cfg(tiny, method=method), "cpu"))
     assert est.method == "traced"
     assert sum(est.components.values()) == est.tensor_bytes
     assert abs(est.analytic_tensor_bytes - est.tensor_bytes) / est.tensor_bytes < 0.05
@@ -160,7 +162,6 @@ def test_deep_models_are_extrapolated_exactly(tiny, objective):
     from transformers import LlamaConfig
 
     from finetune.memory import trace as mt
-    from finetune.plan import plan_for
 
     config = LlamaConfig(
         hidden_size=32,
@@ -187,7 +188,7 @@ def test_estimate_matches_a_measured_cpu_step(tiny, packing):
         packing=packing,
     )  # fmt: skip
     measured = measured_peak(config)
-    est = memory.estimate(config, device="cpu")
+    est = memory.estimate(plan_for(config, "cpu"))
     err = (est.tensor_bytes - measured) / measured
     assert -0.02 <= err <= 0.03, (est.tensor_bytes, measured)
 
@@ -232,12 +233,12 @@ def test_estimate_matches_torchs_own_memtracker_on_a_real_step(tiny, method):
         tiny, method=method, per_device_train_batch_size=2, max_seq_length=128, max_steps=2, eval_split="",
         packing=False,  # full rows of random ids, as measured here
     )  # fmt: skip
-    model = models.load_model(config)
+    model = models.load_model(plan_for(config, "cpu"))
     ids = torch.randint(3, 300, (4, 128), generator=torch.Generator().manual_seed(0))
     rows = [{"input_ids": r, "attention_mask": torch.ones_like(r), "labels": r.clone()} for r in ids]
     track = TrackSecondStep()
     with tempfile.TemporaryDirectory() as out:
-        args = training_arguments(config, Path(out), "fp32", has_eval=False)
+        args = training_arguments(plan_for(config, "cpu"), Path(out), has_eval=False)
         args.logging_strategy, args.save_strategy = "no", "no"
         trainer = Trainer(
             model=model, args=args, train_dataset=rows, data_collator=default_data_collator, callbacks=[track]
@@ -247,7 +248,7 @@ def test_estimate_matches_torchs_own_memtracker_on_a_real_step(tiny, method):
         str(k.value) if hasattr(k, "value") else k: v
         for k, v in track.tracker.get_tracker_snapshot("peak")[torch.device("cpu")].items()
     }
-    est = memory.estimate(config, device="cpu")
+    est = memory.estimate(plan_for(config, "cpu"))
     assert abs(est.tensor_bytes - peak["Total"]) <= 0.01 * peak["Total"], (est.tensor_bytes, peak)
     assert est.components["optimizer"] == peak["Optstate"], (est.components, peak)
     weights = est.components["weights"] + est.components["lora"]
@@ -258,11 +259,11 @@ def test_estimate_matches_torchs_own_memtracker_on_a_real_step(tiny, method):
 
 
 def test_gpu_estimate_adds_overheads_and_verdict(tiny):
-    est = memory.estimate(cfg(tiny, method="lora"), device="cuda", gpu_gib=80)
+    est = memory.estimate(plan_for(cfg(tiny, method="lora"), "cuda"), gpu_gib=80)
     assert est.overheads["cuda_context"] > 0 and est.overheads["allocator"] > 0
     assert est.total_bytes == est.tensor_bytes + sum(est.overheads.values())
     assert est.fits is True and est.headroom_bytes == int(80 * memory.GiB) - est.total_bytes and est.advice == []
-    cpu = memory.estimate(cfg(tiny, method="lora"), device="cpu")
+    cpu = memory.estimate(plan_for(cfg(tiny, method="lora"), "cpu"))
     assert cpu.overheads == {} and cpu.fits is None and cpu.total_bytes == cpu.tensor_bytes
     assert set(cpu.comparisons) == {"rule_of_thumb", "accelerate"}
     assert all(v > 0 for v in memory.GPU_CARDS.values()) and any("T4" in k for k in memory.GPU_CARDS)
@@ -270,9 +271,9 @@ def test_gpu_estimate_adds_overheads_and_verdict(tiny):
 
 def test_advice_keeps_effective_batch_and_fits(tiny):
     config = cfg(tiny, method="full", per_device_train_batch_size=8, gradient_accumulation_steps=2, max_seq_length=512)
-    base = memory.estimate(config, device="cpu")
+    base = memory.estimate(plan_for(config, "cpu"))
     capacity_gib = 0.6 * base.total_bytes / memory.GiB
-    est = memory.estimate(config, device="cpu", gpu_gib=capacity_gib)
+    est = memory.estimate(plan_for(config, "cpu"), gpu_gib=capacity_gib)
     assert est.fits is False and est.advice
     order = [(not a.keeps_data, a.score) for a in est.advice]
     assert order == sorted(order)  # options that keep the data whole first, then the cheapest (memory/advice.py)
@@ -282,12 +283,12 @@ def test_advice_keeps_effective_batch_and_fits(tiny):
         assert a.new_total_bytes < base.total_bytes and a.fits
         assert a.cost and a.title
     first = est.advice[0]
-    exact = memory.estimate(config.replace(**first.changes), device="cpu")
+    exact = memory.estimate(plan_for(config.replace(**first.changes), "cpu"))
     assert first.new_total_bytes == exact.total_bytes  # the top suggestion is replayed, not guessed
 
 
 def test_advice_text_names_a_change(tiny):
-    text = memory.advice_text(cfg(tiny, method="full"))
+    text = memory.advice_text(plan_for(cfg(tiny, method="full"), "cpu"))
     assert text.startswith("Out of memory.") and "Change first:" in text
 
 
@@ -300,8 +301,9 @@ def test_advice_text_names_a_change(tiny):
     ],
 )
 def test_bad_arguments_are_user_errors_naming_the_argument(tiny, kwargs, message):
+    plan_kwargs = {"device": kwargs.get("device", "cpu"), "world_size": kwargs.get("gpus", 1)}
     with pytest.raises(UserError) as caught:
-        memory.estimate(cfg(tiny), **kwargs)
+        memory.estimate(plan_for(cfg(tiny), **plan_kwargs), gpu_gib=kwargs.get("gpu_gib"))
     assert str(caught.value) == message and caught.value.field == next(iter(kwargs))
 
 

@@ -54,7 +54,7 @@ def replayed(config: TrainConfig) -> torch.nn.Module:
 @pytest.mark.parametrize("case", MATRIX, ids=list(MATRIX))
 def test_the_replayed_model_trains_the_parameters_the_engine_trains(tiny, case):
     config = TrainConfig(model=str(tiny), **MATRIX[case])
-    engine = models.load_model(config, num_labels=config.num_labels or None)
+    engine = models.load_model(plan_for(config, "cpu"), num_labels=config.num_labels or None)
     fake = replayed(config)
     assert trainable(fake) == trainable(engine)
     assert trainable(engine)  # something trains
@@ -80,11 +80,11 @@ def dtypes(model: torch.nn.Module) -> dict[str, tuple]:
 
 @pytest.mark.parametrize("case", GPU_CASES)
 def test_the_replay_for_a_gpu_builds_every_tensor_in_the_dtype_the_engine_loads(tiny, case):
-    """The estimate for a GPU uses the plan the estimator makes for it (bf16 where the card has it); the engine loads
+    """The estimate for a GPU is of the plan made for it (bf16 where the card has it); the engine loads
     the model from that same plan. A CPU plan would not do: every CPU plan is fp32, so a replay that ignored the plan's
     dtype would look right there (the model is loaded on this CPU; moving it to the card keeps its dtypes)."""
     config = TrainConfig(model=str(tiny), **MATRIX[case])
-    plan = memory.replay_plan_for(config, "cuda")
+    plan = plan_for(config, "cuda", world_size=1)
     assert plan.precision == "bf16" and plan.compute_dtype == "bfloat16"
     # The 4-bit load goes to the CPU here (no card); every dtype it uses comes from the GPU plan.
     engine = models.build_model(dataclasses.replace(plan, device="cpu"), num_labels=config.num_labels or None)
@@ -97,7 +97,7 @@ def test_the_replay_for_a_gpu_builds_every_tensor_in_the_dtype_the_engine_loads(
 
 def test_qlora_replays_the_4bit_storage_a_load_holds(tiny):
     config = TrainConfig(model=str(tiny), method="qlora")
-    engine = models.load_model(config)
+    engine = models.load_model(plan_for(config, "cpu"))
     fake = replayed(config)
     frozen = {n: (p.dtype, p.numel()) for n, p in engine.named_parameters() if not p.requires_grad}
     assert {n: (p.dtype, p.numel()) for n, p in fake.named_parameters() if not p.requires_grad} == frozen
@@ -105,8 +105,8 @@ def test_qlora_replays_the_4bit_storage_a_load_holds(tiny):
 
 
 def test_all_and_all_linear_give_the_same_estimate(tiny):
-    a = memory.estimate(TrainConfig(model=str(tiny), lora_target_modules="all"), device="cpu")
-    b = memory.estimate(TrainConfig(model=str(tiny), lora_target_modules="all-linear"), device="cpu")
+    a = memory.estimate(plan_for(TrainConfig(model=str(tiny), lora_target_modules="all"), "cpu"))
+    b = memory.estimate(plan_for(TrainConfig(model=str(tiny), lora_target_modules="all-linear"), "cpu"))
     assert a.method == b.method == "traced"
     assert a.tensor_bytes == b.tensor_bytes and a.components == b.components
 
@@ -115,23 +115,23 @@ def test_dora_costs_more_and_the_estimate_follows_the_measured_peak(tiny):
     values = {"model": str(tiny), "per_device_train_batch_size": 2, "max_seq_length": 128, "max_steps": 2}
     lora, dora = TrainConfig(**values), TrainConfig(**values, use_dora=True)
     measured = measured_peak(dora)
-    estimated = memory.estimate(dora, device="cpu").tensor_bytes
+    estimated = memory.estimate(plan_for(dora, "cpu")).tensor_bytes
     assert abs(estimated - measured) <= 0.10 * measured, (estimated, measured)
-    assert estimated > memory.estimate(lora, device="cpu").tensor_bytes  # the weight norm is recomputed each step
+    assert estimated > memory.estimate(plan_for(lora, "cpu")).tensor_bytes  # the weight norm is recomputed each step
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_the_formulas_price_dora_as_the_replay_does(tiny, device):
     """Advice prices changes with the formulas: DoRA's rescaled outputs are in them (within 5% of the replay)."""
-    est = memory.estimate(TrainConfig(model=str(tiny), use_dora=True, max_seq_length=256), device=device)
+    est = memory.estimate(plan_for(TrainConfig(model=str(tiny), use_dora=True, max_seq_length=256), device))
     assert est.method == "traced"
     assert abs(est.analytic_tensor_bytes - est.tensor_bytes) <= 0.05 * est.tensor_bytes, est
 
 
 def test_a_classification_estimate_leaves_the_next_one_intact(tiny):
     """PEFT copies a classification head (modules_to_save); copying a fake tensor used to corrupt the heap."""
-    first = memory.estimate(TrainConfig(model=str(tiny), task="sequence_classification"), device="cpu")
-    again = memory.estimate(TrainConfig(model=str(tiny), max_seq_length=200), device="cuda")
+    first = memory.estimate(plan_for(TrainConfig(model=str(tiny), task="sequence_classification"), "cpu"))
+    again = memory.estimate(plan_for(TrainConfig(model=str(tiny), max_seq_length=200), "cuda"))
     assert first.method == again.method == "traced" and again.tensor_bytes > 0
 
 
@@ -139,7 +139,7 @@ def test_a_classification_estimate_leaves_the_next_one_intact(tiny):
 
 
 def components(config: TrainConfig, device: str = "cpu") -> memory.MemoryEstimate:
-    est = memory.estimate(config, device=device)
+    est = memory.estimate(plan_for(config, device))
     assert est.method == "traced", est.notes
     return est
 

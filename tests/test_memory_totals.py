@@ -19,6 +19,8 @@ import pytest
 
 from finetune import memory
 from finetune.config import TrainConfig
+from finetune.memory import estimator
+from finetune.plan import plan_for
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -36,7 +38,7 @@ OVER_LIMIT = 1.15  # the estimate may be at most 15% above the device use
 def calibrated(monkeypatch):
     """The calibrated figures, as on a machine without a GPU (a GPU machine would measure its own context)."""
     monkeypatch.setenv("FINETUNE_MEASURE_CUDA_CONTEXT", "0")
-    monkeypatch.setattr(memory, "_MEASURED", {})
+    monkeypatch.setattr(estimator, "_MEASURED", {})
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +76,7 @@ def test_the_worst_measured_run_is_not_under_counted(shapes):
         per_device_train_batch_size=4,
         gradient_checkpointing=True,
     )
-    est = memory.estimate(config, device="cuda", gpu_gib=memory.GPU_CARDS["L4 (24 GB)"])
+    est = memory.estimate(plan_for(config, "cuda"), gpu_gib=memory.GPU_CARDS["L4 (24 GB)"])
     assert est.method == "traced" and est.allocator_class == "fragmenting"
     # The same configuration as measured: the old formula on today's tensors gives the old figure (within 3%).
     old = est.tensor_bytes * 1.07 + 564 * MiB
@@ -94,14 +96,14 @@ def test_the_worst_measured_run_is_not_under_counted(shapes):
     ids=["lora", "lora-checkpointing", "qlora", "full-8bit"],
 )
 def test_each_class_covers_its_measured_allocator_reserve(shapes, settings, klass):
-    est = memory.estimate(gpu_run(shapes["llama-1b"], per_device_train_batch_size=4, **settings), device="cuda")
+    est = memory.estimate(plan_for(gpu_run(shapes["llama-1b"], per_device_train_batch_size=4, **settings), "cuda"))
     assert est.allocator_class == klass
     used = device_use(est, MEASURED_SLACK[klass])
     assert used <= est.total_bytes <= OVER_LIMIT * used, (est.total_bytes / GiB, used / GiB)
 
 
 def test_overheads_are_the_measured_context_and_the_class_reserve(shapes):
-    est = memory.estimate(gpu_run(shapes["llama-1b"], max_seq_length=512), device="cuda")
+    est = memory.estimate(plan_for(gpu_run(shapes["llama-1b"], max_seq_length=512), "cuda"))
     assert est.overheads["cuda_context"] + est.overheads["cuda_kernels"] == MEASURED_CONTEXT
     assert est.overheads["allocator"] == pytest.approx(memory.ALLOCATOR_SLACK["steady"] * est.tensor_bytes, abs=1)
     assert est.total_bytes == est.tensor_bytes + sum(est.overheads.values())
@@ -115,14 +117,14 @@ def test_the_estimate_says_what_each_figure_is_compared_with(shapes, tmp_path):
     from tests.tiny import build_llama
 
     tiny = build_llama(tmp_path / "tiny")
-    gpu = memory.estimate(TrainConfig(model=str(tiny)), device="cuda")
+    gpu = memory.estimate(plan_for(TrainConfig(model=str(tiny)), "cuda"))
     assert "max_memory_allocated" in gpu.compared_with["tensor_bytes"]
     assert "nvidia-smi" in gpu.compared_with["total_bytes"]
     data = json.loads(json.dumps(gpu.to_dict()))
     assert {"compared_with", "allocator_class", "overhead_source"} <= set(data)
     text = gpu.render_text()
     assert "compare with the whole device as nvidia-smi shows it" in text and "calibrated on an H200" in text
-    cpu = memory.estimate(TrainConfig(model=str(tiny)), device="cpu")
+    cpu = memory.estimate(plan_for(TrainConfig(model=str(tiny)), "cpu"))
     assert "live tensors" in cpu.compared_with["tensor_bytes"] and cpu.overheads == {}
     assert cpu.allocator_class == "" and cpu.overhead_source == ""
 
@@ -156,20 +158,20 @@ print(json.dumps({{"used": base + 2 * ctx + (300 << 20) + (2 << 20), "reserved":
 def test_a_gpu_machine_measures_its_own_context(shapes, monkeypatch):
     """The holder/probe children and their readings, with stand-in children (no CUDA here)."""
     monkeypatch.setenv("FINETUNE_MEASURE_CUDA_CONTEXT", "1")
-    monkeypatch.setattr(memory, "_cuda_present", lambda: True)
-    monkeypatch.setattr(memory, "_PROBE", textwrap.dedent(FAKE_PROBE.format(context=600 * MiB)))
+    monkeypatch.setattr(estimator, "_cuda_present", lambda: True)
+    monkeypatch.setattr(estimator, "_PROBE", textwrap.dedent(FAKE_PROBE.format(context=600 * MiB)))
     assert memory.measured_cuda_overhead() == {"cuda_context": 600 * MiB, "cuda_kernels": 300 * MiB}
-    est = memory.estimate(gpu_run(shapes["llama-1b"], max_seq_length=512), device="cuda")
+    est = memory.estimate(plan_for(gpu_run(shapes["llama-1b"], max_seq_length=512), "cuda"))
     assert est.overheads["cuda_context"] == 600 * MiB and est.overheads["cuda_kernels"] == 300 * MiB
     assert est.overhead_source.startswith("measured on this machine's GPU")
 
 
 def test_an_implausible_measurement_keeps_the_calibration(monkeypatch):
     monkeypatch.setenv("FINETUNE_MEASURE_CUDA_CONTEXT", "1")
-    monkeypatch.setattr(memory, "_cuda_present", lambda: True)
-    monkeypatch.setattr(memory, "_PROBE", textwrap.dedent(FAKE_PROBE.format(context=1 << 20)))
+    monkeypatch.setattr(estimator, "_cuda_present", lambda: True)
+    monkeypatch.setattr(estimator, "_PROBE", textwrap.dedent(FAKE_PROBE.format(context=1 << 20)))
     assert memory.measured_cuda_overhead() is None
-    assert memory._context()[1] == memory.CALIBRATED_SOURCE
+    assert estimator._context()[1] == memory.CALIBRATED_SOURCE
 
 
 def test_without_a_gpu_nothing_touches_cuda(shapes, monkeypatch):
@@ -190,5 +192,5 @@ def test_without_a_gpu_nothing_touches_cuda(shapes, monkeypatch):
     for name in ("init", "mem_get_info", "is_initialized"):
         monkeypatch.setattr(torch.cuda, name, refuse)
     monkeypatch.setattr(subprocess, "Popen", refuse)
-    est = memory.estimate(gpu_run(shapes["llama-1b"], max_seq_length=512), device="cuda")
+    est = memory.estimate(plan_for(gpu_run(shapes["llama-1b"], max_seq_length=512), "cuda"))
     assert est.overhead_source == memory.CALIBRATED_SOURCE and used == []

@@ -70,7 +70,7 @@ def test_a_packed_micro_batch_has_the_padded_loss_and_gradients_and_naive_flatte
     # The Trainer divides the summed loss by the trained tokens it counts (labels[..., 1:]): the same count.
     assert int((packed["labels"][..., 1:] != -100).sum()) == int((padded["labels"][..., 1:] != -100).sum())
 
-    model = models.load_model(config)  # full fine-tuning, fp32: every weight's gradient is compared
+    model = models.load_model(plan_for(config, "cpu"))  # full fine-tuning, fp32: every weight's gradient is compared
     loss_padded, grads_padded = loss_and_grads(model, padded, "sdpa")
     assert packing.enable(model) is None
     loss_packed, grads_packed = loss_and_grads(model, packed)
@@ -143,13 +143,15 @@ def test_the_plan_says_where_packing_applies_and_why_not(tiny_model_dir):
     assert decision(packing=False)[0] is False
     assert decision(objective="dpo")[0] is False and "TRL 1.16's DPO trainer" in decision(objective="dpo")[1]
     assert "KTO" in decision(objective="kto")[1] and "ORPO" in decision(objective="orpo")[1]
+    grpo = decision(objective="grpo", rewards="number_match")
+    assert grpo[0] is False and "TRL 1.16's GRPO trainer has no padding-free path" in grpo[1]
     assert "classification" in decision(task="sequence_classification")[1]
     assert "one example per micro batch" in decision(per_device_train_batch_size=1)[1]
     assert decision(backend="deepspeed")[0] is True
 
 
 def test_attention_that_does_not_confine_examples_is_caught(tiny_model_dir):
-    model = models.load_model(tiny_config(tiny_model_dir))
+    model = models.load_model(plan_for(tiny_config(tiny_model_dir), "cpu"))
     model.get_base_model().set_attn_implementation("sdpa")  # position_ids alone: the trap
     assert packing.confinement_problem(model) == "its attention lets packed examples see each other"
     packing.use(model)
@@ -205,11 +207,11 @@ def test_the_estimate_of_a_packed_run_follows_its_measured_peak_and_counts_real_
 
     config = tiny_config(tiny_model_dir, dataset=str(chat_rows), max_seq_length=512, max_steps=2)
     measured = measured_peak(config)  # two real packed Trainer steps of the data's 4 longest rows
-    est = memory.estimate(config, device="cpu")
+    est = memory.estimate(plan_for(config, "cpu"))
     assert -0.03 <= (est.tensor_bytes - measured) / measured <= 0.03, (est.tensor_bytes, measured)
     real = sum(data_stats(config).lengths[-4:])  # the 4 longest rows, none cut at 512
     assert f"packing: a micro batch holds at most {real} real tokens" in " ".join(est.notes), est.notes
-    padded = memory.estimate(config.replace(packing=False), device="cpu")  # 4 rows x 512 tokens
+    padded = memory.estimate(plan_for(config.replace(packing=False), "cpu"))  # 4 rows x 512 tokens
     share = est.components["activations"] / padded.components["activations"]
     assert real < 0.6 * 4 * 512 and abs(share - real / (4 * 512)) < 0.05, (share, real)
 
@@ -226,15 +228,15 @@ def test_the_one_search_proposes_packing_when_it_is_off_in_one_answer(tiny_model
         tiny_model_dir, dataset=str(chat_rows), max_seq_length=512, method="full", packing=False,
         per_device_train_batch_size=8,
     )  # fmt: skip
-    padded = memory.estimate(config, device="cpu")
-    packed = memory.estimate(config.replace(packing=True), device="cpu")
+    padded = memory.estimate(plan_for(config, "cpu"))
+    packed = memory.estimate(plan_for(config.replace(packing=True), "cpu"))
     capacity = (packed.total_bytes + padded.total_bytes) / 2 / memory.GiB  # the packed run fits, the padded not
     advice = Studio().estimate(config.to_dict(), device="cpu", gpu_gib=capacity).advice  # the Memory tab's call
     assert advice and advice[0].changes == {"packing": True} and advice[0].fits, [a.changes for a in advice]
     assert advice[0].title == "Skip padding (packing)" and advice[0].cost == "about -30% time"
     assert advice[0].new_total_bytes == packed.total_bytes  # the replay of the packed settings confirmed it
 
-    sets = [a for k, v in config.to_dict().items() for a in ("--set", f"{k}={v}")]
+    sets = [a for k, v in config.to_dict().items() if v is not None for a in ("--set", f"{k}={v}")]  # None: unset
     assert cli.main(["estimate", *sets, "--device", "cpu", "--gpu-gib", str(capacity), "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)["advice"]
     assert [(a["changes"], a["new_total_bytes"]) for a in listed] == [(a.changes, a.new_total_bytes) for a in advice]
@@ -242,7 +244,7 @@ def test_the_one_search_proposes_packing_when_it_is_off_in_one_answer(tiny_model
     proposal = Studio().propose(config.to_dict(), device="cpu", gpu_gib=capacity, pinned=("max_seq_length",))
     chosen = TrainConfig.from_dict(proposal.values)
     assert proposal.changes["packing"] is True and proposal.fits and chosen.effective_batch_size == 8
-    assert proposal.estimate.total_bytes == memory.estimate(chosen, device="cpu").total_bytes
+    assert proposal.estimate.total_bytes == memory.estimate(plan_for(chosen, "cpu")).total_bytes
 
 
 @pytest.mark.gpu
@@ -254,7 +256,7 @@ def test_on_a_gpu_a_packed_micro_batch_has_the_padded_loss_and_gradients(tiny_mo
     to_gpu = lambda batch: {k: (v.cuda() if hasattr(v, "cuda") else v) for k, v in batch.items()}  # noqa: E731
     padded = to_gpu(data.collator(config, tokenizer, packing=False)(features))
     packed = to_gpu(data.collator(config, tokenizer, packing=True)(features))
-    model = models.load_model(config).to("cuda", getattr(torch, dtype))
+    model = models.load_model(plan_for(config, "cpu")).to("cuda", getattr(torch, dtype))
     calls = []
     varlen = packing._varlen
     monkeypatch.setattr(packing, "_varlen", lambda *a, **k: calls.append(1) or varlen(*a, **k))

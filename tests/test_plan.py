@@ -86,3 +86,54 @@ def test_bf16_on_a_gpu_without_it_is_refused(monkeypatch):
     with pytest.raises(ConfigError, match="precision: bf16 is not supported by this GPU"):
         plan_for(TrainConfig(precision="bf16"))
     assert plan_for(TrainConfig(precision="auto")).precision == "fp32"
+
+
+# ----------------------------------------------------------------------------- the plan a run records
+@pytest.mark.parametrize(
+    "config",
+    [
+        TrainConfig(),
+        TrainConfig(method="qlora", objective="dpo", beta=0.3),
+        TrainConfig(task="sequence_classification"),
+    ],
+    ids=["lora-sft", "qlora-dpo", "classification"],
+)
+def test_a_plan_reads_back_from_its_json_as_it_was(config):
+    import json
+
+    from finetune.plan import RunPlan
+
+    for device in ("cpu", "cuda"):
+        plan = plan_for(config, device=device, world_size=2)
+        data = json.loads(json.dumps(plan.to_dict()))
+        assert RunPlan.from_dict(data, config) == plan
+        assert data["objective"] == plan.objective.name and "config" not in data
+
+
+def test_every_run_records_its_plan_and_chat_and_export_load_by_it(tiny_model_dir, tmp_path):
+    """plan.json sits beside config.yaml; chat and export act on what it says, not on a plan made again here."""
+    import json
+
+    from finetune.errors import UserError
+    from finetune.inference import load_for_chat
+    from finetune.publish.export import export_run
+    from finetune.rundir import RunDir
+    from finetune.runs import RunManager
+    from tests.helpers import tiny_config
+
+    config = tiny_config(tiny_model_dir, max_steps=2, output_dir=str(tmp_path / "run"))
+    state = RunManager().start(config, background=False)
+    assert state.status == "completed", state.error
+    run = RunDir(tmp_path / "run")
+    recorded = json.loads(run.plan_path.read_text(encoding="utf-8"))
+    assert recorded == plan_for(config, device="cpu", world_size=1).to_dict()
+    # A run whose plan loaded its base in bfloat16 (a GPU run, say) is chatted with in bfloat16 here too.
+    run.plan_path.write_text(json.dumps({**recorded, "weight_dtype": "bfloat16"}), encoding="utf-8")
+    model, _ = load_for_chat(run.load_plan(), run.path)
+    assert {str(p.dtype) for n, p in model.named_parameters() if "lora_" not in n} == {"torch.bfloat16"}
+    # Export reads it too: a plan that says the run trained a classifier is refused as one.
+    run.plan_path.write_text(json.dumps({**recorded, "objective": "classification"}), encoding="utf-8")
+    with pytest.raises(UserError, match="format: export supports causal_lm runs"):
+        export_run(run.path, "merged")
+    run.plan_path.write_text("{not json", encoding="utf-8")
+    assert run.load_plan() == plan_for(config)  # a damaged or missing plan.json: planned again (older runs)

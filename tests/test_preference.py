@@ -17,7 +17,7 @@ from finetune.config import TrainConfig
 from finetune.errors import UserError
 from finetune.rundir import RunDir
 from finetune.runs import RunManager
-from tests.helpers import assert_resumed_exactly, events_size, hold_at_step, raw_events, tiny_config, write_jsonl
+from tests.helpers import raw_events, stop_then_resume, tiny_config, write_jsonl
 from tests.test_hub import GOOD, hub  # noqa: F401  (the stand-in Hub fixture and its token)
 from tests.test_input_validation import assert_refused_before_a_run
 
@@ -164,20 +164,7 @@ def test_a_stopped_dpo_run_resumes_exactly(tiny_model_dir, tmp_path, monkeypatch
     config = preference_config(tiny_model_dir, pairs_file(tmp_path), lr_scheduler_type="linear", warmup_steps=1)
     reference = {e["step"]: e for e in raw_events(train(config).path)}
 
-    manager = RunManager()
-    held = hold_at_step(monkeypatch, 3)
-    manager.start(config)
-    assert held.wait(120), manager.state()
-    assert manager.stop()
-    stopped = manager.wait(120)
-    assert stopped.status == "stopped" and stopped.step == 3, (stopped.status, stopped.error)
-    run = RunDir(Path(stopped.run_dir))
-    assert [p.name for p in run.checkpoints()] == ["checkpoint-3"]
-
-    mark = events_size(run.path)
-    resumed = manager.resume(run.path, background=False)
-    assert resumed.status == "completed" and resumed.step == 6, (resumed.status, resumed.error)
-    before, after = assert_resumed_exactly(run.path, mark, checkpoint_step=3, max_steps=6)
+    before, after = stop_then_resume(monkeypatch, config, step=3)
     for event in before + after:
         want = reference[event["step"]]
         for key in ("loss", "learning_rate", "rewards_margin"):

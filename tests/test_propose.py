@@ -25,6 +25,7 @@ from finetune.catalogue import GPU_CARDS
 from finetune.config import TrainConfig
 from finetune.errors import UserError
 from finetune.memory.search import margin_bytes
+from finetune.plan import plan_for
 from finetune.studio import Studio
 from tests.helpers import write_token_rows
 
@@ -107,7 +108,7 @@ def test_a_1b_model_on_an_8gb_card(proposals):
         max_seq_length=2048, method="qlora", gradient_checkpointing=True, optim="paged_adamw_8bit",
         per_device_train_batch_size=1, gradient_accumulation_steps=4,
     )  # fmt: skip
-    assert memory.estimate(leanest, gpu_gib=GPU_CARDS[RTX_4060], advise=False).fits is False
+    assert memory.estimate(plan_for(leanest, "cuda"), gpu_gib=GPU_CARDS[RTX_4060], advise=False).fits is False
 
 
 def test_70b_on_a_24gb_card_names_the_card_it_needs_in_one_line(proposals):
@@ -124,7 +125,8 @@ def test_70b_on_a_24gb_card_names_the_card_it_needs_in_one_line(proposals):
     fastest = TrainConfig.from_dict(proposal.values).replace(
         method="lora", gradient_checkpointing=False, per_device_train_batch_size=4, gradient_accumulation_steps=1
     )  # where the proposal started (its replay is cached)
-    assert memory.estimate(fastest, advise=False).total_bytes > 2 * needed.total_bytes  # LoRA: ~160 GiB
+    lora = memory.estimate(plan_for(fastest, "cuda"), advise=False)
+    assert lora.total_bytes > 2 * needed.total_bytes  # LoRA: ~160 GiB
 
 
 def test_the_data_changed_after_a_proposal_is_measured_again(proposals, data):
@@ -174,7 +176,7 @@ def test_propose_json_gives_the_start_tabs_settings(proposals, data, capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--goal", "rlhf"], "error: goal: 'rlhf' is not one of sft, dpo, orpo, kto, classification"),
+        (["--goal", "rlhf"], "error: goal: 'rlhf' is not one of sft, dpo, grpo, classification, orpo, kto"),
         (["--gpu-gib", "lots"], "error: --gpu-gib: 'lots' is not a number of GiB or a known card"),
         (["--gpus", "0"], "error: --gpus: must be 1 or more"),
     ],

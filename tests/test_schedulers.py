@@ -19,6 +19,7 @@ from finetune.config import TrainConfig
 from finetune.deepspeed_config import SCHEDULERS as DS_SCHEDULERS
 from finetune.deepspeed_config import deepspeed_config
 from finetune.engines.hf_trainer import MIN_LR_RATE, StudioTrainer, training_arguments
+from finetune.plan import plan_for
 from finetune.rundir import RunDir
 from finetune.runs import RunManager
 from tests.helpers import tiny_config, write_jsonl
@@ -37,7 +38,7 @@ def cfg(**values) -> TrainConfig:
 def trainer_rates(tmp_path: Path, name: str, max_steps: int, warmup: int, lr: float = LR) -> list[float]:
     """The learning rate of each optimizer step of a run, from the scheduler the Trainer engine builds."""
     c = cfg(lr_scheduler_type=name, max_steps=max_steps, warmup_steps=warmup, learning_rate=lr)
-    args = training_arguments(c, tmp_path, "fp32", has_eval=False)
+    args = training_arguments(plan_for(c, "cpu"), tmp_path, has_eval=False)
     trainer = StudioTrainer(model=torch.nn.Linear(2, 2), args=args)
     trainer.create_optimizer_and_scheduler(num_training_steps=max_steps)
     rates = []

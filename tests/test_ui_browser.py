@@ -251,11 +251,12 @@ def test_open_the_app(page):
 def test_memory_shows_the_estimators_figure(page, tiny_model_dir):
     from finetune import memory
     from finetune.config import TrainConfig
+    from finetune.plan import plan_for
     from ui.memory_tab import default_card
 
     card = default_card(memory.GPU_CARDS)
     config = TrainConfig.from_dict({**TrainConfig().to_dict(), "model": str(tiny_model_dir)})
-    expected = memory.estimate(config, device="cuda", gpu_gib=memory.GPU_CARDS[card])
+    expected = memory.estimate(plan_for(config, "cuda"), gpu_gib=memory.GPU_CARDS[card])
     tab(page, "Memory")
     fill(page, "mem-model", tiny_model_dir)  # the same field as Configure's: the edit is mirrored there
     page.locator("#mem-estimate").click()
@@ -562,6 +563,39 @@ def test_a_dpo_run_from_the_form_shows_its_rewards(page, server, files):
     expect(page.locator("#train-prefs-plot")).to_be_visible()
     expect(page.locator("#train-runs-table")).to_contain_text("DPO")
     shot(page, "12-train-dpo")
+
+
+def test_a_grpo_run_from_the_form_shows_its_reward_curve(page, server, files, tiny_model_dir):
+    """Goal rewards in the form (objective grpo, contains:d on tiny prompts), a few steps: the Train tab shows the
+    mean reward and each reward's curve, and the last step's sampled answers with their rewards."""
+    prompts = files["train"].parent / "prompts.jsonl"
+    rows = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(16)]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    tab(page, "Configure")
+    choose(page, "cfg-objective", "grpo")
+    expect(page.locator("#cfg-rewards")).to_be_visible()
+    expect(page.locator("#cfg-chosen_column")).to_be_hidden()
+    fill(page, "cfg-rewards", "contains:d")
+    fill(page, "cfg-max_completion_length", 8)
+    fill(page, "cfg-model", tiny_model_dir)
+    fill(page, "cfg-dataset", prompts)
+    fill(page, "cfg-eval_split", "")
+    set_field(page, "Optimisation", "max_steps", 3)
+    tab(page, "Train")
+    expect(page.locator("#train-plan")).to_contain_text("rewards (GRPO)", timeout=60_000)
+    page.locator("#train-start").click()
+    expect(page.locator("#train-message")).to_contain_text("Started run", timeout=30_000)
+    run_id = re.search(r"Started run\W*([\w.-]+)", page.locator("#train-message").inner_text()).group(1)
+    progress = page.locator("#train-progress .fs-progress", has=page.locator(".fs-run", has_text=run_id))
+    expect(progress).to_have_attribute("data-status", "completed", timeout=180_000)
+    expect(page.locator("#train-prefs")).to_contain_text("mean reward")
+    expect(page.locator("#train-prefs")).to_contain_text("reward: contains")
+    expect(page.locator("#train-prefs-plot")).to_be_visible()
+    expect(page.locator("#train-prefs-plot")).to_contain_text("Rewards")
+    expect(page.locator("#train-completions")).to_be_visible()
+    expect(page.locator("#train-completions")).to_contain_text("Sampled answers at step 3")
+    expect(page.locator("#train-runs-table")).to_contain_text("GRPO")
+    shot(page, "12b-train-grpo")
 
 
 def test_a_two_process_run_starts_from_the_train_tab(page, server, files):

@@ -22,6 +22,7 @@ import gradio as gr
 import pytest
 
 from finetune.config import FIELD_NAMES, TrainConfig, field_groups, field_label
+from finetune.plan import plan_for
 from finetune.rundir import RunDir
 from finetune.runs import DeviceLock
 from finetune.studio import Studio
@@ -430,7 +431,9 @@ def _estimate_for(changes: dict[str, Any], **kwargs: Any):
     """The estimator's own answer for these settings (what the Memory tab must show)."""
     from finetune import memory
 
-    return memory.estimate(TrainConfig.from_dict({**Studio.default_values(), **changes}), **kwargs)
+    config = TrainConfig.from_dict({**Studio.default_values(), **changes})
+    plan = plan_for(config, kwargs.pop("device", "cuda"), kwargs.pop("gpus", 1))
+    return memory.estimate(plan, **kwargs)
 
 
 def test_memory_estimate_shows_the_estimators_verdict_breakdown_and_ranked_advice(ui, tiny_model_dir):

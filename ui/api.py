@@ -26,7 +26,7 @@ import gradio as gr
 from gradio.data_classes import FileData
 
 from finetune.errors import UserError
-from finetune.studio import GenerationSettings, Studio
+from finetune.studio import DEFAULT_GOAL, GenerationSettings, Studio
 from ui.formatting import one_line
 from ui.visitor import for_visitor
 
@@ -96,7 +96,7 @@ class StudioAPI:
     def propose(
         self,
         settings: dict,
-        goal: str = "sft",
+        goal: str = DEFAULT_GOAL,
         gpu_gib: float | None = None,
         gpus: int = 1,
         request: gr.Request = None,
@@ -108,7 +108,7 @@ class StudioAPI:
 
         Args:
             settings: run settings as {field: value}, e.g. {"model": ..., "dataset": ...}; defaults fill in the rest.
-            goal: "sft", "dpo", "orpo", "kto" or "classification".
+            goal: "sft", "dpo", "grpo" or "classification" (a Start tab goal), or "orpo" or "kto".
             gpu_gib: memory of one GPU in GiB (none: this computer's CPU, without a fit verdict).
             gpus: how many such GPUs.
 

@@ -71,7 +71,7 @@ class ChatTab:
         source: str | None,
         compare: bool,
         max_new_tokens: float,
-        temperature: float,
+        chat_temperature: float,  # (not `temperature`: the form's GRPO setting reaches this handler by that name)
         top_p: float,
         system_prompt: str,
         request: gr.Request | None = None,
@@ -91,7 +91,7 @@ class ChatTab:
         try:  # bounded input: a clear one-line refusal up front, before the message joins the conversation
             settings = GenerationSettings(
                 max_new_tokens=_whole(max_new_tokens, 128, "max new tokens"),
-                temperature=_number(temperature, 0.0, "temperature"),
+                temperature=_number(chat_temperature, 0.0, "temperature"),
                 top_p=_number(top_p, 1.0, "top-p"),
                 system_prompt=str(system_prompt or "").strip(),
             )

@@ -21,9 +21,17 @@ from typing import Any
 
 import gradio as gr
 
-from finetune.config import FIELD_NAMES, FIELDS, MAX_YAML_BYTES, field_groups, field_label
+from finetune.config import (
+    FIELD_NAMES,
+    FIELDS,
+    MAX_YAML_BYTES,
+    field_groups,
+    field_kind,
+    field_label,
+    field_optional,
+)
 from finetune.errors import UserError
-from finetune.studio import Studio, field_problem
+from finetune.studio import Studio, field_problem, objectives
 from ui.formatting import one_line, plain, preview_html, size
 from ui.visitor import per_visitor
 
@@ -47,8 +55,8 @@ OFFLOAD_FIELDS = ("offload_optimizer", "offload_param", "nvme_path")
 
 # ----------------------------------------------------------------------------------------------- the form
 def kind_of(name: str) -> str:
-    f = FIELDS[name]
-    return f.type if isinstance(f.type, str) else f.type.__name__
+    """A field's value type: bool, int, float or str."""
+    return field_kind(name)
 
 
 def label_of(name: str) -> str:
@@ -63,27 +71,17 @@ def help_of(name: str) -> str:
 
 def hidden_fields(values: dict[str, Any]) -> set[str]:
     """The fields that do not apply to these settings (LoRA knobs for full fine-tuning, 4-bit knobs unless QLoRA,
-    preference knobs for SFT, offload unless ZeRO, classification fields unless classifying). They are hidden, never
-    dropped: their values still travel with the form."""
-    hidden: set[str] = set()
-    method, objective = values.get("method"), values.get("objective")
+    offload unless ZeRO, and another objective's knobs: the objectives registry says which apply). They are hidden,
+    never dropped: their values still travel with the form."""
+    hidden = objectives.fields_not_applying(values)
+    method = values.get("method")
     if method == "full":
         hidden.update(LORA_FIELDS)
     if method != "qlora":
         hidden.update(("quant_type", "double_quant"))
-    if objective not in ("dpo", "orpo", "kto"):
-        hidden.add("beta")
-    if objective != "dpo":
-        hidden.add("loss_type")
-    if objective not in ("dpo", "orpo"):
-        hidden.update(("chosen_column", "rejected_column"))
     zero = parse_number(values.get("zero_stage"))
     if not isinstance(zero, (int, float)) or zero <= 0:
         hidden.update(OFFLOAD_FIELDS)
-    if values.get("task") != "sequence_classification":
-        hidden.update(("num_labels", "text_pair_column"))
-        if objective != "kto":
-            hidden.add("label_column")
     return hidden
 
 
@@ -141,8 +139,9 @@ def make_field(name: str, value: Any, prefix: str = "cfg", note: str | None = No
         return gr.Checkbox(value=bool(value), **common)
     if meta.get("choices"):
         return gr.Dropdown(choices=list(meta["choices"]), value=value, **common)
-    if kind in ("int", "float"):
-        return number_box(value, **common)
+    if kind in ("int", "float"):  # an optional number may be left empty: it then takes the usual value
+        optional = {"placeholder": "empty: the usual value"} if field_optional(name) else {}
+        return number_box("" if value is None else value, **optional, **common)
     return gr.Textbox(value=value, **common)
 
 

@@ -10,7 +10,7 @@ import html
 import time
 from typing import Any
 
-from finetune.studio import RunSummary
+from finetune.studio import RunSummary, objectives
 
 GIB = 1024**3
 MIB = 1024**2
@@ -137,47 +137,67 @@ def problem_markdown(state: dict[str, Any] | None) -> str:
     return ""
 
 
-PREFERENCE_METRICS = {  # the keys a preference run's "log" events carry (DPO, ORPO, KTO) → what a person reads
-    "rewards_margin": "reward margin",
-    "rewards_accuracy": "chosen preferred",
-    "rewards_chosen": "reward chosen",
-    "rewards_rejected": "reward rejected",
-    "kl": "KL",
-}
+def objective_of(events: list[dict[str, Any]]) -> objectives.Objective:
+    """The objective a run trains with: its "objective" event says; without one, the first objective whose metrics
+    its "log" events carry; else plain SFT."""
+    named = next((e.get("objective") for e in events if e.get("type") == "objective"), None)
+    if named in objectives.OBJECTIVES:
+        return objectives.OBJECTIVES[named]
+    keys = {k for e in events if e.get("type") == "log" for k in e}
+    carried = (o for o in objectives.OBJECTIVES.values() if o.facts and any(o.fact_words(k) for k in keys))
+    return next(carried, objectives.OBJECTIVES[objectives.DEFAULT])
 
 
-def preference_facts(events: list[dict[str, Any]]) -> str:
-    """The latest preference metrics of a run ("reward margin 0.52 · chosen preferred 75% · ..."), or "" for a run
-    whose log carries none (SFT, classification)."""
-    latest = next((e for e in reversed(events) if e.get("type") == "log" and _has_preference(e)), None)
+def metric_facts(events: list[dict[str, Any]]) -> str:
+    """The latest values the run's objective logs beside the loss ("reward margin 0.52 · chosen preferred 75% ·
+    ..."), or "" for a run whose log carries none (SFT, classification)."""
+    objective = objective_of(events)
+    latest = next((e for e in reversed(events) if e.get("type") == "log" and _facts(e, objective)), None)
     if latest is None:
         return ""
-    facts = []
-    for key, words in PREFERENCE_METRICS.items():
-        value = latest.get(key)
-        if value is None:
-            continue
-        shown = f"{100 * float(value):.0f}%" if key == "rewards_accuracy" else number(float(value), 3)
-        facts.append(f"{words} <b>{shown}</b>")
-    return f'<div class="fs-prefs" data-step="{esc(latest.get("step", ""))}">step {esc(latest.get("step", "?"))}: ' + (
-        " · ".join(facts) + "</div>"
+    facts = [f"{words} <b>{esc(shown)}</b>" for words, shown in _facts(latest, objective)]
+    step = esc(latest.get("step", ""))
+    return (
+        f'<div class="fs-prefs" data-step="{step}">step {esc(latest.get("step", "?"))}: ' + " · ".join(facts) + "</div>"
     )
 
 
-def _has_preference(event: dict[str, Any]) -> bool:
-    return any(event.get(k) is not None for k in PREFERENCE_METRICS)
+def _facts(event: dict[str, Any], objective: objectives.Objective) -> list[tuple[str, str]]:
+    """(words, value) for each of the objective's metrics an event carries, in the record's order."""
+    return [
+        (words, f"{100 * value:.0f}%" if key in objective.percent else number(value, 3))
+        for key, words, value in objective.facts_of(event)
+    ]
 
 
-def preference_rows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Points for the preference plot: {step, value, series} for the reward margin and KL of each "log" event."""
+def metric_rows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Points for the objective's plot: {step, value, series} for each plotted metric of each "log" event."""
+    objective = objective_of(events)
     rows = []
     for e in events:
         if e.get("type") != "log":
             continue
-        for key in ("rewards_margin", "kl"):
-            if e.get(key) is not None:
-                rows.append({"step": int(e.get("step", 0)), "value": float(e[key]), "series": PREFERENCE_METRICS[key]})
+        for key, value in e.items():
+            if value is not None and objective.is_plotted(key):
+                rows.append({"step": int(e.get("step", 0)), "value": float(value), "series": objective.fact_words(key)})
     return rows
+
+
+COMPLETION_HEADERS = ["Prompt", "Sampled answer", "Rewards"]
+
+
+def completion_rows(events: list[dict[str, Any]]) -> tuple[int | None, list[list[str]]]:
+    """(step, rows) of the newest "completions" event (a run learning from rewards): each sampled answer with its
+    prompt and what each reward gave it; (None, []) for runs without."""
+    latest = next((e for e in reversed(events) if e.get("type") == "completions"), None)
+    if latest is None:
+        return None, []
+    rows = []
+    for item in latest.get("completions") or []:
+        scores = item.get("rewards") or {}
+        shown = " · ".join(f"{name} {number(value, 3)}" for name, value in scores.items())
+        rows.append([str(item.get("prompt", "")), str(item.get("completion", "")) or "(empty answer)", shown])
+    return int(latest.get("step") or 0), rows
 
 
 def loss_rows(events: list[dict[str, Any]], max_points: int = 600) -> list[dict[str, Any]]:
@@ -198,6 +218,7 @@ def loss_rows(events: list[dict[str, Any]], max_points: int = 600) -> list[dict[
 def log_lines(events: list[dict[str, Any]], limit: int = 14, recent_steps: int = 4) -> str:
     """The tail of the run's log as plain text, newest last. Only the latest few per-step loss lines are kept (the
     plot has them all), so messages, evaluations and checkpoints stay in view."""
+    objective = objective_of(events)
     logs = [i for i, e in enumerate(events) if e.get("type") == "log"]
     events = [e for i, e in enumerate(events) if e.get("type") != "log" or i in set(logs[-recent_steps:])]
     lines = []
@@ -210,9 +231,8 @@ def log_lines(events: list[dict[str, Any]], limit: int = 14, recent_steps: int =
             lines.append(f"{when}  status → {e.get('status')} (step {e.get('step', 0)}){extra}")
         elif kind == "log":
             lr = f" · lr {e['learning_rate']:.2e}" if e.get("learning_rate") is not None else ""
-            margin = f" · margin {number(e['rewards_margin'], 3)}" if e.get("rewards_margin") is not None else ""
-            kl = f" · KL {number(e['kl'], 3)}" if e.get("kl") is not None else ""
-            lines.append(f"{when}  step {e.get('step')} · loss {number(e.get('loss'))}{lr}{margin}{kl}")
+            extra = "".join(f" · {words} {shown}" for words, shown in _facts(e, objective)[:3])
+            lines.append(f"{when}  step {e.get('step')} · loss {number(e.get('loss'))}{lr}{extra}")
         elif kind == "eval":
             lines.append(f"{when}  step {e.get('step')} · eval loss {number(e.get('eval_loss'))}")
         elif kind == "checkpoint":
@@ -252,8 +272,9 @@ METHOD_WORDS = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA"}
 def run_title(run: RunSummary) -> str:
     """A run as a person names it: model · method (· objective) · when it started."""
     parts = [run.model or run.run_id, METHOD_WORDS.get(run.method, run.method)]
-    if run.objective and run.objective != "sft":
-        parts.append(run.objective.upper())
+    record = objectives.OBJECTIVES.get(run.objective)
+    if record is not None and record.short:
+        parts.append(record.short)
     if run.started_at:
         parts.append(time.strftime("%d %b %H:%M", time.localtime(run.started_at)))
     return " · ".join(p for p in parts if p)
@@ -285,6 +306,14 @@ def preview_html(preview: dict[str, Any]) -> str:
         f"<p><b>Format:</b> {esc(preview.get('format', '?'))} · <b>{preview.get('rows', 0)}</b> training rows · "
         f"<b>{preview.get('eval_rows', 0)}</b> evaluation rows</p>"
     )
+    if any(ex.get("columns") is not None for ex in examples):  # prompts alone: learning from rewards
+        head += (
+            '<p class="fs-legend"><span class="fs-masked">grey text</span> is the prompt as the model reads it; the '
+            "model samples answers to it, which the rewards score (they also read the row's other columns, listed "
+            "under it).</p>"
+        )
+        rows = "".join(_preference_example_html(i, ex) for i, ex in enumerate(examples, start=1))
+        return f'<div class="fs-preview">{head}{rows}</div>'
     if any(ex.get("sides") for ex in examples):
         head += (
             '<p class="fs-legend"><span class="fs-masked">grey text</span> is the prompt and chat markup; the model '
@@ -335,6 +364,10 @@ def _preference_example_html(number: int, example: dict[str, Any]) -> str:
             f'<div class="fs-side-head">{title}</div>'
             f'<pre class="fs-example-text"><span class="{style}">{esc(side.get("text", ""))}</span></pre>'
         )
+    columns = example.get("columns") or {}
+    if columns:
+        shown = " · ".join(f"{esc(name)}: {esc(value)}" for name, value in columns.items())
+        sides.append(f'<div class="fs-side-head">{shown}</div>')
     return f'<div class="fs-example"><div class="fs-example-head">{head}</div>{"".join(sides)}</div>'
 
 

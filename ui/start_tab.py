@@ -19,19 +19,16 @@ from typing import Any
 
 import gradio as gr
 
-from finetune.config import BUNDLED_DATASET, EMBEDDED_MODEL, FIELD_NAMES, PREFERENCE_OBJECTIVES, field_label
+from finetune.config import BUNDLED_DATASET, EMBEDDED_MODEL, FIELD_NAMES, field_label
 from finetune.errors import BusyError, UserError
-from finetune.studio import Studio
+from finetune.studio import Studio, objectives
 from ui.config_tab import ConfigTab, number_box, parse_number
 from ui.formatting import one_line, plain, preview_html, size
 from ui.visitor import per_visitor
 
-GOALS = {  # the backend's goals (`Studio.goal_settings`, `propose --goal`) the first screen offers
-    "sft": "Style or instructions: answer like the examples (SFT)",
-    "dpo": "Preferences: learn which of two answers is better (DPO)",
-    "classification": "Classification: predict a label for a text",
-}
-PAIRS_DATASET = "bundled:pirate-pairs"  # the bundled preference pairs (same prompts, pirate answer preferred)
+GOALS = {goal: record.goal_label for goal, record in objectives.GOALS.items()}  # goal -> its words
+# The bundled data sets that suit a goal: a bundled choice follows the goal (pirate answers <-> pirate pairs).
+GOAL_DATA = {record.bundled_data for record in objectives.OBJECTIVES.values() if record.bundled_data}
 DETECTED, CARD, CPU = "gpu", "card", "cpu"
 CUSTOM = "custom"  # the card choice for a size in GiB of one's own
 PREFERRED_CARDS = ("A10G", "L4", "24 GB")  # a common first guess when no GPU is detected
@@ -95,10 +92,8 @@ def session_of(request: gr.Request | None) -> str:
 
 
 def goal_of(form: dict[str, Any]) -> str:
-    """The first screen's goal for these settings."""
-    if form.get("task") == "sequence_classification":
-        return "classification"
-    return "dpo" if form.get("objective") in PREFERENCE_OBJECTIVES else "sft"
+    """The first screen's goal for these settings (the objectives registry's record says which it belongs to)."""
+    return objectives.of_values(form).goal
 
 
 def model_label(name: str) -> str:
@@ -327,13 +322,19 @@ class StartTab:
         """A choice changed: write it into the shared form and mark the data and the proposal as pending. The
         sequence length is the data's again: the next proposal measures it."""
         form = self.form(data)
-        goal = data.get(self.goal) or "sft"
-        settings = self.studio.goal_settings(goal)
-        if goal == "dpo" and form.get("objective") in PREFERENCE_OBJECTIVES:
-            settings["objective"] = form["objective"]  # keep orpo / kto chosen in Configure: they are preferences too
+        goal = data.get(self.goal) or goal_of({})
+        record = objectives.GOALS[goal]
+        task, objective = record.task, record.objective
+        if goal_of(form) == goal:
+            objective = form["objective"]  # keep orpo / kto chosen in Configure: they are preferences too
         dataset = self._matching_data(goal, data.get(self.data) or form.get("dataset"))
         session = session_of(request)
-        chosen = {"model": data.get(self.model) or form.get("model"), "dataset": dataset, **settings}
+        chosen = {"model": data.get(self.model) or form.get("model"), "dataset": dataset, "task": task}
+        chosen["objective"] = objective
+        defaults = self.studio.default_values()
+        for name, value in record.goal_defaults:  # what suits the goal, where the form still holds the default
+            if form.get(name) in (defaults.get(name), "", None):
+                chosen[name] = value
         return {
             **{self.config.fields[n]: v for n, v in chosen.items()},
             **self._kept({**form, **chosen}),
@@ -571,12 +572,11 @@ class StartTab:
 
     # ----- choices
     def _matching_data(self, goal: str, dataset: str) -> str:
-        """The bundled set that suits the goal when the data is a bundled one (pirate answers ↔ pirate pairs)."""
-        bundled = self.studio.bundled_datasets()
-        if goal == "dpo" and dataset == BUNDLED_DATASET and PAIRS_DATASET in bundled:
-            return PAIRS_DATASET
-        if goal != "dpo" and dataset == PAIRS_DATASET:
-            return BUNDLED_DATASET
+        """The bundled set that suits the goal when the data is another goal's bundled set (pirate answers <->
+        pirate pairs); the default set for a goal without one of its own."""
+        target = objectives.GOALS[goal].bundled_data or BUNDLED_DATASET
+        if dataset in GOAL_DATA and target in self.studio.bundled_datasets():
+            return target
         return dataset
 
     def _model_choices(self, current: str | None) -> list[tuple[str, str]]:
@@ -717,7 +717,7 @@ def wire(tab: StartTab, config: ConfigTab, train: Any, tabs: Any, start_tab: Any
     # One proposal and one data reading at a time per app: a queued request already stale is skipped at once.
     proposing = {"api_visibility": "private", "show_progress": "minimal", "concurrency_id": "start-propose"}
     reading = {"api_visibility": "private", "show_progress": "minimal", "concurrency_id": "start-data"}
-    form_out = [config.fields[n] for n in ("model", "dataset", "task", "objective")]
+    form_out = [config.fields[n] for n in ("model", "dataset", "task", "objective", *objectives.GOAL_FIELDS)]
     kept = [config.saved] if config.saved is not None else []
     proposal_out = [
         *config.fields.values(), tab.seq, tab.proposal, tab.summary, tab.proposed, tab.use_needed_btn, tab.start_btn,

@@ -1,5 +1,6 @@
-"""Train tab: what is about to run, start, stop and resume; the progress bar, the live loss plot (and a preference
-run's rewards), held-out answers then and now, the log tail, and the list of runs by a readable name.
+"""Train tab: what is about to run, start, stop and resume; the progress bar, the live loss plot (and what the run's
+objective logs beside it: a preference run's rewards), held-out answers then and now, the log tail, and the list of
+runs by a readable name.
 
 A `gr.Timer` polls once a second. The tick reads the in-memory training state and, only when something changed
 (a new step, status, message or event), the run's event log; otherwise it changes nothing. Handlers return
@@ -20,16 +21,19 @@ import pandas as pd
 
 from finetune.config import FIELD_NAMES, field_label
 from finetune.errors import BusyError, UserError
-from finetune.studio import RunPreview, RunSummary, Studio
+from finetune.studio import RunPreview, RunSummary, Studio, objectives
 from ui.config_tab import ConfigTab, form_stamp, kind_of, parse_number, warn
 from ui.formatting import (
+    COMPLETION_HEADERS,
     RUN_HEADERS,
+    completion_rows,
     log_lines,
     loss_rows,
+    metric_facts,
+    metric_rows,
+    objective_of,
     one_line,
     plain,
-    preference_facts,
-    preference_rows,
     problem_markdown,
     progress_html,
     run_rows,
@@ -41,14 +45,7 @@ from ui.visitor import per_visitor
 
 TICK_SECONDS = 1.0
 SERIES = ("train", "eval")
-PREFERENCE_SERIES = ("reward margin", "KL")
 METHOD_WORDS = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA (4-bit base + LoRA)"}
-OBJECTIVE_WORDS = {
-    "sft": "supervised fine-tuning (SFT)",
-    "dpo": "preferences (DPO)",
-    "orpo": "preferences (ORPO)",
-    "kto": "preferences (KTO)",
-}
 CHANGED_SHOWN = 8  # settings changed from the defaults named in the summary (then "and N more")
 
 
@@ -65,10 +62,12 @@ def loss_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 EMPTY_LOSS = loss_frame([])
 
 
-def preference_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """The preference plot's data (reward margin and KL by step), every series present from the start."""
+def metric_frame(rows: list[dict[str, Any]], objective: Any = None) -> pd.DataFrame:
+    """The objective plot's data (a preference run's reward margin and KL, ...) by step; the objective's fixed series
+    are present from the start (a blank point), so the legend drawn first holds them."""
     have = {r["series"] for r in rows}
-    blanks = [{"step": 0, "value": float("nan"), "series": s} for s in PREFERENCE_SERIES if s not in have]
+    fixed = [objective.fact_words(k) for k in objective.plotted if "*" not in k] if objective is not None else []
+    blanks = [{"step": 0, "value": float("nan"), "series": s} for s in fixed if s not in have]
     return pd.DataFrame(rows + blanks, columns=["step", "value", "series"])
 
 
@@ -91,7 +90,7 @@ def plan_markdown(preview: RunPreview, changed: list[str]) -> str:
     lines = [
         f"**Start will train** `{plain(preview.model)}` on `{plain(preview.dataset)}`: "
         f"{METHOD_WORDS.get(preview.method, preview.method)}, "
-        f"{OBJECTIVE_WORDS.get(preview.objective, preview.objective)}.",
+        f"{objectives.label(preview.objective)}.",
         f"{length} of {preview.effective_batch} examples each, up to {preview.max_seq_length} tokens per example, "
         f"on {where}; {memory}.",
         batches_text(preview),
@@ -118,8 +117,8 @@ def changed_settings(values: dict[str, Any], defaults: dict[str, Any]) -> list[s
     for name in FIELD_NAMES:
         value = values.get(name)
         if kind_of(name) in ("int", "float"):
-            value = parse_number(value)  # number fields hold the text typed
-        if name in values and value != defaults.get(name):
+            value = parse_number(value)  # number fields hold the text typed (an optional one may be left empty)
+        if name in values and value != defaults.get(name) and {value, defaults.get(name)} != {"", None}:
             shown = str(value).lower() if isinstance(value, bool) else ("(empty)" if value in ("", None) else value)
             out.append(f"{field_label(name)} = {plain(shown)}")
     return out
@@ -141,6 +140,7 @@ class TrainTab:
     plot: Any = None
     prefs: Any = None
     prefs_plot: Any = None
+    completions: Any = None
     samples: Any = None
     log: Any = None
     runs_table: Any = None
@@ -213,20 +213,24 @@ class TrainTab:
                 self.problem: "",
                 self.plot: EMPTY_LOSS,
                 self.prefs: "",
-                self.prefs_plot: gr.update(value=preference_frame([]), visible=False),
+                self.prefs_plot: gr.update(value=metric_frame([]), visible=False),
+                self.completions: completions_update(None, []),
                 self.samples: _samples_frame([], []),
                 self.log: "",
             }
         state = self.run_state(run_id)
         events = self.events(run_id)
-        preference = preference_rows(events)
+        metrics, objective = metric_rows(events), objective_of(events)
         headers, samples = sample_rows(events, active=(state or {}).get("status") in ("pending", "loading", "running"))
         return {
             self.progress: progress_html(state or {"run_id": run_id, "status": "unknown"}),
             self.problem: problem_markdown(state),
             self.plot: loss_frame(loss_rows(events)),
-            self.prefs: preference_facts(events),
-            self.prefs_plot: gr.update(value=preference_frame(preference), visible=bool(preference)),
+            self.prefs: metric_facts(events),
+            self.prefs_plot: gr.update(
+                value=metric_frame(metrics, objective), visible=bool(metrics), title=objective.plot_title
+            ),
+            self.completions: completions_update(*completion_rows(events)),
             self.samples: _samples_frame(headers, samples),
             self.log: log_lines(events),
         }
@@ -352,6 +356,12 @@ class TrainTab:
         }
 
 
+def completions_update(step: int | None, rows: list[list[str]]) -> dict:
+    """The sampled answers of a run learning from rewards, newest step first shown; hidden for other runs."""
+    label = f"Sampled answers at step {step}, with their rewards" if step is not None else "Sampled answers"
+    return gr.update(value=pd.DataFrame(rows, columns=COMPLETION_HEADERS), visible=bool(rows), label=label)
+
+
 def _samples_frame(headers: list[str], rows: list[list[str]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=headers or ["Held-out prompt", "Answer before training", "Answer now"])
 
@@ -415,7 +425,7 @@ def build(studio: Studio) -> TrainTab:
             )
             tab.prefs = gr.HTML("", elem_id="train-prefs")
             tab.prefs_plot = gr.LinePlot(
-                preference_frame([]),
+                metric_frame([]),
                 x="step",
                 y="value",
                 color="series",
@@ -433,6 +443,16 @@ def build(studio: Studio) -> TrainTab:
             tab.log = gr.Textbox(
                 label="Log (latest)", lines=14, max_lines=14, interactive=False, elem_id="train-log", autoscroll=True
             )
+    tab.completions = gr.Dataframe(
+        pd.DataFrame(columns=COMPLETION_HEADERS),
+        label="Sampled answers",
+        interactive=False,
+        wrap=True,
+        visible=False,
+        elem_id="train-completions",
+        elem_classes=["fs-table"],
+        column_widths=["30%", "45%", "25%"],
+    )
     tab.samples = gr.Dataframe(
         _samples_frame([], []),
         label="Held-out prompts: before training and now",
@@ -480,6 +500,7 @@ def wire(tab: TrainTab, config: ConfigTab, demo: gr.Blocks, train_tab: Any = Non
         tab.plot,
         tab.prefs,
         tab.prefs_plot,
+        tab.completions,
         tab.samples,
         tab.log,
         tab.runs_table,

@@ -5,7 +5,7 @@ Per configuration, one fresh process runs `python -m finetune train` (finetune.c
     device memory in use, as nvidia-smi shows it (the whole run: load, step-0 samples, steps, save);
   - Trainer.train is wrapped to mark where training starts: the torch.cuda peak counters are reset there, so
     max_memory_allocated / max_memory_reserved cover the training steps (model loading has its own figures).
-The parent never touches CUDA: it estimates each configuration (`finetune.memory.estimate(config, device="cuda")`,
+The parent never touches CUDA: it estimates each configuration (`finetune.memory.estimate(plan_for(config, "cuda"))`,
 a replay on fake tensors) and measures the context with `finetune.memory.measured_cuda_overhead()`. It compares
   tensor_bytes with max_memory_allocated (the training steps), and
   total_bytes with the device-use peak (the whole run): never under, at most 15% over (issue 13).
@@ -268,11 +268,12 @@ def estimate_child(configs: str, result_path: str, cuda: bool) -> None:
 
     from finetune import memory
     from finetune.config import TrainConfig
+    from finetune.plan import plan_for
 
     out: dict[str, Any] = {"estimates": {}}
     for path in configs.split(","):
         t0 = time.time()
-        est = memory.estimate(TrainConfig.load(path), device="cuda" if cuda else "cpu")
+        est = memory.estimate(plan_for(TrainConfig.load(path), "cuda" if cuda else "cpu"))
         out["estimates"][path] = {
             "class": est.allocator_class or "-",
             "tensor": est.tensor_bytes,

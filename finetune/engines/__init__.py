@@ -1,25 +1,17 @@
-"""Training engines. Each exposes `train(config, progress, resume_from) -> "completed" | "stopped"`."""
+"""Training engines. Each exposes `train(plan, progress, resume_from) -> "completed" | "stopped"` and runs the run plan
+it is given; the objective's record names its engine module (finetune/objectives.py)."""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
-from finetune.config import PREFERENCE_OBJECTIVES, TrainConfig
-from finetune.plan import plan_for
+from finetune.plan import RunPlan
 from finetune.progress import Progress
 
 
-def run_engine(config: TrainConfig, progress: Progress, resume_from: Path | None = None) -> str:
-    """Run the engine the plan asks for (imported lazily: all pull in torch): preference objectives on TRL's
-    trainers, SFT on the Trainer or the DeepSpeed loop."""
-    if plan_for(config).objective in PREFERENCE_OBJECTIVES:
-        from finetune.engines import preference
-
-        return preference.train(config, progress, resume_from)
-    if config.backend == "deepspeed":
-        from finetune.engines import deepspeed_engine
-
-        return deepspeed_engine.train(config, progress, resume_from)
-    from finetune.engines import hf_trainer
-
-    return hf_trainer.train(config, progress, resume_from)
+def run_engine(plan: RunPlan, progress: Progress, resume_from: Path | None = None) -> str:
+    """Run the engine the plan's objective names (imported lazily: all pull in torch); `backend: deepspeed` runs the
+    explicit DeepSpeed loop instead (the config allows it only for objectives that loop can run)."""
+    name = "deepspeed_engine" if plan.config.backend == "deepspeed" else plan.objective.engine
+    return importlib.import_module(f"finetune.engines.{name}").train(plan, progress, resume_from)

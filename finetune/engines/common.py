@@ -10,7 +10,7 @@ from finetune.atomic import write_json
 from finetune.config import TrainConfig
 from finetune.errors import UserError
 from finetune.inference import LABELS_FILE
-from finetune.plan import RunPlan, plan_for
+from finetune.plan import RunPlan
 from finetune.progress import Progress
 
 INITIAL_ADAPTER = "initial-adapter"  # PiSSA / OLoRA: the adapter as initialised, for the final conversion
@@ -29,15 +29,15 @@ class Prepared:
     plan: RunPlan
 
 
-def prepare_run(config: TrainConfig, progress: Progress) -> Prepared:
-    """Load tokenizer, data and model, reporting each stage to the user."""
+def prepare_run(plan: RunPlan, progress: Progress) -> Prepared:
+    """Load tokenizer, data and model as the plan says, reporting each stage to the user."""
     import torch
 
-    plan = plan_for(config)
+    config = plan.config
     precision = plan.precision
     if config.precision in ("fp16", "bf16") and precision == "fp32":
         progress.message(f"precision: {config.precision} needs a GPU; none found, so this run uses fp32")
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    device = torch.cuda.get_device_name(0) if plan.device == "cuda" else "cpu"
     progress.update(device=device)
     if config.trust_remote_code:
         progress.message("warning: trust_remote_code is on: Python code from the model repository runs on this machine")
@@ -53,7 +53,7 @@ def prepare_run(config: TrainConfig, progress: Progress) -> Prepared:
     for note in prepared_data.notes:
         progress.message(note)
     progress.message(f"loading the model ({config.method}, {precision}) on {device}")
-    model = models.load_model(config, num_labels=prepared_data.num_labels or None, plan=plan)
+    model = models.load_model(plan, num_labels=prepared_data.num_labels or None)
     if prepared_data.label_names:
         model.config.id2label = dict(enumerate(prepared_data.label_names))
         model.config.label2id = {name: i for i, name in enumerate(prepared_data.label_names)}

@@ -32,6 +32,7 @@ from finetune.config import TrainConfig
 from finetune.deepspeed_config import deepspeed_config, write_ds_config
 from finetune.engines.common import Prepared, prepare_run
 from finetune.engines.world import World, distributed_world
+from finetune.plan import RunPlan
 from finetune.progress import Progress
 
 # Keep the two newest checkpoints: if the process dies while writing one, the one before is still complete.
@@ -41,23 +42,24 @@ RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
 
 
 # --------------------------------------------------------------------------- the run
-def train(config: TrainConfig, progress: Progress, resume_from: Path | None = None) -> str:
+def train(plan: RunPlan, progress: Progress, resume_from: Path | None = None) -> str:
     """Train to the end (or until stopped) with the DeepSpeed engine; returns "completed" or "stopped"."""
     if not os.environ.get("FINETUNE_DEBUG"):
         # Our progress replaces its per-step INFO lines; a quieter level set by the CLI (no -v) is kept.
         ds_logger = logging.getLogger("DeepSpeed")
         ds_logger.setLevel(max(logging.WARNING, ds_logger.level))
     with distributed_world() as world:
-        return _train(config, progress, resume_from, world)
+        return _train(plan, progress, resume_from, world)
 
 
-def _train(config: TrainConfig, progress: Progress, resume_from: Path | None, world: World) -> str:
+def _train(plan: RunPlan, progress: Progress, resume_from: Path | None, world: World) -> str:
     import deepspeed
     from torch.utils.data import DataLoader, DistributedSampler
     from transformers import set_seed
 
+    config = plan.config
     set_seed(config.seed)  # identical adapter initialisation on every rank and in every run of this config
-    prepared = prepare_run(config, progress)
+    prepared = prepare_run(plan, progress)
     if _agree(world, progress.stop_requested.is_set()):
         return "stopped"
     model = prepared.model
@@ -78,7 +80,7 @@ def _train(config: TrainConfig, progress: Progress, resume_from: Path | None, wo
     ds_config = deepspeed_config(
         config,
         world_size=world.size,
-        precision=prepared.precision,
+        precision=plan.precision,
         total_steps=max_steps,
         hidden_size=getattr(getattr(model, "config", None), "hidden_size", None),
     )

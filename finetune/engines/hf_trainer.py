@@ -13,12 +13,11 @@ from typing import Any
 from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import PrinterCallback
 
-from finetune.config import TrainConfig
 from finetune.engines.common import Prepared, prepare_run, save_final, write_used_ds_config
 from finetune.engines.world import trainer_world_if
 from finetune.inference import generate_answers
 from finetune.packing import is_packed
-from finetune.plan import TRAINER_OPTIMIZERS, RunPlan, uses_deepspeed
+from finetune.plan import RunPlan
 from finetune.progress import Progress
 
 # What the form does not ask for, chosen here so that every scheduler in config.SCHEDULERS runs with its settings.
@@ -34,17 +33,14 @@ GPU_LOG_EVERY_S = 1.0
 GPU_LOG_FIRST_STEPS = 10
 
 
-def training_arguments(
-    config: TrainConfig, output_dir: Path, precision: str, has_eval: bool, liger: bool = False
-) -> TrainingArguments:
-    """`TrainingArguments` for the config: every knob maps to its Trainer name; `liger`: the plan's Liger decision
-    (Trainer patches the model with Liger's kernels when training starts)."""
-    import torch
-
-    on_gpu = torch.cuda.is_available()
+def training_arguments(plan: RunPlan, output_dir: Path, has_eval: bool) -> TrainingArguments:
+    """`TrainingArguments` for the plan: every knob maps to its Trainer name; precision, device, DeepSpeed and Liger
+    (Trainer patches the model with Liger's kernels when training starts) as the plan decided them."""
+    config, precision = plan.config, plan.precision
+    on_gpu = plan.device == "cuda"
 
     kwargs: dict[str, Any] = {}
-    if uses_deepspeed(config):
+    if plan.deepspeed:
         from finetune.deepspeed_config import trainer_deepspeed_config
 
         kwargs["deepspeed"] = trainer_deepspeed_config(config)
@@ -56,7 +52,7 @@ def training_arguments(
         learning_rate=config.learning_rate,
         weight_decay=config.weight_decay,
         max_grad_norm=config.max_grad_norm,
-        optim=TRAINER_OPTIMIZERS[config.optim],
+        optim=plan.trainer_optim,
         lr_scheduler_type=config.lr_scheduler_type,
         warmup_steps=config.warmup_steps,
         num_train_epochs=config.num_train_epochs,
@@ -80,7 +76,7 @@ def training_arguments(
         # Its NaN/Inf test reads each micro batch's loss on the host: one device sync per micro batch on a GPU. There a
         # NaN loss shows in the curve as it is (what a user wants to see) instead of being replaced by the mean.
         logging_nan_inf_filter=not on_gpu,
-        use_liger_kernel=liger,
+        use_liger_kernel=plan.liger,
         disable_tqdm=True,  # the run has its own progress (terminal bar, UI)
         dataloader_num_workers=0,
         remove_unused_columns=False,
@@ -232,7 +228,7 @@ class ProgressCallback(TrainerCallback):
             self.progress.update(tokens_seen=self.tokens_seen())  # the last steps' tokens, not yet read on a GPU
 
     def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: D102
-        self.progress.on_log(state.global_step, logs or {})
+        self.progress.on_log(state.global_step, logs or {}, self.prepared.plan.objective)
 
     def on_evaluate(self, args, state, control, model=None, **kwargs):  # noqa: D102
         self._samples(model, state.global_step)
@@ -336,23 +332,22 @@ def _write_answers(path: Path, answers: list[str]) -> None:
         pass
 
 
-def train(config: TrainConfig, progress: Progress, resume_from: Path | None = None) -> str:
+def train(plan: RunPlan, progress: Progress, resume_from: Path | None = None) -> str:
     """Train to the end (or until stopped); returns the final status: completed or stopped."""
     # DeepSpeed through the Trainer needs a process group: one of size 1 without a launcher, torn down after the run.
-    with trainer_world_if(uses_deepspeed(config)):
-        return _train(config, progress, resume_from)
+    with trainer_world_if(plan.deepspeed):
+        return _train(plan, progress, resume_from)
 
 
-def _train(config: TrainConfig, progress: Progress, resume_from: Path | None = None) -> str:
+def _train(plan: RunPlan, progress: Progress, resume_from: Path | None = None) -> str:
     from transformers import set_seed
 
+    config = plan.config
     set_seed(config.seed)  # before the adapter is built: the Trainer seeds only later, too late for LoRA's init
-    prepared = prepare_run(config, progress)
+    prepared = prepare_run(plan, progress)
     if progress.stop_requested.is_set():
         return "stopped"
-    args = training_arguments(
-        config, progress.run.path, prepared.precision, prepared.data.eval is not None, liger=prepared.plan.liger
-    )
+    args = training_arguments(plan, progress.run.path, prepared.data.eval is not None)
     trainer = StudioTrainer(
         model=prepared.model,
         args=args,

@@ -13,27 +13,26 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from transformers.trainer_callback import PrinterCallback
 
 from finetune import models
-from finetune.config import TrainConfig
 from finetune.engines.common import Prepared, prepare_run, save_final
 from finetune.engines.hf_trainer import ProgressCallback, StudioTrainer, training_arguments
 from finetune.engines.world import trainer_world_if
-from finetune.plan import RunPlan, uses_deepspeed
+from finetune.objectives import NO_REFERENCE, Objective
+from finetune.plan import RunPlan
 from finetune.progress import Progress
-
-# Our DPO loss names that are a sum of TRL's terms (equal weights).
-DPO_LOSS_TERMS = {"rpo": ["sigmoid", "sft"]}
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # ORPO lives in trl.experimental; its import warning is noise
 
 
-class _StudioPreference:
-    """What our Trainer does differently, mixed into TRL's trainers: the run's scheduler, no draft card."""
+class StudioTRL:
+    """What our Trainer does differently, mixed into TRL's trainers (preference and GRPO): the run's scheduler, no
+    draft card."""
 
     create_scheduler = StudioTrainer.create_scheduler
 
@@ -43,51 +42,34 @@ class _StudioPreference:
         return None
 
 
-def trainer_class(objective: str) -> Any:
-    """TRL's trainer for an objective, with the Studio scheduler."""
-    if objective == "dpo":
-        from trl import DPOTrainer
-
-        return type("StudioDPOTrainer", (_StudioPreference, DPOTrainer), {})
-    if objective == "kto":
-        from trl import KTOTrainer
-
-        return type("StudioKTOTrainer", (_StudioPreference, KTOTrainer), {})
-    if objective == "orpo":
-        from trl.experimental.orpo import ORPOTrainer
-
-        return type("StudioORPOTrainer", (_StudioPreference, ORPOTrainer), {})
-    raise ValueError(f"not a preference objective: {objective!r}")
+def trainer_class(objective: Objective) -> Any:
+    """TRL's trainer for an objective (its record names it), with the Studio scheduler."""
+    trl_class = load_class(objective.trainer)
+    return type(f"Studio{trl_class.__name__}", (StudioTRL, trl_class), {})
 
 
-def config_class(objective: str) -> Any:
-    """TRL's config class (a `TrainingArguments` subclass) for an objective."""
-    if objective == "dpo":
-        from trl import DPOConfig
+def load_class(path: str) -> Any:
+    """A class named "module:Class" (the objectives registry's way of naming trainers and their configs)."""
+    import importlib
 
-        return DPOConfig
-    if objective == "kto":
-        from trl import KTOConfig
-
-        return KTOConfig
-    from trl.experimental.orpo import ORPOConfig
-
-    return ORPOConfig
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
 
 
-def preference_arguments(config: TrainConfig, plan: RunPlan, output_dir: Path, has_eval: bool) -> Any:
+def preference_arguments(plan: RunPlan, output_dir: Path, has_eval: bool) -> Any:
     """The SFT run's `TrainingArguments`, every field carried into TRL's config for the objective, plus its own
     settings: beta, the DPO loss and the sequence length (prompt + answer)."""
-    args = training_arguments(config, output_dir, plan.precision, has_eval)
+    config = plan.config
+    args = training_arguments(plan, output_dir, has_eval)
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init}
-    values.update(beta=config.beta, max_length=config.max_seq_length)
-    if plan.objective == "dpo":
-        values["loss_type"] = DPO_LOSS_TERMS.get(config.loss_type, [config.loss_type])
-    if plan.objective == "kto":
+    values.update(beta=plan.beta, max_length=config.max_seq_length)
+    if plan.loss_type:
+        values["loss_type"] = plan.objective.trl_loss(plan.loss_type)
+    if plan.objective.sequential_batches:
         # KTO's KL term pairs each prompt with its batch neighbour's answer, precomputed in data order: TRL needs
         # the batches in that order.
         values["train_sampling_strategy"] = "sequential"
-    return config_class(plan.objective)(**values)
+    return load_class(plan.objective.trainer_config)(**values)
 
 
 def reference_model(prepared: Prepared) -> Any:
@@ -109,32 +91,42 @@ def drop_reference_adapter(trainer: Any, plan: RunPlan) -> None:
         model.set_adapter("default")
 
 
-def train(config: TrainConfig, progress: Progress, resume_from: Path | None = None) -> str:
+def train(plan: RunPlan, progress: Progress, resume_from: Path | None = None) -> str:
     """Train to the end (or until stopped); returns the final status: completed or stopped."""
-    # DeepSpeed through the Trainer needs a process group: one of size 1 without a launcher, torn down after the run.
-    with trainer_world_if(uses_deepspeed(config)):
-        return _train(config, progress, resume_from)
+    return in_world(plan, lambda: _train(plan, progress, resume_from))
 
 
-def _train(config: TrainConfig, progress: Progress, resume_from: Path | None = None) -> str:
+def in_world(plan: RunPlan, run: Callable[[], str]) -> str:
+    """`run()` in the process group DeepSpeed through the Trainer needs (one of size 1 without a launcher, torn down
+    after the run); as it is without DeepSpeed."""
+    with trainer_world_if(plan.deepspeed):
+        return run()
+
+
+def prepare_trl_run(plan: RunPlan, progress: Progress) -> Prepared | None:
+    """The SFT path's model, tokenizer and data for a TRL trainer (None: stopped while loading)."""
     from transformers import set_seed
 
-    set_seed(config.seed)  # before the adapter is built, as for SFT
-    prepared = prepare_run(config, progress)
-    if progress.stop_requested.is_set():
+    set_seed(plan.config.seed)  # before the adapter is built, as for SFT
+    prepared = prepare_run(plan, progress)
+    return None if progress.stop_requested.is_set() else prepared
+
+
+def _train(plan: RunPlan, progress: Progress, resume_from: Path | None = None) -> str:
+    prepared = prepare_trl_run(plan, progress)
+    if prepared is None:
         return "stopped"
-    plan = prepared.plan
     progress.event(  # what the run compares and reads, for the model card
         "objective",
-        objective=plan.objective,
-        beta=config.beta,
-        loss_type=config.loss_type if plan.objective == "dpo" else None,
+        objective=plan.objective.name,
+        beta=plan.beta,
+        loss_type=plan.loss_type or None,
         reference=plan.reference,
         columns=prepared.data.format.columns,
     )
-    args = preference_arguments(config, plan, progress.run.path, prepared.data.eval is not None)
+    args = preference_arguments(plan, progress.run.path, prepared.data.eval is not None)
     kwargs: dict[str, Any] = {}
-    if plan.objective in ("dpo", "kto"):
+    if plan.objective.reference != NO_REFERENCE:
         kwargs["ref_model"] = reference_model(prepared)
     trainer = trainer_class(plan.objective)(
         model=prepared.model,
@@ -145,6 +137,14 @@ def _train(config: TrainConfig, progress: Progress, resume_from: Path | None = N
         callbacks=[ProgressCallback(progress, prepared)],
         **kwargs,
     )
+    return run_to_the_end(trainer, prepared, progress, resume_from)
+
+
+def run_to_the_end(trainer: Any, prepared: Prepared, progress: Progress, resume_from: Path | None) -> str:
+    """Train a TRL trainer to the end (or until stopped) with the SFT path's progress and final save; "completed" or
+    "stopped". One adapter is trained and saved (TRL's "ref" copy dropped, as the plan says); the models are let go
+    afterwards, so their memory can be released before the next run in this process."""
+    plan, config = prepared.plan, prepared.plan.config
     drop_reference_adapter(trainer, plan)
     trainer.remove_callback(PrinterCallback)  # our progress (terminal bar, UI) replaces its raw dict prints
     try:
@@ -156,7 +156,6 @@ def _train(config: TrainConfig, progress: Progress, resume_from: Path | None = N
         save_final(trainer.model, prepared.tokenizer, progress, trainer=trainer, plan=plan)
         return "completed"
     finally:
-        # Drop references so both models' memory can be released before the next run in this process.
         trainer.model = trainer.model_wrapped = None
         trainer.optimizer = trainer.lr_scheduler = None
         if hasattr(trainer, "ref_model"):

@@ -6,8 +6,7 @@ A proposal starts from the fastest settings (no checkpointing, a plain AdamW, Lo
 micro batch up to 8 at the same effective batch, packing where the plan can pack) and the sequence length that keeps
 every row of the data whole, then takes the search's best option if that does not fit with headroom. So it never
 keeps a choice a proposal made for other data or other hardware: it is recomputed from the same start whenever those
-change. A field the user set on
-purpose (`pinned`, e.g. the sequence length typed on the Start tab) is left as set.
+change. A field the user set on purpose (`pinned`, e.g. the sequence length typed on the Start tab) is left as set.
 """
 
 from __future__ import annotations
@@ -17,35 +16,12 @@ from typing import Any
 
 from finetune.config import TrainConfig
 from finetune.errors import UserError
-from finetune.memory.search import (  # noqa: F401 - re-exported: the search's names are the advice's vocabulary
-    KINDS,
-    Advice,
-    Needed,
-    billions,
-    cut_words,
-    judge,
-    search,
-    stats_for,
-    whole_length,
-)
-from finetune.plan import packing_for
+from finetune.memory import estimator as core
+from finetune.memory.estimator import Advice, GiB, Needed, size_text
+from finetune.memory.search import billions, cut_words, estimate, search, stats_for, whole_length
+from finetune.plan import RunPlan
 
-# What each goal of the first screen (and `propose --goal`) sets: the task and the objective.
-GOALS: dict[str, dict[str, str]] = {
-    "sft": {"task": "causal_lm", "objective": "sft"},
-    "dpo": {"task": "causal_lm", "objective": "dpo"},
-    "orpo": {"task": "causal_lm", "objective": "orpo"},
-    "kto": {"task": "causal_lm", "objective": "kto"},
-    "classification": {"task": "sequence_classification", "objective": "sft"},
-}
 MAX_MICRO_BATCH = 8  # the largest micro batch a proposal starts from (more rarely speeds a step up further)
-
-
-def goal_settings(goal: str) -> dict[str, str]:
-    """The task and objective of a goal (sft, dpo, orpo, kto, classification); a UserError naming `goal` else."""
-    if goal not in GOALS:
-        raise UserError(f"goal: {goal!r} is not one of {', '.join(GOALS)}", field="goal")
-    return dict(GOALS[goal])
 
 
 @dataclass
@@ -89,13 +65,11 @@ class Proposal:
         rows kept whole, and the command that trains it."""
         import shlex
 
-        from finetune.memory import _size
-
         est = self.estimate
         where = f"{est.gpus} × {est.gpu_gib:g} GiB" if est.gpu_gib else est.device
-        need = _size(est.total_bytes)
+        need = size_text(est.total_bytes)
         if self.fits:
-            left, keep = _size(est.headroom_bytes), _size(est.margin_bytes)
+            left, keep = size_text(est.headroom_bytes), size_text(est.margin_bytes)
             head = f"Proposal for {where}: fits, leaving {left} (a fit keeps {keep})"
         elif self.fits is None:
             head = f"Proposal for {where}: about {need} per device"
@@ -123,31 +97,25 @@ class Proposal:
 # ----------------------------------------------------------------------------- the proposal
 
 
-def propose(
-    config: TrainConfig,
-    device: str = "cuda",
-    gpus: int = 1,
-    gpu_gib: float | None = None,
-    pinned: tuple[str, ...] = (),
-) -> Proposal:
-    """The best configuration like `config` for `gpus` devices of `gpu_gib` GiB (the search's answer), with the
-    reasons in words; `pinned` fields are kept as set."""
-    from finetune import memory as mem
-
+def propose(plan: RunPlan, gpu_gib: float | None = None, pinned: tuple[str, ...] = ()) -> Proposal:
+    """The best configuration like the plan's for its `world_size` devices of `gpu_gib` GiB (the search's answer),
+    with the reasons in words; `pinned` fields are kept as set."""
+    config = plan.config
     stats, unread = data_lengths(config)
-    start = baseline(config, stats, pinned)
-    est = mem.estimate(start, device=device, gpus=gpus, gpu_gib=gpu_gib, advise=False)
+    start = baseline(plan, stats, pinned)
+    est = estimate(start, gpu_gib, advise=False)
     chosen, option, needed = start, None, None
     if est.fits is False:
-        found = search(start, device, gpus, int(gpu_gib * mem.GiB), est, stats, pinned)
+        found = search(start, int(gpu_gib * GiB), est, stats, pinned)
         est.advice, est.needed = found.options, found.needed
         option = est.advice[0] if est.advice and est.advice[0].fits else None
         needed = None if option else est.needed
         changes = option.changes if option else (needed.changes if needed else {})
-        chosen = start.replace(**changes)
+        chosen = start.replanned(**changes)
         if changes:
-            est = mem.estimate(chosen, device=device, gpus=gpus, gpu_gib=gpu_gib, advise=option is not None)
-    asked, values = config.to_dict(), chosen.to_dict()
+            est = estimate(chosen, gpu_gib, advise=option is not None)
+    asked, values = config.to_dict(), chosen.config.to_dict()
+    known = stats is not None and stats.lengths
     return Proposal(
         values=values,
         reasons=_reasons(chosen, est, stats, unread, option, needed, pinned),
@@ -156,7 +124,7 @@ def propose(
         changes={k: v for k, v in values.items() if asked.get(k) != v},
         verdict=getattr(est, "verdict", ""),
         needed=needed,
-        rows_kept_whole=stats.share_within(chosen.max_seq_length) if stats is not None and stats.lengths else None,
+        rows_kept_whole=stats.share_within(chosen.config.max_seq_length) if known else None,
         data=stats.to_dict() if stats is not None else None,
     )
 
@@ -174,10 +142,11 @@ def data_lengths(config: TrainConfig) -> tuple[Any, str]:
         return None, (text[0] if text else type(exc).__name__)[:200]
 
 
-def baseline(config: TrainConfig, stats: Any, pinned: tuple[str, ...] = ()) -> TrainConfig:
+def baseline(plan: RunPlan, stats: Any, pinned: tuple[str, ...] = ()) -> RunPlan:
     """Where a proposal starts: the fastest memory settings at the same effective batch (packing on where the plan
     can pack), and the sequence length that keeps every row whole (the length as set when the data's lengths are
     unknown). `pinned` fields stay."""
+    config = plan.config
     eff = config.effective_batch_size
     micro = max(d for d in range(1, min(eff, MAX_MICRO_BATCH) + 1) if eff % d == 0)
     changes: dict[str, Any] = {
@@ -194,14 +163,16 @@ def baseline(config: TrainConfig, stats: Any, pinned: tuple[str, ...] = ()) -> T
     whole = whole_length(config, stats)
     if whole:
         changes["max_seq_length"] = whole
-    start = config.replace(**{k: v for k, v in changes.items() if k not in pinned})
-    if "packing" not in pinned and not start.packing and packing_for(start.replace(packing=True))[0]:
-        start = start.replace(packing=True)  # no compute and no memory spent on padding, the same loss
+    start = plan.replanned(**{k: v for k, v in changes.items() if k not in pinned})
+    if "packing" not in pinned and not start.config.packing:
+        packed = start.replanned(packing=True)
+        if packed.packing:  # no compute and no memory spent on padding, the same loss
+            return packed
     return start
 
 
 def _reasons(
-    chosen: TrainConfig,
+    chosen: RunPlan,
     est: Any,
     stats: Any,
     unread: str,
@@ -211,23 +182,21 @@ def _reasons(
 ) -> list[str]:
     """Two to four sentences on why: the method, the memory (savers, headroom, or the hardware needed), the data."""
     out = [_method_sentence(chosen, est)]
-    memory = _memory_sentence(chosen, est, option, needed)
+    memory = _memory_sentence(chosen.config, est, option, needed)
     if memory:
         out.append(memory)
-    out.append(_data_sentence(chosen, stats, unread, pinned))
+    out.append(_data_sentence(chosen.config, stats, unread, pinned))
     return out
 
 
 def _memory_sentence(chosen: TrainConfig, est: Any, option: Advice | None, needed: Needed | None) -> str:
     """The memory in one sentence: what was turned on and what it leaves, or what hardware it needs."""
-    from finetune.memory import _size
-
     if needed is not None:
         return needed.line
     if est.gpu_gib is None:
         return ""
     batch = f"batch {chosen.per_device_train_batch_size} × {chosen.gradient_accumulation_steps} accumulation"
-    left = f"{_size(est.headroom_bytes)} of headroom on {est.gpu_gib:g} GiB"
+    left = f"{size_text(est.headroom_bytes)} of headroom on {est.gpu_gib:g} GiB"
     if est.fits and option is None:
         return f"{batch[0].upper()}{batch[1:]} fits as set, leaving {left}: nothing slower is needed."
     if est.fits and option is not None:
@@ -237,7 +206,7 @@ def _memory_sentence(chosen: TrainConfig, est: Any, option: Advice | None, neede
             f"{chosen.effective_batch_size} ({_speed_words(option.slowdown)}) and leaves {left}."
         )
     state = "is tight" if getattr(est, "verdict", "") == "tight" else "does not fit"
-    return f"It {state} on {est.gpu_gib:g} GiB (needs about {_size(est.total_bytes)}): it will run out of memory."
+    return f"It {state} on {est.gpu_gib:g} GiB (needs about {size_text(est.total_bytes)}): it will run out of memory."
 
 
 def _speed_words(slowdown: float) -> str:
@@ -261,19 +230,18 @@ def _data_sentence(chosen: TrainConfig, stats: Any, unread: str, pinned: tuple[s
     return f"{seq} tokens per row: {cut}; keeping every row whole ({whole} tokens) does not fit with headroom."
 
 
-def _method_sentence(config: TrainConfig, est: Any) -> str:
+def _method_sentence(plan: RunPlan, est: Any) -> str:
     """Why the method: the base model's size in memory, as trained."""
-    from finetune import memory as mem
-
+    config = plan.config
     weights = est.sizes.get("weights", 0) + est.sizes.get("quant_constants", 0)
-    params = billions(config)
+    params = billions(plan)
     if config.method == "qlora":
         full16 = 2 * params * 1e9 if params else 0
         than = f" instead of {full16 / 1e9:.0f} GB" if full16 else ""
         size = _size_name(params)
         return f"QLoRA keeps the {size} base in 4 bits: {weights / 1e9:.1f} GB{than}, and trains small adapters."
     if config.method == "lora":
-        return f"LoRA trains small adapters on the frozen {_size_name(params)} base ({mem._size(weights)} of weights)."
+        return f"LoRA trains small adapters on the frozen {_size_name(params)} base ({size_text(weights)} of weights)."
     return f"Full fine-tuning updates every weight of the {_size_name(params)} model: the most memory, the most change."
 
 
@@ -287,21 +255,20 @@ def _size_name(count: float) -> str:
 # ----------------------------------------------------------------------------- after an out-of-memory error
 
 
-def advice_text(config: TrainConfig, gpus: int = 1) -> str:
-    """A short paragraph for an out-of-memory failure: how much the run needs and what to change first."""
-    from finetune import memory as mem
-
-    device, capacity = _this_device()
+def advice_text(plan: RunPlan) -> str:
+    """A short paragraph for an out-of-memory failure of a run of `plan`: how much it needs and what to change
+    first."""
+    capacity = _device_memory(plan.device)
     try:
-        est = mem._estimate_core(config, device, gpus)
+        est = core.estimate_core(plan)
     except Exception as exc:  # noqa: BLE001 - never hide the OOM behind an estimator problem
         return f"Out of memory. (The memory estimate could not be computed: {exc}.) Try gradient_checkpointing: true."
-    where = f"this {'GPU' if device == 'cuda' else 'machine'}"
-    need = f"This run needs about {mem._size(est.total_bytes)} at the {est.peak_phase}"
+    where = f"this {'GPU' if plan.device == 'cuda' else 'machine'}"
+    need = f"This run needs about {size_text(est.total_bytes)} at the {est.peak_phase}"
     if capacity:
-        need += f"; {where} has {mem._size(capacity)}"
+        need += f"; {where} has {size_text(capacity)}"
     target = capacity if capacity and est.total_bytes > capacity else int(0.75 * est.total_bytes)
-    found = search(config, device, gpus, target, est, stats_for(config))
+    found = search(plan, target, est, stats_for(plan.config))
     advice = [a for a in found.options if a.fits] or found.options
     if not advice:
         extra = f" {found.needed.line}" if found.needed else ""
@@ -309,8 +276,8 @@ def advice_text(config: TrainConfig, gpus: int = 1) -> str:
     first = advice[0]
     lines = [
         f"Out of memory. {need}.",
-        f"Change first: {first.title.lower()} ({_changes(first.changes)}), about {mem._size(first.new_total_bytes)}; "
-        f"cost: {first.cost}.",
+        f"Change first: {first.title.lower()} ({_changes(first.changes)}), about "
+        f"{size_text(first.new_total_bytes)}; cost: {first.cost}.",
     ]
     if len(advice) > 1:
         lines.append(
@@ -325,15 +292,15 @@ def _changes(changes: dict[str, Any]) -> str:
     return ", ".join(f"{k}: {str(v).lower() if isinstance(v, bool) else v}" for k, v in changes.items())
 
 
-def _this_device() -> tuple[str, int | None]:
-    """The device a failed run used: the first GPU if any (with its memory), else the CPU (with RAM)."""
+def _device_memory(device: str) -> int | None:
+    """Bytes of the device a failed run used: its GPU's memory, or this machine's RAM for a CPU run."""
     import os
 
     import torch
 
-    if torch.cuda.is_available():
-        return "cuda", int(torch.cuda.get_device_properties(0).total_memory)
+    if device == "cuda" and torch.cuda.is_available():
+        return int(torch.cuda.get_device_properties(0).total_memory)
     try:
-        return "cpu", int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
-        return "cpu", None
+        return None

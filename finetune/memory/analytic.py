@@ -11,20 +11,19 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from finetune.plan import DTYPE_BYTES
+
 BLOCK_4BIT = 64  # bitsandbytes 4-bit block size (one absmax per 64 weights)
 BLOCK_NESTED = 256  # double quantisation: one fp32 absmax per 256 first-level constants
 BLOCK_8BIT_OPTIM = 256  # bitsandbytes 8-bit optimizer state block size
 MIN_8BIT_SIZE = 4096  # bitsandbytes keeps fp32 states for tensors smaller than this
 LOGITS_BACKWARD_BYTES = 12  # per token per vocab entry at the start of backward: log-softmax out, its grad, logits grad
-# ORPO (TRL's experimental trainer) at the start of backward, per token per vocab entry of the chosen + rejected batch:
-# logits 4, the chosen half's contiguous copy and its log-softmax 2 + 2, their gradient 2, the logits' gradient 4, the
-# softmax that the log-probs' logsumexp backward makes 4 (the CPU replay: 17.9 B).
-ORPO_LOGITS_BYTES = 18
 TRL_TOKEN_TILE = 4096  # TRL 1.16's chunked log-prob head (DPO, KTO): a [tokens, vocab chunk] tile of this many tokens
 TRL_VOCAB_CHUNK = 32768  # ... by this many vocabulary entries, allocated whole whatever the vocabulary size
 # Tiles alive at once in its backward: Triton folds a tile in place (1); the torch fallback (CPU) makes the gradient
 # and softmax temporaries of a whole tile, 2.8 tiles in the CPU replay of TRL 1.16 (bench/memory_accuracy.py dpo).
 TRL_TILES_ALIVE = {"cuda": 1.0, "cpu": 2.8}
+GENERATION_PHASE = "sampling the answers (KV cache)"
 LIGER_CHUNK_MEM_CONST = 1  # liger-kernel 0.8.5's default budget for its fused linear cross-entropy chunks
 
 
@@ -86,25 +85,24 @@ class Settings:
     optim: str = "adamw_torch"
     device: str = "cuda"
     half: int = 2  # bytes of the 16-bit dtype in use (0 = fp32 run)
+    weight_bytes: int = 4  # bytes per base weight as the plan loads them (a LoRA base is 16-bit under amp)
     lora_r: int = 8
     lora_dropout: float = 0.05
     quant_type: str = "nf4"
     double_quant: bool = True
-    task: str = "causal_lm"
+    classifier: bool = False  # a classification head: no logits over the vocabulary
     gpus: int = 1
     zero_stage: int = 0
     offload_optimizer: bool = False
     offload_param: bool = False
     deepspeed: bool = False
     loss_kernel: str = "eager"  # how logits and loss are computed: eager (transformers'), liger, trl_chunked
-    objective: str = "sft"  # sft | dpo | orpo | kto
-    reference: str | None = None  # dpo / kto: "adapter-off" or "copy" (a frozen copy of the weights)
+    sequences: int = 1  # sequences per example (the objective's record: DPO and ORPO put chosen and rejected in one)
+    logits_bytes: int = LOGITS_BACKWARD_BYTES  # per token per vocab entry at the start of backward (the record's)
+    reference: str | None = None  # "adapter-off" or "copy" (a frozen copy of the weights) when the objective has one
+    completion: int = 0  # tokens of each sampled answer (GRPO), scored by the loss; 0: every token is scored
+    generation_rows: int = 0  # answers sampled at once per process before a step (GRPO's generation batch)
     packed_tokens: int = 0  # packing: the real tokens of the largest micro batch (0: rows padded to seq)
-
-    @property
-    def sequences(self) -> int:
-        """Sequences per example: DPO and ORPO put the chosen and the rejected answer in one batch."""
-        return 2 if self.objective in ("dpo", "orpo") else 1
 
     @property
     def tokens(self) -> int:
@@ -112,52 +110,49 @@ class Settings:
         return self.packed_tokens or self.batch * self.seq * self.sequences
 
     @property
+    def scored_tokens(self) -> int:
+        """Tokens the loss scores: the sampled answers only (GRPO), else every token."""
+        return self.batch * self.completion * self.sequences if self.completion else self.tokens
+
+    @property
     def amp(self) -> bool:
         """Autocast to 16 bits is on."""
         return self.half > 0
 
-    @property
-    def weight_bytes(self) -> int:
-        """Bytes per base weight: LoRA puts a 16-bit base under amp; full and QLoRA keep fp32."""
-        return 2 if (self.amp and self.method == "lora") else 4
 
-
-def settings_for(config: Any, device: str, gpus: int = 1, plan: Any = None) -> Settings:
-    """`Settings` for a TrainConfig on a device (cpu runs fp32; cuda runs bf16 unless fp32 is asked); the run plan,
-    when given, says the objective, its reference and whether Liger's fused loss runs."""
-    half = 0 if (device != "cuda" or config.precision == "fp32") else 2
-    objective = plan.objective if plan is not None else getattr(config, "objective", "sft")
+def settings_for(plan: Any) -> Settings:
+    """`Settings` for a run plan: its device and world, its precision, dtypes, DeepSpeed use and objective as the plan
+    decided them (nothing is decided here)."""
+    config, objective = plan.config, plan.objective
     return Settings(
         method=config.method,
         batch=config.per_device_train_batch_size,
-        seq=config.max_seq_length,
+        seq=objective.row_tokens(config),
         accumulation=config.gradient_accumulation_steps,
         checkpointing=config.gradient_checkpointing,
-        optim=config.optim,
-        device=device,
-        half=half,
+        optim=plan.optimizer,
+        device=plan.device,
+        half=0 if plan.autocast_dtype is None else DTYPE_BYTES[plan.autocast_dtype],
+        weight_bytes=DTYPE_BYTES[plan.weight_dtype],
         lora_r=config.lora_r,
-        lora_dropout=config.lora_dropout if objective == "sft" else 0.0,  # TRL's trainers turn dropout off
+        lora_dropout=0.0 if objective.disables_dropout else config.lora_dropout,  # TRL's preference trainers: off
         quant_type=config.quant_type,
         double_quant=config.double_quant,
-        task=config.task,
-        gpus=max(1, gpus),
+        classifier=objective.is_classifier,
+        gpus=plan.world_size,
         zero_stage=config.zero_stage,
         offload_optimizer=config.offload_optimizer != "none",
         offload_param=config.offload_param != "none",
-        deepspeed=config.backend == "deepspeed" or config.zero_stage > 0,
-        loss_kernel=loss_kernel_of(objective, bool(plan is not None and plan.liger)),
-        objective=objective,
-        reference=plan.reference if plan is not None else None,
+        deepspeed=plan.deepspeed,
+        loss_kernel="liger" if plan.liger else objective.loss_kernel,
+        sequences=objective.sequences,
+        logits_bytes=objective.logits_bytes,
+        reference=plan.reference,
+        completion=config.max_completion_length if objective.generation else 0,
+        generation_rows=config.per_device_train_batch_size * config.gradient_accumulation_steps
+        if objective.generation
+        else 0,
     )
-
-
-def loss_kernel_of(objective: str, liger: bool) -> str:
-    """How the logits and loss are computed: TRL's chunked log-prob head (DPO, KTO), Liger's fused linear
-    cross-entropy (SFT with Liger), else transformers' own (the whole logits). ORPO keeps the whole logits."""
-    if objective in ("dpo", "kto"):
-        return "trl_chunked"
-    return "liger" if (liger and objective == "sft") else "eager"
 
 
 def shape_of(model_config: Any) -> Shape:
@@ -189,23 +184,22 @@ def shape_of(model_config: Any) -> Shape:
 # ----------------------------------------------------------------------------- parameter census (meta model)
 
 
-def census(model_config: Any, config: Any, trust_remote_code: bool = False) -> Census:
-    """Count parameters as the engine builds the model (meta device: instant, no memory)."""
+def census(model_config: Any, plan: Any) -> Census:
+    """Count parameters as the engine builds the plan's model (meta device: instant, no memory)."""
     import copy
 
     import torch
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
     from transformers.pytorch_utils import Conv1D
 
+    config = plan.config
     cfg = copy.deepcopy(model_config)
-    seq_cls = config.task == "sequence_classification"
+    seq_cls = plan.is_classifier
     if seq_cls:
         cfg.num_labels = config.num_labels or 2
         if getattr(cfg, "pad_token_id", None) is None:
             cfg.pad_token_id = 0
-    auto = AutoModelForSequenceClassification if seq_cls else AutoModelForCausalLM
     with torch.device("meta"):  # (accelerate's init_empty_weights would leave tied embeddings untied)
-        model = auto.from_config(cfg, trust_remote_code=trust_remote_code, dtype=torch.float32)
+        model = plan.auto_class().from_config(cfg, trust_remote_code=config.trust_remote_code, dtype=torch.float32)
     out = Census(total=sum(p.numel() for p in model.parameters()))
     skip = _not_quantized(model)
     linear = (torch.nn.Linear, Conv1D)
@@ -225,10 +219,8 @@ def census(model_config: Any, config: Any, trust_remote_code: bool = False) -> C
         return out
     from peft import LoraConfig, get_peft_model
 
-    from finetune.plan import lora_plan
-
     # The plan's adapter settings; counting needs no PiSSA / OLoRA start (values only, and none on the meta device).
-    lc = LoraConfig(**{**lora_plan(config).kwargs(), "init_lora_weights": True})
+    lc = LoraConfig(**{**plan.lora.kwargs(), "init_lora_weights": True})
     with torch.device("meta"):
         peft_model = get_peft_model(model, lc)
     out.trainable = [p.numel() for p in peft_model.parameters() if p.requires_grad]
@@ -271,7 +263,7 @@ def _skipped(name: str, skip: list[str]) -> bool:
 
 def _no_decay(name: str) -> bool:
     """Trainer's no-weight-decay group: biases and norms."""
-    from finetune.memory.trace import _no_decay as rule
+    from finetune.memory.trace import no_decay as rule
 
     return rule(name)
 
@@ -522,20 +514,19 @@ def logits_loss_bytes(sh: Shape, c: Census, s: Settings) -> int:
     The one place the loss kernel changes the estimate: `eager` (transformers' own) materialises the logits; `liger`
     holds one chunk of them (`liger_logits_bytes`; the traced path takes this term instead of the replay's logits, as
     a replay cannot run a Triton kernel); `trl_chunked` is TRL's log-prob head, one fixed tile."""
-    if s.task == "sequence_classification":
+    if s.classifier:
         return 0
     if s.loss_kernel == "liger":
         return liger_logits_bytes(sh, c, s)
     head_copy = 2 * c.head_params if (s.amp and s.weight_bytes == 4) else 0
     if s.loss_kernel == "trl_chunked":
         compute = 2 if s.amp else 4
-        tile = int(min(s.tokens, TRL_TOKEN_TILE) * TRL_VOCAB_CHUNK * compute * TRL_TILES_ALIVE[s.device])
+        tile = int(min(s.scored_tokens, TRL_TOKEN_TILE) * TRL_VOCAB_CHUNK * compute * TRL_TILES_ALIVE[s.device])
         head_grad = 4 * c.head_params if c.head_trainable else 0  # accumulated in fp32 by the backward
         return tile + 4 * s.tokens * sh.hidden + head_grad + head_copy  # + the fp32 gradient of the hidden states
     if s.loss_kernel != "eager":
         raise ValueError(f"loss kernel {s.loss_kernel!r}: no memory formula yet")
-    per_entry = ORPO_LOGITS_BYTES if s.objective == "orpo" else LOGITS_BACKWARD_BYTES
-    return per_entry * s.tokens * sh.vocab + head_copy  # 12 B per token per vocab entry + a 16-bit head
+    return s.logits_bytes * s.tokens * sh.vocab + head_copy  # 12 B per token per vocab entry + a 16-bit head
 
 
 def liger_chunk_rows(tokens: int, hidden: int, vocab: int) -> int:
@@ -553,6 +544,16 @@ def liger_logits_bytes(sh: Shape, c: Census, s: Settings) -> int:
     rows = liger_chunk_rows(s.tokens, sh.hidden, sh.vocab)
     head_grad = c.head_params * (4 if s.method == "full" else 2) if c.head_trainable else 0
     return rows * sh.vocab * io + s.tokens * sh.hidden * io + 4 * s.tokens + head_grad
+
+
+def generation_bytes(sh: Shape, c: Census, s: Settings) -> int:
+    """Sampling the answers before a step (GRPO): the KV cache of the whole generation batch (keys and values of every
+    layer for prompt + answer, in the dtype the layers compute in: the weights' under no autocast), plus the last
+    position's logits, their processed copy and the sampling probabilities in fp32."""
+    if not s.generation_rows:
+        return 0
+    kv_per_token = 2 * sh.layers * sh.kv_dim * s.weight_bytes
+    return s.generation_rows * (s.seq * kv_per_token + 3 * 4 * sh.vocab)
 
 
 def recompute_bytes(sh: Shape, c: Census, s: Settings) -> int:
@@ -596,8 +597,10 @@ def analyse(sh: Shape, c: Census, s: Settings) -> Analytic:
         "logits_loss": logits_loss_bytes(sh, c, s),
         "optimizer_temporaries": optimizer_temporaries_bytes(c, s),
     }
-    if s.reference == "copy":  # full fine-tuning's DPO / KTO reference: a frozen copy of the starting weights
+    if s.reference == "copy":  # full fine-tuning's reference (DPO, KTO, GRPO): a frozen copy of the starting weights
         comp["reference_model"] = weights_bytes(c, s)
+    if s.generation_rows:
+        comp["generation_cache"] = generation_bytes(sh, c, s)
     if s.deepspeed:
         comp.update(zero_split(c, s))
     if s.gpus > 1 and not s.deepspeed:
@@ -614,7 +617,9 @@ def analyse(sh: Shape, c: Census, s: Settings) -> Analytic:
     if s.checkpointing:
         phases["backward with recomputation"] = static + grads_always + acts + recompute_bytes(sh, c, s)
     phases["optimizer step"] = static + comp["gradients"] + comp["optimizer_temporaries"]
-    if s.method == "full" and s.task != "sequence_classification" and s.loss_kernel == "eager":
+    if s.generation_rows:  # before the step's forward, after the last step's gradients were freed
+        phases[GENERATION_PHASE] = static + comp["generation_cache"]
+    if s.method == "full" and not s.classifier and s.loss_kernel == "eager":
         head_grad = 4 * c.head_params + s.tokens * sh.vocab * (6 if s.amp else 4)
         phases["backward through the output head"] = static + grads_always + acts + head_grad
     phase = max(phases, key=phases.get)

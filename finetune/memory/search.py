@@ -29,14 +29,14 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from finetune.config import TrainConfig
 from finetune.errors import UserError
-from finetune.plan import packing_for
-
-GiB = 2**30
+from finetune.memory import estimator as core
+from finetune.memory.estimator import Advice, GiB, MemoryEstimate, Needed, stats_for
+from finetune.plan import RunPlan
 
 # Estimated extra training time per lever, as a fraction. Sources: checkpointing recomputes the forward pass of each
 # block (one more forward of three passes: +20-35% in published measurements); QLoRA ran at 14.4k vs LoRA's 19.5k
@@ -54,7 +54,9 @@ SPEED_COST = {
     "zero3": 0.15,
     "offload": 1.00,
     "lora_rank": 0.0,
-    "packing": -0.30,  # no compute on padding: 1.9x the real tokens/s on the bundled mixed set (bench/packing.py)
+    # No compute on padding. bench/results/packing.md (bundled mixed set, 2 loaded CPU cores): 2.1x the real tokens
+    # per CPU-second of padded batches, 1.07x per wall-second under load; -0.30 sits between the two.
+    "packing": -0.30,
 }
 # What a change costs in what the model can learn, in the same points (a judgement, stated so it can be argued with).
 QUALITY_COST = {"optim8bit": 1, "lora": 30, "qlora": 8, "lora_rank_halving": 3}
@@ -103,44 +105,6 @@ def verdict(total: int, capacity: int, device: str = "cuda") -> str:
 
 
 @dataclass
-class Advice:
-    """One set of changes that makes the run use less memory, keeping the effective batch size."""
-
-    title: str
-    changes: dict[str, Any]
-    new_total_bytes: int
-    cost: str  # what it costs, in words: speed, quality, data
-    fits: bool | None = None  # fits with headroom
-    kind: str = ""  # the lever when one; "combine" for several
-    slowdown: float = 0.0  # estimated extra training time (0.3 = +30%; negative = faster)
-    data_lost: float | None = 0.0  # share of training tokens cut off (None: the data's lengths are unknown)
-    score: float = 0.0  # the ranking cost in points (lower first)
-    kinds: list[str] = field(default_factory=list)  # every lever it pulls
-    replayed: bool = False  # new_total_bytes comes from a replay of these settings (else: formulas scaled)
-    tight: bool = False  # within the card but inside the headroom margin: listed, never pre-selected
-    headroom_bytes: int = 0  # what it leaves of the card (negative: short by)
-    cut: str = ""  # how many rows lose how many tokens, in words ("" when no row is cut)
-
-    @property
-    def keeps_data(self) -> bool:
-        """No training token is cut off (within 0.1%)."""
-        return self.data_lost is not None and self.data_lost <= 0.001
-
-
-@dataclass
-class Needed:
-    """When nothing fits: the smallest hardware on which the best combination fits, and that combination."""
-
-    line: str  # one line for the user
-    gpu_gib: float  # memory per GPU
-    gpus: int
-    cards: list[str]  # the common cards of that size (GPU_CARDS names); empty for a count of the asked card
-    changes: dict[str, Any]  # the combination, as changes to the settings searched
-    total_bytes: int  # its estimate per GPU
-    title: str = ""  # the combination in words
-
-
-@dataclass
 class Step:
     """One position of one lever: its settings and what it costs."""
 
@@ -183,11 +147,10 @@ def whole_length(config: TrainConfig, stats: Any) -> int | None:
 
 def _model_limit(config: TrainConfig) -> int | None:
     """The model's longest sequence, from its config (None when unknown)."""
-    from finetune import memory as mem
     from finetune.models import max_positions
 
     try:
-        return max_positions(mem.model_config_of(config))
+        return max_positions(core.model_config_of(config))
     except Exception:  # noqa: BLE001 - without the model's config the data alone decides
         return None
 
@@ -216,8 +179,9 @@ def _negligible(stats: Any, seq: int) -> bool:
 # ----------------------------------------------------------------------------- the levers
 
 
-def _levers(config: TrainConfig, device: str, gpus: int, stats: Any, pinned: tuple[str, ...]) -> list[list[Step]]:
+def _levers(plan: RunPlan, stats: Any, pinned: tuple[str, ...]) -> list[list[Step]]:
     """For each lever, its positions from the current setting (no change) to the most drastic."""
+    config = plan.config
     keep = Step("", {}, 0.0, 0.0, "")
     levers: list[list[Step]] = []
     if not config.gradient_checkpointing:
@@ -232,10 +196,10 @@ def _levers(config: TrainConfig, device: str, gpus: int, stats: Any, pinned: tup
             Step("optim8bit", {"optim": "paged_adamw_8bit"}, SPEED_COST["paged"], QUALITY_COST["optim8bit"],
                  "paged 8-bit AdamW"),
         ])  # fmt: skip
-    levers.append([keep, *_methods(config)])
-    levers.append([keep, *_sharding(config, device, gpus)])
+    levers.append([keep, *_methods(plan)])
+    levers.append([keep, *_sharding(config, plan.device, plan.world_size)])
     levers.append([keep, *_sequence_lengths(config, stats)])
-    if not config.packing and packing_for(config.replace(packing=True))[0]:
+    if not config.packing and plan.replanned(packing=True).packing:
         levers.append([keep, Step("packing", {"packing": True}, SPEED_COST["packing"], 0, "packing on")])
     return [lever for lever in levers if len(lever) > 1 and not any(k in pinned for s in lever for k in s.changes)]
 
@@ -252,8 +216,9 @@ def _micro_batches(config: TrainConfig) -> list[Step]:
     return out
 
 
-def _methods(config: TrainConfig) -> list[Step]:
+def _methods(plan: RunPlan) -> list[Step]:
     """LoRA rank, LoRA instead of full, QLoRA instead of LoRA (QLoRA needs the Trainer backend, no ZeRO)."""
+    config = plan.config
     out: list[Step] = []
     if config.method in ("lora", "qlora"):
         r, halvings = config.lora_r // 2, 1
@@ -261,7 +226,7 @@ def _methods(config: TrainConfig) -> list[Step]:
             changes = {"lora_r": r, "lora_alpha": max(1, config.lora_alpha * r // config.lora_r)}
             out.append(Step("lora_rank", changes, 0.0, QUALITY_COST["lora_rank_halving"] * halvings, f"LoRA rank {r}"))
             r, halvings = r // 2, halvings + 1
-    qlora_ok = config.backend == "trainer" and config.zero_stage == 0
+    qlora_ok = not plan.deepspeed
     if config.method == "full":
         out.append(Step("lora", {"method": "lora"}, SPEED_COST["lora"], QUALITY_COST["lora"], "LoRA adapters"))
         if qlora_ok:
@@ -397,35 +362,30 @@ def _advice(combo: _Combo, config: TrainConfig, stats: Any, capacity: int, devic
 # ----------------------------------------------------------------------------- pricing
 
 
-def _price(config: TrainConfig, changes: dict[str, Any], device: str, gpus: int, ratio: float) -> int | None:
-    """Total bytes after a change: the formulas, scaled by how far they were from the replay of the searched
-    settings; None for a combination the config refuses (e.g. QLoRA with ZeRO)."""
-    from finetune import memory as mem
-
+def _price(plan: RunPlan, changes: dict[str, Any], ratio: float, world_size: int | None = None) -> int | None:
+    """Total bytes after a change (on `world_size` processes, default the plan's): the formulas, scaled by how far
+    they were from the replay of the searched settings; None for a combination the config refuses (e.g. QLoRA with
+    ZeRO)."""
     try:
-        new = config.replace(**changes)
+        new = plan.replanned(world_size=world_size, **changes)
     except UserError:
         return None
-    if new.errors():
+    if new.config.errors():
         return None
-    est = mem._estimate_core(new, device, gpus, trace_it=False)
-    tensors = int(est.analytic_tensor_bytes * (ratio if mem._traceable(new) else 1.0))
-    return tensors + sum(mem._overheads(tensors, new).values()) if device == "cuda" else tensors
+    est = core.estimate_core(new, trace_it=False)
+    tensors = int(est.analytic_tensor_bytes * (ratio if core.traceable(new) else 1.0))
+    return tensors + sum(core.cuda_overheads(tensors, new).values()) if new.device == "cuda" else tensors
 
 
-def _replay(config: TrainConfig, device: str, gpus: int) -> int:
-    """The replayed total of these settings (formulas where a replay cannot run)."""
-    from finetune import memory as mem
-
-    return int(mem._estimate_core(config, device, gpus).total_bytes)
+def _replay(plan: RunPlan) -> int:
+    """The replayed total of this plan (formulas where a replay cannot run)."""
+    return int(core.estimate_core(plan).total_bytes)
 
 
-def billions(config: TrainConfig) -> float:
+def billions(plan: RunPlan) -> float:
     """The model's parameter count in billions (from the census the estimate already made), 0 when unknown."""
-    from finetune import memory as mem
-
     try:
-        return mem._census(config, mem.model_config_of(config)).total / 1e9
+        return core.census_of(plan).total / 1e9
     except Exception:  # noqa: BLE001 - only for how many replays to spend
         return 0.0
 
@@ -442,19 +402,18 @@ class Search:
 
 
 def search(
-    config: TrainConfig,
-    device: str,
-    gpus: int,
+    plan: RunPlan,
     capacity: int,
     base: Any,
     stats: Any = None,
     pinned: tuple[str, ...] = (),
 ) -> Search:
-    """Ranked combinations of changes that make `config` fit `capacity` bytes per device with headroom (tight ones
+    """Ranked combinations of changes that make `plan` fit `capacity` bytes per device with headroom (tight ones
     after them); when none does, the smallest hardware on which the best one fits (`Search.needed`).
-    `base` is the estimate of `config` itself (its replay scales the formulas); `pinned` fields are not changed."""
+    `base` is the estimate of `plan` itself (its replay scales the formulas); `pinned` fields are not changed."""
+    config, device = plan.config, plan.device
     ratio = min(1.25, max(0.8, base.tensor_bytes / max(1, base.analytic_tensor_bytes)))
-    combos = _ranked(config, _levers(config, device, gpus, stats, pinned), stats)
+    combos = _ranked(config, _levers(plan, stats, pinned), stats)
     fitting: list[_Combo] = []
     tight: list[_Combo] = []
     started = time.monotonic()
@@ -463,7 +422,7 @@ def search(
             break
         if any(_contains(combo.positions, kept.positions) for kept in fitting):
             continue  # a milder combination inside this one already fits
-        combo.total = _price(config, _merged(combo.steps), device, gpus, ratio)
+        combo.total = _price(plan, _merged(combo.steps), ratio)
         if combo.total is None or combo.total > capacity:
             continue
         if verdict(combo.total, capacity, device) == "fits":
@@ -471,29 +430,27 @@ def search(
         elif len(tight) < MAX_TIGHT:
             tight.append(combo)
     options = [_advice(c, config, stats, capacity, device) for c in fitting]
-    options = _confirmed(config, device, gpus, capacity, options)
+    options = _confirmed(plan, capacity, options)
     options += [_advice(c, config, stats, capacity, device) for c in tight]
     options.sort(key=lambda a: not a.fits)  # a replay may have shown a fitting one to be tight: after the others
     needed = None
     if not any(a.fits for a in options):
-        needed = _needed(config, device, gpus, capacity, combos, ratio, base, stats)
+        needed = _needed(plan, capacity, combos, ratio, base, stats)
     return Search(options[: MAX_RESULTS + MAX_TIGHT], needed)
 
 
-def _confirmed(config: TrainConfig, device: str, gpus: int, capacity: int, advice: list[Advice]) -> list[Advice]:
+def _confirmed(plan: RunPlan, capacity: int, advice: list[Advice]) -> list[Advice]:
     """Replay options in rank order until one is confirmed to fit with headroom (its figure becomes the exact one);
     an option the replay shows over the card is dropped, one inside the margin becomes tight. Options after the
     first confirmed one keep their formula figure."""
-    from finetune import memory as mem
-
     out: list[Advice] = []
-    replays = 0 if billions(config) <= REPLAY_MAX_BILLIONS else 2
+    replays = 0 if billions(plan) <= REPLAY_MAX_BILLIONS else 2
     for a in advice:
-        new = config.replace(**a.changes)
-        if replays < 2 and mem._traceable(new) and not any(x.fits for x in out):
+        new = plan.replanned(**a.changes)
+        if replays < 2 and core.traceable(new) and not any(x.fits for x in out):
             replays += 1
-            total = _replay(new, device, gpus)
-            state = verdict(total, capacity, device)
+            total = _replay(new)
+            state = verdict(total, capacity, plan.device)
             a.new_total_bytes, a.headroom_bytes, a.replayed = total, capacity - total, True
             a.fits, a.tight = state == "fits", state == "tight"
             if state == "does not fit":
@@ -505,18 +462,16 @@ def _confirmed(config: TrainConfig, device: str, gpus: int, capacity: int, advic
 # ----------------------------------------------------------------------------- when nothing fits
 
 
-def _needed(
-    config: TrainConfig, device: str, gpus: int, capacity: int, combos: list[_Combo], ratio: float, base: Any,
-    stats: Any,
-) -> Needed | None:  # fmt: skip
+def _needed(plan: RunPlan, capacity: int, combos: list[_Combo], ratio: float, base: Any, stats: Any) -> Needed | None:
     """The smallest common card (the same number of them) on which the best combination fits with headroom,
     keeping the data whole if any card can; else how many of the asked card, with ZeRO-3 and CPU offload."""
-    if device != "cuda":
+    config, gpus = plan.config, plan.world_size
+    if plan.device != "cuda":
         return None
     started = time.monotonic()
     for combo in combos:  # every combination's price (the search stopped pricing early only when some fitted)
         if combo.total is None and time.monotonic() - started < PRICE_BUDGET_S:
-            combo.total = _price(config, _merged(combo.steps), device, gpus, ratio)
+            combo.total = _price(plan, _merged(combo.steps), ratio)
     as_is = _Combo((), [], 0.0, *_data_cost(config, stats, None), total=base.total_bytes, replayed=True)
     candidates = sorted([as_is, *combos], key=lambda c: c.key)
     replays = 0
@@ -527,17 +482,17 @@ def _needed(
                 if (keep_data and combo.significant) or combo.total is None or verdict(combo.total, card) != "fits":
                     continue
                 if not combo.replayed and replays < NEEDED_REPLAYS:  # the formulas can be far off: confirm
-                    combo.total, combo.replayed = _confirmed_total(config, combo, device, gpus), True
+                    combo.total, combo.replayed = _confirmed_total(plan, combo), True
                     replays += 1
                     if verdict(combo.total, card) != "fits":
                         continue
-                return _needed_card(config, combo, combo.total, gib, names, gpus, capacity)
-    return _needed_gpus(config, gpus, capacity, stats)
+                return _needed_card(combo, combo.total, gib, names, gpus, capacity)
+    return _needed_gpus(plan, capacity, stats)
 
 
 def _larger_cards(capacity: int) -> list[tuple[float, list[str]]]:
     """(GiB, card names) of the common cards larger than `capacity` bytes, smallest first."""
-    from finetune.memory import GPU_CARDS
+    from finetune.catalogue import GPU_CARDS
 
     sizes: dict[float, list[str]] = {}
     for name, gib in GPU_CARDS.items():
@@ -546,28 +501,22 @@ def _larger_cards(capacity: int) -> list[tuple[float, list[str]]]:
     return sorted(sizes.items())
 
 
-def _confirmed_total(config: TrainConfig, combo: _Combo, device: str, gpus: int) -> int:
+def _confirmed_total(plan: RunPlan, combo: _Combo) -> int:
     """The replayed total of a combination (its formula figure where a replay cannot run)."""
-    from finetune import memory as mem
-
-    new = config.replace(**_merged(combo.steps))
-    return _replay(new, device, gpus) if mem._traceable(new) else int(combo.total or 0)
+    new = plan.replanned(**_merged(combo.steps))
+    return _replay(new) if core.traceable(new) else int(combo.total or 0)
 
 
-def _needed_card(
-    config: TrainConfig, combo: _Combo, total: int, gib: float, names: list[str], gpus: int, capacity: int
-) -> Needed:
+def _needed_card(combo: _Combo, total: int, gib: float, names: list[str], gpus: int, capacity: int) -> Needed:
     """The answer naming a card."""
-    from finetune.memory import _size
-
     cards = " or ".join(_article(n) for n in names)
     count = f"{gpus} × " if gpus > 1 else ""
     what = combo_title(combo.steps) if combo.steps else "The settings as they are"
     needs = "needs" if combo.steps else "need"
     line = (
         f"Nothing fits {capacity / GiB:.1f} GiB{' per GPU' if gpus > 1 else ''}, even with every memory saver: it "
-        f"will run out of memory. {what} {needs} about {_size(total)}: it fits {count}{cards} ({gib:g} GiB usable) "
-        "with headroom."
+        f"will run out of memory. {what} {needs} about {core.size_text(total)}: it fits {count}{cards} ({gib:g} GiB "
+        "usable) with headroom."
     )
     return Needed(line, gib, gpus, list(names), _merged(combo.steps), total, what)
 
@@ -577,11 +526,10 @@ def _article(name: str) -> str:
     return ("an " if name[:1] in "AEHIL" or name.startswith(("RTX", "L4")) else "a ") + name
 
 
-def _needed_gpus(config: TrainConfig, gpus: int, capacity: int, stats: Any) -> Needed | None:
+def _needed_gpus(plan: RunPlan, capacity: int, stats: Any) -> Needed | None:
     """How many GPUs of the asked size hold the run with ZeRO-3, parameters and optimizer states in CPU RAM,
     checkpointing and a micro batch of 1 (the data kept whole when its lengths are known)."""
-    from finetune.memory import _size
-
+    config = plan.config
     changes: dict[str, Any] = {
         "zero_stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu", "gradient_checkpointing": True,
         "per_device_train_batch_size": 1, "gradient_accumulation_steps": config.effective_batch_size,
@@ -591,13 +539,13 @@ def _needed_gpus(config: TrainConfig, gpus: int, capacity: int, stats: Any) -> N
     whole = whole_length(config, stats)
     if whole:
         changes["max_seq_length"] = whole
-    for count in (n for n in GPU_COUNTS if n > gpus):
-        total = _price(config, changes, "cuda", count, 1.0)
+    for count in (n for n in GPU_COUNTS if n > plan.world_size):
+        total = _price(plan, changes, 1.0, world_size=count)
         if total is not None and verdict(total, capacity) == "fits":
             line = (
                 f"Nothing fits one card of {capacity / GiB:.1f} GiB, and no common card holds this run: it will run "
                 f"out of memory. With ZeRO-3 and parameters and optimizer states in CPU RAM it needs about "
-                f"{_size(total)} per GPU on {count} of these GPUs (about 2x slower, and much CPU RAM)."
+                f"{core.size_text(total)} per GPU on {count} of these GPUs (about 2x slower, and much CPU RAM)."
             )
             return Needed(line, capacity / GiB, count, [], changes, total, "ZeRO-3 with CPU offload")
     return None
@@ -606,26 +554,22 @@ def _needed_gpus(config: TrainConfig, gpus: int, capacity: int, stats: Any) -> N
 # ----------------------------------------------------------------------------- the verdict on an estimate
 
 
-def judge(est: Any, config: TrainConfig, device: str, gpus: int, gpu_gib: float, advise: bool = True) -> Any:
+def estimate(plan: RunPlan, gpu_gib: float | None = None, advise: bool = True) -> MemoryEstimate:
+    """Peak memory per process of a training step of `plan` (its device, `world_size` GPUs), with the fit verdict
+    for `gpu_gib` (headroom kept) and, unless `advise` is False, this search's ranked options when it does not fit."""
+    core.check_args(plan, gpu_gib)
+    est = core.estimate_core(plan)
+    return judge(est, plan, gpu_gib, advise=advise) if gpu_gib else est
+
+
+def judge(est: MemoryEstimate, plan: RunPlan, gpu_gib: float, advise: bool = True) -> MemoryEstimate:
     """Fill an estimate's fit verdict for `gpu_gib` GiB per device (headroom kept), and (with `advise`) when it does
     not fit with headroom, the ranked options and the hardware needed. Returns `est`."""
     capacity = int(gpu_gib * GiB)
-    state = verdict(est.total_bytes, capacity, device)
+    state = verdict(est.total_bytes, capacity, plan.device)
     est.gpu_gib, est.headroom_bytes = float(gpu_gib), capacity - est.total_bytes
-    est.fits, est.verdict, est.margin_bytes = state == "fits", state, margin_bytes(capacity, device)
+    est.fits, est.verdict, est.margin_bytes = state == "fits", state, margin_bytes(capacity, plan.device)
     if state != "fits" and advise:
-        found = search(config, device, gpus, capacity, est, stats_for(config))
+        found = search(plan, capacity, est, stats_for(plan.config))
         est.advice, est.needed = found.options, found.needed
     return est
-
-
-def stats_for(config: TrainConfig) -> Any:
-    """The data's token lengths when they cost no download and no conversion of the embedded model, or None (then a
-    cut's cost is unknown and cuts rank after every option that keeps the data; a packed micro batch counts as full
-    rows). The search and the estimate's packed micro batch read the same lengths here."""
-    from finetune.data_stats import cached_or_local
-
-    try:
-        return cached_or_local(config)
-    except Exception:  # noqa: BLE001 - advice without the data's lengths still helps: cuts are ranked last
-        return None

@@ -133,8 +133,9 @@ def foreach(plan: RunPlan) -> bool:
 
 
 def sequences_per_example(plan: RunPlan) -> int:
-    """DPO and ORPO score a chosen and a rejected answer per example in one batch, as TRL concatenates them."""
-    return 2 if plan.objective in ("dpo", "orpo") else 1
+    """Sequences one example puts in the batch (DPO and ORPO: a chosen and a rejected answer, as TRL concatenates
+    them): the objective's record says."""
+    return plan.objective.sequences
 
 
 def build(model_config: Any, plan: RunPlan) -> torch.nn.Module:
@@ -144,7 +145,7 @@ def build(model_config: Any, plan: RunPlan) -> torch.nn.Module:
 
     model = models.build_model(plan, model_config=model_config)  # PiSSA's SVD and OLoRA's QR run on fake tensors too
     model.train()
-    if plan.objective != "sft":
+    if plan.objective.needs_trl:
         _as_trl_prepares(model, plan)
     if plan.config.gradient_checkpointing:  # Trainer(activation_checkpointing=True): non-reentrant
         models.enable_checkpointing(model)
@@ -168,21 +169,15 @@ def reference_copy(model_config: Any, plan: RunPlan) -> torch.nn.Module:
 
 
 def _as_trl_prepares(model: torch.nn.Module, plan: RunPlan, outputs: tuple[str, ...] | None = None) -> None:
-    """What TRL's DPO / KTO / ORPO trainers do to the model before training: dropout off (their default), and for
-    DPO and KTO the chunked log-prob head that never holds the whole logits."""
+    """What TRL's trainers do to the model before training: dropout off (the preference trainers' default), and for
+    DPO, KTO and GRPO the chunked log-prob head that never holds the whole logits."""
     from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
 
-    disable_dropout_in_model(model)
-    if plan.objective in ("dpo", "kto"):
+    if plan.objective.disables_dropout:
+        disable_dropout_in_model(model)
+    if plan.objective.loss_kernel == "trl_chunked":
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        add_fused_lm_head(base, outputs=outputs or FUSED_OUTPUTS[plan.objective])
-
-
-# What TRL 1.16 asks its fused head for (DPO: log-probs + metrics; KTO: log-probs, entropy, mean logits).
-FUSED_OUTPUTS = {
-    "dpo": ("log_probs", "entropy", "mean_logits", "is_top1"),
-    "kto": ("log_probs", "entropy", "mean_logits"),
-}
+        add_fused_lm_head(base, outputs=outputs or plan.objective.fused_outputs)
 
 
 # ----------------------------------------------------------------------------- optimizer + step (as Trainer does)
@@ -190,8 +185,8 @@ FUSED_OUTPUTS = {
 
 def build_optimizer(model: torch.nn.Module, plan: RunPlan) -> torch.optim.Optimizer:
     """Trainer's optimizer for the plan: decay / no-decay groups, torch AdamW, bitsandbytes 8-bit AdamW or SGD."""
-    decay = [p for n, p in model.named_parameters() if p.requires_grad and not _no_decay(n)]
-    rest = [p for n, p in model.named_parameters() if p.requires_grad and _no_decay(n)]
+    decay = [p for n, p in model.named_parameters() if p.requires_grad and not no_decay(n)]
+    rest = [p for n, p in model.named_parameters() if p.requires_grad and no_decay(n)]
     groups = [{"params": decay, "weight_decay": plan.config.weight_decay}, {"params": rest, "weight_decay": 0.0}]
     if plan.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=1e-4, foreach=foreach(plan))
@@ -202,7 +197,7 @@ def build_optimizer(model: torch.nn.Module, plan: RunPlan) -> torch.optim.Optimi
     return torch.optim.AdamW(groups, lr=1e-4, foreach=foreach(plan))
 
 
-def _no_decay(name: str) -> bool:
+def no_decay(name: str) -> bool:
     """Trainer's no-weight-decay rule: biases and norms."""
     import re
 
@@ -217,11 +212,14 @@ def make_batch(plan: RunPlan, segments: list[int] | None = None) -> dict[str, An
         return packed_batch(segments)
     config = plan.config
     rows = config.per_device_train_batch_size * sequences_per_example(plan)
-    ids = torch.zeros((rows, config.max_seq_length), dtype=torch.long)
+    length = plan.objective.row_tokens(config)
+    ids = torch.zeros((rows, length), dtype=torch.long)
     if plan.is_classifier:
         return {"input_ids": ids, "labels": torch.zeros((rows,), dtype=torch.long)}
-    batch = {"input_ids": ids, "labels": torch.zeros((rows, config.max_seq_length), dtype=torch.long)}
-    if plan.objective == "kto":
+    batch = {"input_ids": ids, "labels": torch.zeros((rows, length), dtype=torch.long)}
+    if plan.objective.generation:  # only the sampled answer is scored, not the prompt before it
+        batch["labels"][:, : config.max_seq_length] = -100
+    if plan.objective.kl_pass:
         batch["kl_input_ids"] = torch.zeros_like(ids)
     return batch
 
@@ -256,7 +254,7 @@ def train_step(model, optimizer, batch, plan: RunPlan, counter: LiveBytes | None
     dtype = autocast_dtype(plan)
     amp = torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
     with amp:
-        if plan.objective == "sft":
+        if plan.objective.replay == "lm_loss":
             loss = _sft_loss(model, batch, plan)
         else:
             loss = preference_loss(model, batch, plan, phase, reference)
@@ -288,10 +286,12 @@ def preference_loss(model, batch, plan: RunPlan, phase: Any, reference: Any = No
     reference over both. ORPO: one pass with the whole logits, the chosen half's NLL and every row's log-probs; no
     reference. The reference is the model with its adapters off (LoRA / QLoRA) or `reference` (a frozen copy)."""
     ids, labels = batch["input_ids"], batch["labels"]
-    if plan.objective == "orpo":
+    if plan.objective.replay == "paired_logits":
         return _orpo_loss(model, ids, labels)
+    if plan.objective.replay == "scored_fused":
+        return _scored_loss(model, ids, labels, plan, phase, reference)
     kl = None
-    if plan.objective == "kto":
+    if plan.objective.kl_pass:
         phase("kl")
         with torch.no_grad():
             kl = _sequence_logps(model, batch["kl_input_ids"]).mean()
@@ -303,11 +303,30 @@ def preference_loss(model, batch, plan: RunPlan, phase: Any, reference: Any = No
             kl = (kl - _sequence_logps(ref, batch["kl_input_ids"]).mean()).clamp(min=0)
         ref_logps = _sequence_logps(ref, ids)
     phase("forward_head")
-    beta = plan.config.beta
-    if plan.objective == "dpo":
+    beta = plan.beta
+    if plan.objective.replay == "paired_fused":
         chosen, rejected = (logps - ref_logps).chunk(2, dim=0)
         return -torch.nn.functional.logsigmoid(beta * (chosen - rejected)).mean()
     return (1 - torch.sigmoid(beta * (logps - ref_logps - kl))).mean()  # KTO, every row desirable
+
+
+def _scored_loss(model, ids: torch.Tensor, labels: torch.Tensor, plan: RunPlan, phase: Any, reference: Any) -> Any:
+    """GRPO's step as TRL 1.16 runs it: with beta > 0 the reference first scores the sampled answers without
+    gradients (adapters off, or the frozen copy), then the policy scores them through the fused head (the prompt
+    positions are not projected); a policy-gradient loss of the same graph, with the KL term."""
+    ref_logps = None
+    if plan.reference is not None:
+        phase("reference")
+        with torch.no_grad(), _reference_of(model, reference) as ref:
+            ref_logps = ref(input_ids=ids, labels=labels, fused_lm_head=True, use_cache=False).log_probs
+        phase("forward")
+    logps = model(input_ids=ids, labels=labels, fused_lm_head=True, use_cache=False).log_probs
+    phase("forward_head")
+    loss = -torch.exp(logps - logps.detach()).mean()
+    if ref_logps is not None:
+        delta = ref_logps - logps
+        loss = loss + plan.beta * (torch.exp(delta) - delta - 1).mean()
+    return loss
 
 
 def _sequence_logps(model, ids: torch.Tensor) -> torch.Tensor:

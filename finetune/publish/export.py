@@ -93,7 +93,7 @@ def export_run(
     fmt, quant = check_format(fmt, quant)
     run, source = exportable_run(run_dir)
     config = run.load_config()
-    if config.task != "causal_lm":
+    if run.load_plan().is_classifier:  # the run's own plan says what it trained
         raise UserError(f"format: export supports causal_lm runs, not {config.task}; push the adapter", "format")
     check_weights_readable(run, source)
     if fmt == "gguf-lora":
@@ -341,21 +341,21 @@ def write_merged(run: RunDir, config: TrainConfig, stage: Path, say: Progress, s
         _copy_files(source, stage, FULL_MODEL_FILES)
     else:
         say("Merging the adapter into the base model…")
-        _merge_adapter(source, config, stage)
+        _merge_adapter(run, source, config, stage)
     _copy_files(source, stage, TOKENIZER_FILES)
     _copy_files(run.path, stage, TOKENIZER_FILES)  # the run's own, where a checkpoint holds none
     _drop_local_name(stage / "config.json")
 
 
-def _merge_adapter(source: Path, config: TrainConfig, stage: Path) -> None:
-    """Load the base as the run plan loads it, but never 4-bit (a QLoRA run's plan as LoRA), merge, save."""
+def _merge_adapter(run: RunDir, source: Path, config: TrainConfig, stage: Path) -> None:
+    """Load the base as the run's plan loaded it, but never 4-bit, merge the adapter in `source` (the run, or a
+    checkpoint of it), save."""
     import torch
     from peft import PeftModel
 
     from finetune.models import load_base
-    from finetune.plan import plan_for
 
-    plan = plan_for(config.replace(method="lora") if config.method == "qlora" else config, device="cpu")
+    plan = run.load_plan().for_merge()  # the run's base as it trained, merged in float32 on the CPU, never 4-bit
     base = load_base(plan)
     saved_dtype = _saved_dtype(config)
     with torch.no_grad():

@@ -367,9 +367,8 @@ def _stage_merged(run: RunDir, config: TrainConfig, stage: Path, token: str) -> 
     from peft import PeftModel
 
     from finetune.inference import label_names
-    from finetune.plan import plan_for
 
-    plan = plan_for(config)
+    plan = run.load_plan()  # the run's own: its model class
     model_cls = plan.auto_class()
     kwargs: dict = {}
     if plan.is_classifier:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune.config import BUNDLED_DATASET, EMBEDDED_MODEL, TrainConfig
-from finetune.plan import model_class_for
+from finetune.plan import RunPlan
 from finetune.publish.public import (
     CANONICAL_NAME,
     EMBEDDED_HUB_ID,
@@ -33,6 +33,7 @@ from finetune.publish.public import (
 from finetune.rundir import RunDir
 
 __all__ = ["EMBEDDED_HUB_ID", "LAUNCH_COMMAND", "build_model_card", "plot_loss_curve", "summarize"]
+LOG_FIELDS = ("step", "loss", "learning_rate", "grad_norm", "epoch", "time")  # what every "log" event carries
 LOSS_CURVE = "loss_curve.png"
 # Licenses we know without asking the Hub (prefix of the Hub id → license id).
 KNOWN_LICENSES = (("HuggingFaceTB/SmolLM2-", "apache-2.0"), ("HuggingFaceTB/SmolLM-", "apache-2.0"))
@@ -62,6 +63,7 @@ class RunSummary:
     config: TrainConfig
     config_text: str
     status: dict[str, Any]
+    plan: RunPlan  # the plan the run trained with (its plan.json): objective, model class, reference
     logs: list[tuple[int, float]] = field(default_factory=list)  # (step, training loss)
     evals: list[tuple[int, float]] = field(default_factory=list)  # (step, eval loss)
     samples_before: tuple[int, list[dict]] | None = None  # (step, [{prompt, answer}])
@@ -70,7 +72,7 @@ class RunSummary:
     dataset: DatasetInfo | None = None
     public: PublicConfig | None = None  # the config as published (no local paths)
     data_columns: dict[str, str] = field(default_factory=dict)  # role -> column, as the run read its data
-    rewards: dict[str, float] = field(default_factory=dict)  # preference runs: the last logged reward metrics
+    metrics: dict[str, float] = field(default_factory=dict)  # the objective's metrics at the last logged step
 
     @property
     def final_loss(self) -> float | None:
@@ -88,20 +90,14 @@ class RunSummary:
         return min(self.evals, key=lambda p: p[1]) if self.evals else None
 
 
-REWARD_KEYS = ("rewards_margin", "rewards_accuracy")  # from finetune.progress's "log" events of preference runs
-OBJECTIVE_NAMES = {
-    "dpo": "DPO (direct preference optimisation)",
-    "orpo": "ORPO (odds-ratio preference optimisation, no reference model)",
-    "kto": "KTO (Kahneman-Tversky optimisation, answers marked good or bad)",
-}
-
-
 def summarize(run_dir: str | Path) -> RunSummary:
     """Read config, status and events of a run directory."""
     run = RunDir(Path(run_dir))
     config_text = run.config_path.read_text(encoding="utf-8")
     config = TrainConfig.from_yaml(config_text)
-    summary = RunSummary(run=run, config=config, config_text=config_text, status=run.read_status())
+    summary = RunSummary(
+        run=run, config=config, config_text=config_text, status=run.read_status(), plan=run.load_plan()
+    )
     for event in run.read_events(("log", "eval", "samples", "objective")):
         if event.get("type") == "objective" and isinstance(event.get("columns"), dict):
             summary.data_columns = {str(k): str(v) for k, v in event["columns"].items()}
@@ -112,7 +108,7 @@ def summarize(run_dir: str | Path) -> RunSummary:
         kind = event.get("type")
         if kind == "log" and _is_number(event.get("loss")):
             summary.logs.append((int(step), float(event["loss"])))
-            summary.rewards.update({k: float(event[k]) for k in REWARD_KEYS if _is_number(event.get(k))})
+            summary.metrics = {k: float(v) for k, v in event.items() if _is_number(v) and k not in LOG_FIELDS}
         elif kind == "log" and _is_number(event.get("eval_loss")):
             summary.evals.append((int(step), float(event["eval_loss"])))
         elif kind == "eval" and _is_number(event.get("eval_loss")):
@@ -335,7 +331,8 @@ def build_model_card(
         tags.append("merged")
     if gguf_file:
         tags.append("gguf")
-    tags.append("sft" if c.task == "causal_lm" else "text-classification")
+    objective = s.plan.objective
+    tags.append(objective.card_tag)
     tags = list(dict.fromkeys(tags))
     extra: dict[str, Any] = {}
     if merged and s.base.hub_id:
@@ -346,7 +343,7 @@ def build_model_card(
         license=license,
         datasets=[s.dataset.hub_id] if s.dataset.hub_id else None,
         tags=tags,
-        pipeline_tag="text-generation" if c.task == "causal_lm" else "text-classification",
+        pipeline_tag="text-classification" if objective.is_classifier else "text-generation",
         **extra,
     )
     body = _body(s, repo_id or "OWNER/NAME", merged=merged, license=license, loss_curve=loss_curve)
@@ -399,8 +396,9 @@ def _body(s: RunSummary, repo_id: str, *, merged: bool, license: str | None, los
     }[c.method]
     if merged:
         what = f"{base.description} with a LoRA adapter merged into its weights (a full model)"
-    if c.objective != "sft":
-        what += f", preference-tuned with {c.objective.upper()}"
+    objective = s.plan.objective
+    if objective.card_phrase:
+        what += f", {objective.card_phrase}"
     title = repo_id.split("/")[-1]
     lines = [
         f"# {title}",
@@ -470,45 +468,58 @@ def _body(s: RunSummary, repo_id: str, *, merged: bool, license: str | None, los
 
 
 def _objective_rows(s: RunSummary) -> list[tuple[str, str]]:
-    """Card rows of a preference run: the objective and its settings, the data columns, the last rewards."""
-    c = s.config
-    if c.objective == "sft":
+    """Card rows of a run with an objective of its own: the objective and its settings, the data columns, the last
+    rewards."""
+    c, plan = s.config, s.plan
+    objective = plan.objective
+    if not objective.card_name:
         return []
-    text = OBJECTIVE_NAMES.get(c.objective, c.objective) + f", beta {c.beta:g}"
-    if c.objective == "dpo":
-        text += f", loss `{c.loss_type}`"
-    if c.objective in ("dpo", "kto"):
-        reference = "the base model with the adapter off" if c.method != "full" else "a frozen copy of the base model"
-        text += f"; reference: {reference}"
+    text = objective.card_name + f", beta {plan.beta:g}"
+    if plan.loss_type:
+        text += f", loss `{plan.loss_type}`"
+    reference = plan.reference
+    if reference is not None:
+        words = (
+            "the base model with the adapter off" if reference == "adapter-off" else "a frozen copy of the base model"
+        )
+        text += f"; reference: {words}"
     columns = s.data_columns or {
         role: getattr(c, f"{role}_column")
         for role in ("prompt", "chosen", "rejected", "completion", "label")
         if getattr(c, f"{role}_column")
     }
     rows = [("Objective", text), ("Data columns", ", ".join(f"{r} = `{n}`" for r, n in columns.items()) or "detected")]
-    if s.rewards:
-        rows.append(
-            (
-                "Final reward margin / preference accuracy",
-                f"{_fmt(s.rewards.get('rewards_margin'))} / {_fmt(s.rewards.get('rewards_accuracy'))}",
-            )
-        )
+    final = [
+        f"{words} {100 * value:.0f}%" if key in objective.percent else f"{words} {value:.4g}"
+        for key, words, value in objective.facts_of(s.metrics)
+    ]
+    if final:
+        rows.append(("Final logged step", ", ".join(final)))
     return rows
 
 
 def _reproduce_command(s: RunSummary) -> str:
-    """The published reproduce command; a preference run also spells out its objective settings."""
+    """The published reproduce command; a run with an objective of its own also spells out its settings."""
     assert s.public is not None
     command = s.public.reproduce_command()
-    c = s.config
-    if c.objective == "sft":
+    if s.plan.objective.is_plain:
         return command
-    sets = [f"objective={c.objective}", f"beta={c.beta:g}"]
-    if c.objective == "dpo":
-        sets.append(f"loss_type={c.loss_type}")
+    return command + "".join(f" --set {shlex.quote(item)}" for item in objective_sets(s.plan, s.public))
+
+
+def objective_sets(plan: RunPlan, public: PublicConfig) -> list[str]:
+    """`key=value` for the objective and each of its settings as published (resolved: an empty beta as the value it
+    took); a setting the reader fills in is already in the reproduce command."""
+    c, objective = plan.config, plan.objective
+    resolved = {"beta": f"{plan.beta:g}", "loss_type": plan.loss_type}
+    sets = [f"objective={c.objective}"]
+    for key in objective.fields:
+        value = resolved.get(key, public.values.get(key))
+        if key.endswith("_column") or value in ("", None) or public.ref(key) is not None:
+            continue
+        sets.append(f"{key}={value}")
     columns = ("prompt_column", "chosen_column", "rejected_column", "completion_column", "label_column")
-    sets += [f"{key}={getattr(c, key)}" for key in columns if getattr(c, key)]
-    return command + "".join(f" --set {shlex.quote(item)}" for item in sets)
+    return sets + [f"{key}={getattr(c, key)}" for key in columns if getattr(c, key)]
 
 
 def _method_text(c: TrainConfig) -> str:
@@ -652,7 +663,7 @@ def _snippet(s: RunSummary, repo_id: str, *, merged: bool) -> str:
             prompt = " ".join(str(entry[1][0]["prompt"]).split())
             break
     prompt = prompt.replace("\\", "\\\\").replace('"', '\\"')
-    model_cls = model_class_for(c.task)
+    model_cls = s.plan.model_class
     full_model = merged or c.method == "full"
     lines: list[str] = []
     if full_model:
@@ -685,7 +696,7 @@ def _snippet(s: RunSummary, repo_id: str, *, merged: bool) -> str:
             f'model = PeftModel.from_pretrained(base, "{repo_id}")',
             f'tokenizer = AutoTokenizer.from_pretrained("{repo_id}")',
         ]
-    if c.task == "sequence_classification":
+    if s.plan.is_classifier:
         lines += [
             "",
             f'inputs = tokenizer("{prompt}", return_tensors="pt")',

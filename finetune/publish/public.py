@@ -86,11 +86,12 @@ class LocalRef:
     sha256_of: str = ""  # what the digest covers, e.g. "model.safetensors"
     hub_id: str | None = None  # the Hub id on record, used instead of a placeholder
     hint: str = ""  # what to fill in, when "your copy of NAME" does not fit
+    published: str = ""  # the whole published value, when the placeholder is only part of it (a python: reward)
 
     @property
     def value(self) -> str:
         """What the published config holds: the Hub id on record, else a placeholder to fill in."""
-        return self.hub_id or (f"<{self.hint}>" if self.hint else placeholder(self.name))
+        return self.hub_id or self.published or (f"<{self.hint}>" if self.hint else placeholder(self.name))
 
     @property
     def to_fill_in(self) -> bool:
@@ -187,6 +188,7 @@ def public_config(config: TrainConfig, run: RunDir | str | Path | None = None) -
     if _eval_split_is_file(config.eval_split):
         path = Path(config.eval_split).expanduser()
         refs.append(LocalRef("eval_split", "data file", _base_name(path), _sha256_if_file(path)))
+    refs += _reward_files(config.rewards)
     replaced = {r.field for r in refs}
     for name, value in list(values.items()):  # any other field that holds a path (a field added later, say)
         if name not in replaced and isinstance(value, str) and looks_like_path(value) and _is_path_field(name, value):
@@ -195,6 +197,26 @@ def public_config(config: TrainConfig, run: RunDir | str | Path | None = None) -
     for r in refs:
         values[r.field] = r.value
     return PublicConfig(values, refs, tuple(left_out))
+
+
+def _reward_files(rewards: str) -> list[LocalRef]:
+    """The files python: rewards name, as one reference: each file becomes a placeholder inside the rewards value."""
+    from finetune.rewards import split
+
+    parts, files = [], []
+    for part in split(rewards):
+        kind, _, argument = part.partition(":")
+        file, _, function = argument.rpartition(":")
+        if kind.strip() == "python" and file:
+            path = Path(file).expanduser()
+            files.append(path)
+            part = f"python:{placeholder(_base_name(path))}:{function}"
+        parts.append(part)
+    if not files:
+        return []
+    name = ", ".join(_base_name(path) for path in files)
+    digest = _sha256_if_file(files[0]) if len(files) == 1 else None
+    return [LocalRef("rewards", "reward file", name, digest, published=",".join(parts))]
 
 
 def public_adapter_config(data: dict[str, Any], config: TrainConfig) -> dict[str, Any]:
