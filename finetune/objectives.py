@@ -458,14 +458,16 @@ def of_values(values: dict[str, Any]) -> Objective:
     return lookup(values.get("objective") or DEFAULT, values.get("task") or CAUSAL_LM)
 
 
-def goal_settings(goal: str) -> dict[str, str]:
+def goal_settings(goal: str, given: Any = ()) -> dict[str, Any]:
     """The task and objective a goal sets: a Start tab goal (sft, dpo, grpo, classification) or an objective's record
-    name (orpo, kto); a UserError naming `goal` and the choices else."""
+    name (orpo, kto), with what suits the goal (its `goal_defaults`) for the fields not in `given` (those the caller
+    set); a UserError naming `goal` and the choices else."""
     record = GOALS.get(goal) or OBJECTIVES.get(goal)
     if record is None:
         choices = ", ".join(dict.fromkeys([*GOALS, *OBJECTIVES]))
         raise UserError(f"goal: {goal!r} is not one of {choices}", field="goal")
-    return {"task": record.task, "objective": record.objective}
+    suits = {name: value for name, value in record.goal_defaults if name not in given}
+    return {**suits, "task": record.task, "objective": record.objective}
 
 
 def fields_not_applying(values: dict[str, Any]) -> set[str]:

@@ -785,9 +785,10 @@ class Studio:
         return propose(self.plan(values, device=device, gpus=gpus), gpu_gib=gpu_gib, pinned=tuple(pinned))
 
     @staticmethod
-    def goal_settings(goal: str) -> dict[str, str]:
-        """The task and objective a goal sets (the objectives registry's goals), as `propose --goal` does."""
-        return objectives.goal_settings(goal)
+    def goal_settings(goal: str, given: Any = ()) -> dict[str, Any]:
+        """The task and objective a goal sets (the objectives registry's goals), and what suits the goal for the
+        fields not in `given`, as `propose --goal` does."""
+        return objectives.goal_settings(goal, given)
 
     @staticmethod
     def embedded_ready() -> bool:
