@@ -211,6 +211,27 @@ def write_rows(path: Path, n: int, words: int = 160) -> Path:
     return path
 
 
+def train_here(config: Any, owner: str) -> tuple[list[dict[str, Any]], int]:
+    """Train `config` in this process as `python -m finetune train` does (a RunManager and its training thread); its
+    events and the peak memory (CUDA max allocated on a GPU, the process's max RSS on a CPU). For worker processes."""
+    import resource
+
+    import torch
+
+    from finetune.runs import RunManager
+
+    out = Path(config.output_dir)
+    manager = RunManager(out.parent / f"{out.name}-root")
+    manager.start(config, owner=owner)
+    final = manager.wait()
+    if final is None or final.status != "completed":
+        raise SystemExit(f"ours: run ended {final.status if final else '?'}: {final.error if final else ''}")
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text(encoding="utf-8").splitlines()]
+    if torch.cuda.is_available():
+        return events, int(torch.cuda.max_memory_allocated())
+    return events, int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
 # ----------------------------------------------------------------------------- statistics and output
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")

@@ -44,6 +44,7 @@ from bench.common import (  # noqa: E402
     parameter_count,
     set_offline,
     table,
+    train_here,
     write_rows,
 )
 
@@ -57,12 +58,10 @@ SHAPES = {"llama-3.2-1b": (16, 2048, 8192, 32, 8, 128256)}
 def worker_ours(args: argparse.Namespace) -> None:
     """Train one run as the CLI does (a RunManager and its training thread) and write the figures to --result."""
     set_offline()
-    import resource
 
     import torch
 
     from finetune.config import TrainConfig
-    from finetune.runs import RunManager
 
     out = Path(args.run_dir)
     config = TrainConfig(
@@ -76,17 +75,7 @@ def worker_ours(args: argparse.Namespace) -> None:
     from finetune.plan import plan_for
 
     liger = plan_for(config).liger
-    manager = RunManager(out.parent / "ours-root")
-    manager.start(config, owner="gpu_throughput")
-    final = manager.wait()
-    if final is None or final.status != "completed":
-        raise SystemExit(f"ours: run ended {final.status if final else '?'}: {final.error if final else ''}")
-    events = [json.loads(line) for line in (out / "events.jsonl").read_text(encoding="utf-8").splitlines()]
-    peak = (
-        int(torch.cuda.max_memory_allocated())
-        if torch.cuda.is_available()
-        else int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-    )
+    events, peak = train_here(config, "gpu_throughput")
     steps = [[e["step"], e["time"], e["loss"]] for e in events if e["type"] == "log"]
     figures = {"steps": steps, "peak_memory_bytes": peak, "liger": liger}
     Path(args.result).write_text(json.dumps(figures), encoding="utf-8")

@@ -6,7 +6,8 @@ scripts run this against `python -m finetune train` with the same model, rows an
     .venv/bin/python bench/plain_trainer.py --model DIR --data rows.jsonl --output-dir out --max-steps 30
 
 `--timing FILE` adds one small callback (not something a user would write) that records when training begins, when
-each logged step ends and when training ends, so in-loop tokens/s is measured the same way for both. `--peak-memory`
+each logged step ends (with the real tokens seen so far) and when training ends, so in-loop tokens/s is measured the
+same way for both. `--peak-memory`
 prints the peak memory at the end (CUDA max allocated on a GPU, max RSS on a CPU).
 """
 
@@ -100,6 +101,8 @@ def main(argv: list[str] | None = None) -> dict:
         bf16=args.bf16,
         gradient_checkpointing=args.gradient_checkpointing,
         seed=42,
+        # Measurement only (--timing): Trainer counts the real (non-padding) tokens, as ours does.
+        include_num_input_tokens_seen="non_padding" if args.timing else "no",
     )
 
     callbacks = []
@@ -112,7 +115,8 @@ def main(argv: list[str] | None = None) -> dict:
 
             def on_log(self, a, state, control, logs=None, **kw):
                 if logs and "loss" in logs:
-                    timing["steps"].append([state.global_step, time.time(), float(logs["loss"])])
+                    tokens = state.num_input_tokens_seen
+                    timing["steps"].append([state.global_step, time.time(), float(logs["loss"]), tokens])
 
             def on_train_end(self, a, state, control, **kw):
                 timing["train_end"] = time.time()

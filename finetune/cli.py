@@ -206,7 +206,7 @@ def cmd_propose(args: Any) -> int:
     values = load_config(args.config, args.set).to_dict()
     pinned = tuple(parse_set_option(item)[0] for item in args.set or [])
     values.update({k: v for k, v in (("model", args.model), ("dataset", args.data)) if v})
-    values.update(objectives.goal_settings(str(args.goal).strip().lower()))
+    values.update(objectives.goal_settings(str(args.goal).strip().lower(), given=pinned))
     gib = parse_gib(args.gpu_gib)
     if gib is None:
         raise UserError("--gpu-gib: give the memory of one GPU in GiB, or a card's name (e.g. l4)")

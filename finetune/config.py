@@ -129,7 +129,13 @@ class TrainConfig:
     max_seq_length: int = _f(
         256, "Longest tokenised example; longer ones are truncated. Memory grows linearly with it.", "Data", min=8
     )
-    packing: bool = _f(False, "Concatenate short examples into full-length rows: faster, slight cross-talk.", "Data")
+    packing: bool = _f(
+        True,
+        "Train without padding: each micro batch's examples sit end to end in one row and attend only within "
+        "themselves, so the loss and gradients are the padded batch's, with no compute spent on padding. Used where "
+        "it applies (sft on a causal LM, more than one example per micro batch); the run log says when it is off.",
+        "Data",
+    )
 
     # --- Objective
     objective: str = _f(
@@ -437,7 +443,7 @@ LABELS = {
     "chosen_column": "Preferred answer column",
     "rejected_column": "Worse answer column",
     "max_seq_length": "Longest example (tokens)",
-    "packing": "Pack short examples together",
+    "packing": "Skip padding (pack examples)",
     "objective": "Training goal",
     "beta": "KL / preference strength (beta)",
     "loss_type": "Loss (DPO / GRPO)",

@@ -815,7 +815,7 @@ def tokenize_segments(segments: list[tuple[str, bool]], tokenizer: Any, max_len:
 
 # ----------------------------------------------------------------------------- the whole pipeline
 def prepare(config: TrainConfig, tokenizer: Any) -> PreparedData:
-    """Load, detect, tokenise and (optionally) pack the train and eval sets."""
+    """Load, detect and tokenise the train and eval sets (one example per row; the collator lays out batches)."""
     train_raw, eval_raw = load_raw(config)
     fmt = detect_format(list(train_raw.column_names), config)
     if fmt.kind in PREFERENCE_KINDS:
@@ -829,9 +829,6 @@ def prepare(config: TrainConfig, tokenizer: Any) -> PreparedData:
     notes: list[str] = []
     train = _tokenize_lm(train_raw, fmt, tokenizer, config, notes, "train")
     evaluation = _tokenize_lm(eval_raw, fmt, tokenizer, config, notes, "eval") if eval_raw is not None else None
-    if config.packing:
-        train = pack(train, config.max_seq_length)
-        notes.append(f"packed the training set into {len(train)} rows of {config.max_seq_length} tokens")
     return PreparedData(train, evaluation, fmt, notes=notes)
 
 
@@ -955,23 +952,6 @@ def render_preference(row: dict[str, Any], tokenizer: Any) -> dict[str, str]:
     return out
 
 
-def pack(dataset: Any, length: int) -> Any:
-    """Concatenate examples and cut them into rows of exactly `length` tokens (labels move with their tokens)."""
-    from datasets import Dataset
-
-    ids = [t for row in dataset["input_ids"] for t in row]
-    labels = [t for row in dataset["labels"] for t in row]
-    rows = [
-        {"input_ids": ids[i : i + length], "attention_mask": [1] * length, "labels": labels[i : i + length]}
-        for i in range(0, len(ids) - length + 1, length)
-    ]
-    if not rows:
-        raise UserError(
-            f"packing: the data holds fewer than max_seq_length={length} tokens; turn packing off", "packing"
-        )
-    return Dataset.from_list(rows)
-
-
 def _prepare_classification(config: TrainConfig, tokenizer: Any, train_raw: Any, eval_raw: Any, fmt: DataFormat) -> Any:
     # load_raw checked the labels (one kind, at least two classes, no more than num_labels).
     label_col = fmt.columns["label"]
@@ -999,8 +979,14 @@ def _prepare_classification(config: TrainConfig, tokenizer: Any, train_raw: Any,
     return PreparedData(encode_all(train_raw), evaluation, fmt, label_names=names)
 
 
-def collator(config: TrainConfig, tokenizer: Any) -> Any:
-    """Pads each batch to its longest row (labels with -100)."""
+def collator(config: TrainConfig, tokenizer: Any, packing: bool = False) -> Any:
+    """How a micro batch is laid out: padded to its longest row (labels with -100), or with `packing` (the plan's
+    decision) the same examples end to end in one row without padding, their boundaries beside them for the packed
+    attention (`finetune.packing`); each example's first label is -100, as a padded row's first never counts."""
+    if packing:
+        from transformers import DataCollatorWithFlattening
+
+        return DataCollatorWithFlattening(return_flash_attn_kwargs=True, separator_id=IGNORE)
     if objectives.of(config).is_classifier:
         from transformers import DataCollatorWithPadding
 

@@ -130,14 +130,21 @@ def data_stats(config: TrainConfig, tokenizer: Any = None) -> DataStats:
 
 
 def cached_or_local(config: TrainConfig) -> DataStats | None:
-    """The statistics when they cost no download: counted already (the first screen asked), or the data is on this
-    machine (bundled or a file). None for a Hub dataset not counted yet: an estimate never downloads a dataset."""
+    """The statistics when they cost no download and no conversion: counted already (the first screen asked), or
+    the data is on this machine (bundled or a file) and its tokenizer at hand. None for a Hub dataset not counted yet
+    (an estimate never downloads a dataset) and for the embedded model before its one conversion (17 s or more: an
+    estimate never waits for it)."""
     from pathlib import Path
+
+    from finetune.config import EMBEDDED_MODEL
+    from finetune.models import embedded_cache_dir
 
     with _LOCK:
         cached = _CACHE.get(_key(config))
     if cached is not None:
         return DataStats(cached.rows, cached.lengths, config.max_seq_length, cached.tokenizer, list(cached.notes))
+    if config.model == EMBEDDED_MODEL and not (embedded_cache_dir() / "tokenizer_config.json").is_file():
+        return None
     if config.dataset.startswith("bundled:") or Path(config.dataset).expanduser().is_file():
         return data_stats(config)
     return None

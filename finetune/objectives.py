@@ -80,7 +80,9 @@ class Objective:
     default_beta: float = 0.1  # the KL / preference weight when the config leaves beta empty
     loss_types: tuple[str, ...] = ()  # `loss_type` choices (empty: no choice)
     default_loss: str = ""
-    packing: bool = False  # packing short examples applies
+    # Why this objective's micro batches are padded even with `packing: true` ("": they can be packed, attention
+    # confined per example; the plan decides from this, `finetune.plan.packing_for`).
+    unpacked_because: str = "its trainer has no padding-free path"
     liger: bool = False  # Liger's fused kernels serve it
     deepspeed_loop: bool = False  # backend: deepspeed (our explicit loop) can run it
     needs_trl: bool = False
@@ -170,10 +172,6 @@ class Objective:
         """(field, message) for every setting this objective cannot run with; each message names the field."""
         out: list[tuple[str, str]] = []
         name = config.objective
-        if config.packing and not self.packing:
-            packs = " or ".join(r.name for r in _RECORDS if r.packing)
-            why = "causal_lm only;" if self.is_classifier else f"objective: {packs}; {name} compares whole answers."
-            out.append(("packing", f"packing applies to {why} Set packing: false"))
         if config.backend == "deepspeed" and not self.deepspeed_loop:
             out.append(
                 ("backend", f"{name} runs through TRL's trainer; use backend: trainer (zero_stage 1-3 still works)")
@@ -297,7 +295,7 @@ _RECORDS = (
         goal_label="Style or instructions: answer like the examples (SFT)",
         data_kind="lm",
         columns=("messages", "prompt", "completion", "text"),
-        packing=True,
+        unpacked_because="",
         liger=True,
         deepspeed_loop=True,
         bundled_data="bundled:pirate",
@@ -313,6 +311,7 @@ _RECORDS = (
         card_phrase="preference-tuned with DPO",
         data_kind="preference",
         columns=("prompt", "chosen", "rejected"),
+        unpacked_because="TRL 1.16's DPO trainer has padding-free batches switched off (it pads them)",
         trainer="trl:DPOTrainer",
         trainer_config="trl:DPOConfig",
         fields=("beta", "loss_type", "chosen_column", "rejected_column"),
@@ -337,6 +336,7 @@ _RECORDS = (
         card_phrase="preference-tuned with ORPO",
         data_kind="preference",
         columns=("prompt", "chosen", "rejected"),
+        unpacked_because="TRL 1.16's ORPO trainer has no padding-free path",
         trainer="trl.experimental.orpo:ORPOTrainer",
         trainer_config="trl.experimental.orpo:ORPOConfig",
         fields=("beta", "chosen_column", "rejected_column"),
@@ -356,6 +356,7 @@ _RECORDS = (
         card_phrase="preference-tuned with KTO",
         data_kind="unpaired",
         columns=("prompt", "completion", "label"),
+        unpacked_because="TRL 1.16's KTO trainer has no padding-free path",
         trainer="trl:KTOTrainer",
         trainer_config="trl:KTOConfig",
         fields=("beta", "label_column"),
@@ -381,6 +382,7 @@ _RECORDS = (
         goal_defaults=(("rewards", "number_match"), ("max_completion_length", 32)),
         data_kind="prompts",
         columns=("prompt",),
+        unpacked_because="TRL 1.16's GRPO trainer has no padding-free path (it pads prompts and sampled answers)",
         engine="grpo",
         trainer="trl:GRPOTrainer",
         trainer_config="trl:GRPOConfig",
@@ -439,6 +441,7 @@ _RECORDS = (
         goal_label="Classification: predict a label for a text",
         data_kind="classification",
         columns=("text", "text_pair", "label"),
+        unpacked_because="classification reads one label per padded row, from its last token",
         fields=("num_labels", "text_pair_column", "label_column"),
         deepspeed_loop=True,
         eval_metrics=(*LOSS_METRICS, *CLASSIFIER_METRICS),  # a classifier's loss: the true label's NLL
@@ -482,14 +485,16 @@ def of_values(values: dict[str, Any]) -> Objective:
     return lookup(values.get("objective") or DEFAULT, values.get("task") or CAUSAL_LM)
 
 
-def goal_settings(goal: str) -> dict[str, str]:
+def goal_settings(goal: str, given: Any = ()) -> dict[str, Any]:
     """The task and objective a goal sets: a Start tab goal (sft, dpo, grpo, classification) or an objective's record
-    name (orpo, kto); a UserError naming `goal` and the choices else."""
+    name (orpo, kto), with what suits the goal (its `goal_defaults`) for the fields not in `given` (those the caller
+    set); a UserError naming `goal` and the choices else."""
     record = GOALS.get(goal) or OBJECTIVES.get(goal)
     if record is None:
         choices = ", ".join(dict.fromkeys([*GOALS, *OBJECTIVES]))
         raise UserError(f"goal: {goal!r} is not one of {choices}", field="goal")
-    return {"task": record.task, "objective": record.objective}
+    suits = {name: value for name, value in record.goal_defaults if name not in given}
+    return {**suits, "task": record.task, "objective": record.objective}
 
 
 def fields_not_applying(values: dict[str, Any]) -> set[str]:

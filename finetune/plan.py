@@ -99,11 +99,18 @@ class RunPlan:
     liger: bool = False  # Liger's fused kernels patch the model (CUDA + liger-kernel installed)
     beta: float = 0.1  # the objective's KL / preference weight (the config's, else the objective's default)
     loss_type: str = ""  # the objective's loss (the config's, else the objective's default; "" without a choice)
+    packing: bool = False  # micro batches without padding, attention confined per example (finetune/packing.py)
+    packing_note: str = ""  # why packing is on or off for this run, in a few words
 
     @property
     def trainer_optim(self) -> str:
         """`TrainingArguments.optim` for this plan."""
         return TRAINER_OPTIMIZERS[self.optimizer]
+
+    @property
+    def packing_line(self) -> str:
+        """The run log's line on packing: 'packing: on: ...' or 'packing: off: why'."""
+        return f"packing: {'on' if self.packing else 'off'}: {self.packing_note}"
 
     @property
     def is_classifier(self) -> bool:
@@ -214,6 +221,7 @@ def plan_for(config: TrainConfig, device: str | None = None, world_size: int | N
     # Full fine-tuning keeps fp32 master weights (autocast casts on the fly); LoRA adapters train on a 16-bit base;
     # QLoRA's non-quantised weights stay fp32 next to the 4-bit ones.
     weight = half if (half is not None and config.method == "lora") else "float32"
+    packing, packing_note = packing_for(config)
     return RunPlan(
         config=config,
         device=device,
@@ -233,6 +241,8 @@ def plan_for(config: TrainConfig, device: str | None = None, world_size: int | N
         liger=uses_liger(config, device),
         beta=objective.beta(config),
         loss_type=objective.loss_type(config),
+        packing=packing,
+        packing_note=packing_note,
     )
 
 
@@ -256,6 +266,20 @@ def model_class_for(objective: Objective) -> str:
 def uses_deepspeed(config: TrainConfig) -> bool:
     """DeepSpeed runs the step: its own engine loop, or the Trainer with a ZeRO config."""
     return config.backend == "deepspeed" or config.zero_stage > 0
+
+
+def packing_for(config: TrainConfig) -> tuple[bool, str]:
+    """Whether micro batches train without padding (`finetune.packing`), and the reason in one line. On where it
+    helps and the objective's trainer can (its record's `unpacked_because` says why not): more than one example per
+    micro batch (one example has no padding to remove)."""
+    if not config.packing:
+        return False, "packing: false in the settings"
+    why = objectives.of(config).unpacked_because
+    if why:
+        return False, why
+    if config.per_device_train_batch_size == 1:
+        return False, "one example per micro batch has no padding to remove"
+    return True, "each micro batch is one row without padding, attention confined to each example"
 
 
 # The causal-LM model families (config.json's model_type) liger-kernel 0.8.5 patches: the text models of its

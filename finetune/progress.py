@@ -204,10 +204,17 @@ class Progress:
                 grad_norm=_float(logs.get("grad_norm")),
                 epoch=_float(logs.get("epoch")),
                 **extra,
+                **_tokens(logs),
             )
         if "eval_loss" in logs:
             self.update(eval_loss=float(logs["eval_loss"]))
             self.event("eval", step=step, eval_loss=float(logs["eval_loss"]))
+
+
+def _tokens(logs: dict[str, Any]) -> dict[str, int]:
+    """The real (non-padding) input tokens trained on up to this point, when the engine counted them."""
+    value = logs.get("num_input_tokens_seen")
+    return {"tokens_seen": int(value)} if isinstance(value, (int, float)) else {}
 
 
 def _float(value: Any) -> float | None:

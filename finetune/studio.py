@@ -95,6 +95,8 @@ class RunPreview:
     processes: int = 1
     estimate_bytes: int | None = None  # peak memory per device; None when it could not be estimated
     estimate_note: str = ""  # why there is no estimate
+    packing: bool = False  # micro batches without padding (the plan's decision)
+    packing_note: str = ""  # the plan's reason, in one line
 
 
 def field_problem(exc: BaseException, default_field: str = "config") -> dict[str, str]:
@@ -355,6 +357,8 @@ class Studio:
             processes=int(plan.world_size),
             estimate_bytes=peak,
             estimate_note=note,
+            packing=plan.packing,
+            packing_note=plan.packing_note,
         )
 
     # ----------------------------------------------------------------- runs
@@ -895,9 +899,10 @@ class Studio:
         return propose(self.plan(values, device=device, gpus=gpus), gpu_gib=gpu_gib, pinned=tuple(pinned))
 
     @staticmethod
-    def goal_settings(goal: str) -> dict[str, str]:
-        """The task and objective a goal sets (the objectives registry's goals), as `propose --goal` does."""
-        return objectives.goal_settings(goal)
+    def goal_settings(goal: str, given: Any = ()) -> dict[str, Any]:
+        """The task and objective a goal sets (the objectives registry's goals), and what suits the goal for the
+        fields not in `given`, as `propose --goal` does."""
+        return objectives.goal_settings(goal, given)
 
     @staticmethod
     def embedded_ready() -> bool:

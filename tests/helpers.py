@@ -168,25 +168,36 @@ def wait_until_gone(pids: list[int], timeout: float = 60) -> None:
 
 def measured_peak(config: TrainConfig) -> int:
     """Live tensor storages of two real Trainer steps as the engine runs them (the estimator's own counter on real
-    tensors: the CPU measurement bench/memory_accuracy.py uses)."""
+    tensors: the CPU measurement bench/memory_accuracy.py uses). Padded: rows of max_seq_length tokens. Packed (the
+    plan packs): the data's longest rows, one micro batch of them per step, laid out and attended as a run does."""
     import tempfile
 
     import torch
     from transformers import Trainer, default_data_collator
 
-    from finetune import models
+    from finetune import data, models, packing
+    from finetune.data_stats import data_stats
     from finetune.engines.hf_trainer import training_arguments
     from finetune.memory.trace import LiveBytes
     from finetune.plan import plan_for
 
     plan = plan_for(config, "cpu")
     model = models.load_model(plan)
-    ids = torch.randint(3, 300, (4, config.max_seq_length), generator=torch.Generator().manual_seed(0))
+    generator = torch.Generator().manual_seed(0)
+    collate = default_data_collator
+    if plan.packing:
+        batch = config.per_device_train_batch_size
+        lengths = [min(n, config.max_seq_length) for n in data_stats(config).lengths[-batch:]]
+        ids = [torch.randint(3, 300, (n,), generator=generator) for n in lengths]
+        collate = data.collator(config, None, packing=True)
+        assert packing.enable(model) is None
+    else:
+        ids = list(torch.randint(3, 300, (4, config.max_seq_length), generator=generator))
     rows = [{"input_ids": r, "attention_mask": torch.ones_like(r), "labels": r.clone()} for r in ids]
     with tempfile.TemporaryDirectory() as out:
         args = training_arguments(plan, Path(out), has_eval=False)
         args.logging_strategy, args.save_strategy = "no", "no"
-        trainer = Trainer(model=model, args=args, train_dataset=rows, data_collator=default_data_collator)
+        trainer = Trainer(model=model, args=args, train_dataset=rows, data_collator=collate)
         counter = LiveBytes()
         for t in [*model.parameters(), *model.buffers()]:
             counter.track(t)

@@ -44,6 +44,12 @@ CASES = {
         rf"^gpu throughput on cpu \(ours/plain\): qlora tok/s {NUMBER}x, peak memory {NUMBER}x \(Liger False\), "
         rf"Liger off {NUMBER}x / {NUMBER}x; last loss {NUMBER} vs {NUMBER} off",
     ),
+    "packing": (
+        ["--model", "tiny", "--steps", "2", "--repeats", "1", "--seq", "512", "--kernels", "--kernel-batches", "1",
+         "--kernel-reps", "1", "--out", ""],
+        rf"^packing on cpu: real tokens/s packed/plain = {NUMBER}x \(goal >= 1.5\), packed/padded = {NUMBER}x; "
+        rf"padding share {NUMBER}%",
+    ),
 }  # fmt: skip
 
 

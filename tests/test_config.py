@@ -50,8 +50,8 @@ def test_yaml_round_trip_is_flat_and_lossless():
 
 
 def test_values_from_forms_and_cli_strings_are_coerced():
-    c = TrainConfig.from_dict({"lora_r": "32", "learning_rate": "2e-4", "packing": "yes", "max_steps": 10.0})
-    assert (c.lora_r, c.learning_rate, c.packing, c.max_steps) == (32, 2e-4, True, 10)
+    c = TrainConfig.from_dict({"lora_r": "32", "learning_rate": "2e-4", "packing": "no", "max_steps": 10.0})
+    assert (c.lora_r, c.learning_rate, c.packing, c.max_steps) == (32, 2e-4, False, 10)
     assert TrainConfig(lora_target_modules=["q_proj", "v_proj"]).lora_target_modules == "q_proj,v_proj"
 
 

@@ -70,11 +70,11 @@ def test_csv_parquet_and_explicit_columns(tiny_model_dir, tokenizer, tmp_path):
         assert len(data.prepare(cfg, tokenizer).train) == 2
 
 
-def test_packing_fills_rows_to_max_length(tiny_model_dir, tokenizer):
-    prepared = data.prepare(
-        tiny_config(tiny_model_dir, dataset="bundled:pirate", packing=True, max_seq_length=64), tokenizer
-    )
-    assert all(len(r) == 64 for r in prepared.train["input_ids"])
+def test_packing_keeps_one_example_per_row(tiny_model_dir, tokenizer):
+    """Packing is a layout of each micro batch (tests/test_packing.py), not a concatenation of the data set."""
+    config = tiny_config(tiny_model_dir, dataset="bundled:pirate", max_seq_length=64)
+    packed, padded = (data.prepare(config.replace(packing=on), tokenizer).train for on in (True, False))
+    assert packed["input_ids"] == padded["input_ids"] and len(packed) == 265
 
 
 def test_mrpc_shaped_pairs_for_classification(tiny_model_dir, tokenizer, tmp_path):

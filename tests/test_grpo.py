@@ -303,6 +303,25 @@ def test_the_rewards_goal_on_the_start_tab_takes_the_arithmetic_set(studio_home)
     assert not {"chosen_column", "rejected_column", "num_labels"} & shown
 
 
+def test_propose_with_the_rewards_goal_fills_what_the_start_tab_fills(tiny_model_dir, capsys):
+    """`propose --goal grpo` gives the rewards the Start tab gives (a proposal, not 'rewards: empty'); a reward the
+    user set with --set is kept."""
+    import json
+
+    from finetune import cli
+
+    base = ["propose", "--model", str(tiny_model_dir), "--data", "bundled:arithmetic", "--goal", "grpo", "--json"]
+    assert cli.main([*base, "--gpu-gib", "8"]) == 0
+    settings = json.loads(capsys.readouterr().out)["settings"]
+    assert (settings["objective"], settings["rewards"], settings["max_completion_length"]) == (
+        "grpo",
+        "number_match",
+        32,
+    )
+    assert cli.main([*base, "--gpu-gib", "8", "--set", "rewards=exact_match"]) == 0
+    assert json.loads(capsys.readouterr().out)["settings"]["rewards"] == "exact_match"
+
+
 # ----------------------------------------------------------------------------- the memory estimate
 def test_the_estimate_follows_a_measured_grpo_step_and_names_what_sampling_adds(tiny_model_dir):
     """A real GRPO step (sampling included) through the engine's TRL trainer, live storages counted: the

@@ -55,8 +55,9 @@ def shapes(tmp_path_factory):
 
 
 def gpu_run(path: Path, **kw) -> TrainConfig:
-    """A bf16 GPU run of a model directory (LoRA r=8 all-linear, the defaults)."""
-    return TrainConfig(model=str(path), precision="bf16", **kw)
+    """A bf16 GPU run of a model directory (LoRA r=8 all-linear, the defaults), padded rows of max_seq_length tokens
+    as measured (bench/gpu/memory_totals.py runs packing: false)."""
+    return TrainConfig(model=str(path), precision="bf16", packing=False, **kw)
 
 
 def device_use(est: memory.MemoryEstimate, slack: float) -> float:

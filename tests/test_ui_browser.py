@@ -40,6 +40,7 @@ from tests.test_ui_support import (
     letters,
     open_app,
     pushed_files_hold_no_secret,
+    set_reply_tokens,
     standin_hub,
 )
 from ui.formatting import run_title
@@ -426,10 +427,7 @@ def test_chat_answers_with_the_trained_adapter(page, server, tiny_model_dir):
     expect(page.locator("#chat-source input").first).to_have_value(f"{name} (tuned)")
     choose(page, "chat-source", name)
     expect(page.locator("#chat-main")).to_contain_text(f"Chat with {name}")
-    page.locator("#chat-settings").get_by_text("Generation settings").click()
-    tokens = page.locator("#chat-settings input[type=number]").first
-    tokens.fill(str(REPLY_TOKENS))
-    tokens.press("Enter")
+    set_reply_tokens(page, REPLY_TOKENS)
     box = page.locator("#chat-input textarea, #chat-input input").first
     box.fill("Question 7?")
     box.press("Enter")

@@ -24,7 +24,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_ui_support import CHROMIUM, CHROMIUM_ARGS, browser_expect, greedy_reply, letters, open_app
+from tests.test_ui_support import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    browser_expect,
+    greedy_reply,
+    letters,
+    open_app,
+    set_reply_tokens,
+)
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts" / "first-screen"
 STEPS = 12  # set in Configure after the proposal: a short run, and an expert edit the summary must show
@@ -185,10 +193,7 @@ def test_chat_answers_with_the_run(page, server, tiny_model_dir):
     name = run_title(server["studio"].run(run_id))  # runs are listed by readable name; the newest finished first
     expect(page.locator("#chat-source input").first).to_have_value(f"{name} (tuned)")
     choose(page, "chat-source", name)
-    page.locator("#chat-settings").get_by_text("Generation settings").click()
-    tokens = page.locator("#chat-settings input[type=number]").first
-    tokens.fill(str(REPLY_TOKENS))
-    tokens.press("Enter")
+    set_reply_tokens(page, REPLY_TOKENS)
     box = page.locator("#chat-input textarea, #chat-input input").first
     box.fill("Question 7?")
     box.press("Enter")

@@ -121,6 +121,16 @@ def open_app(page: Any, url: str | None = None, ready_text: str | None = None) -
     expect(page.get_by_role("tab", name=TAB_NAMES[0], exact=True)).to_be_visible(timeout=ceiling)
 
 
+def set_reply_tokens(page: Any, tokens: int) -> None:
+    """Type the Chat tab's "max new tokens" and wait until the slider holds it: the number box commits on Enter, and
+    a message sent before that (a loaded machine) would generate the default length."""
+    page.locator("#chat-settings").get_by_text("Generation settings").click()
+    box = page.locator("#chat-settings input[type=number]").first
+    box.fill(str(tokens))
+    box.press("Enter")
+    browser_expect()(page.locator("#chat-settings input[type=range]").first).to_have_value(str(tokens))
+
+
 def api_client(url: str, **kwargs: Any) -> Any:
     """gradio_client's `Client` for the app at `url`, each request given STATE_S (httpx's default is 5 s)."""
     from gradio_client import Client

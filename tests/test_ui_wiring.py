@@ -445,6 +445,7 @@ def test_memory_estimate_shows_the_estimators_verdict_breakdown_and_ranked_advic
     mine = {
         "model": str(tiny_model_dir),
         "max_seq_length": 512,
+        "packing": False,  # padded rows of 512 tokens: activations worth advice (packed, the short data needs little)
         "per_device_train_batch_size": 8,
         "gradient_accumulation_steps": 1,
     }

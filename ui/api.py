@@ -118,7 +118,7 @@ class StudioAPI:
         """
         with refusals():
             studio = self._for(request, oauth_token)
-            values = {**_form(settings), **studio.goal_settings(str(goal))}
+            values = {**_form(settings), **studio.goal_settings(str(goal), given=settings)}
             device = "cuda" if gpu_gib else "cpu"
             return studio.propose(values, device=device, gpus=gpus, gpu_gib=gpu_gib).to_dict()
 

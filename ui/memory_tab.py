@@ -47,6 +47,7 @@ MEMORY_FIELDS = (
     "per_device_train_batch_size",
     "gradient_accumulation_steps",
     "max_seq_length",
+    "packing",
     "gradient_checkpointing",
     "optim",
     "lora_r",

@@ -100,13 +100,22 @@ def plan_markdown(preview: RunPreview, changed: list[str]) -> str:
         f"{objectives.label(preview.objective)}.",
         f"{length} of {preview.effective_batch} examples each, up to {preview.max_seq_length} tokens per example, "
         f"on {where}; {memory}.",
+        batches_text(preview),
     ]
     if changed:
         more = f" and {len(changed) - CHANGED_SHOWN} more" if len(changed) > CHANGED_SHOWN else ""
         lines.append(
             f"Changed from the defaults (in *Configure* or *Memory*): {', '.join(changed[:CHANGED_SHOWN])}{more}."
         )
-    return "\n\n".join(lines)
+    return "\n\n".join(line for line in lines if line)
+
+
+def batches_text(preview: RunPreview) -> str:
+    """How micro batches are laid out, in plain words (the plan's packing decision and its reason)."""
+    if preview.packing:
+        return "No compute on padding: each micro batch is packed into one row, attention kept within each example."
+    note = preview.packing_note
+    return f"Micro batches are padded to their longest example ({plain(note)})." if note else ""
 
 
 def changed_settings(values: dict[str, Any], defaults: dict[str, Any]) -> list[str]:

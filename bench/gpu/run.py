@@ -13,6 +13,9 @@ Steps, most important first (a step starts only if the deadline leaves it its mi
   memory-totals  bench/gpu/memory_totals.py: tensor_bytes vs max_memory_allocated, total_bytes vs device use
   throughput     bench/gpu_throughput.py: ours (Liger auto) and ours with Liger off vs the plain Trainer + PEFT script,
                  LoRA on issue 13's Liger case (Llama-3.2-1B shape, vocabulary 128256): tokens/s, peak, last loss
+  packing        bench/packing.py: packing on (torch's varlen flash attention) / off against the plain padded script,
+                 Liger on and off, mixed-length rows on the same 1B shape; flex attention (and flash-attn 2 when
+                 installed) against padded in one process: real tokens/s, peak, loss gap
   deepspeed      bench/deepspeed_gpu.py: ZeRO-2 / ZeRO-3, with and without CPU offload, one GPU
   overhead-parts bench/overhead_parts.py --device cuda: our per-step pieces switched on one at a time (if time is left;
                  else a second call: bash bench/gpu/run.sh --only overhead-parts)
@@ -110,6 +113,14 @@ def steps(cpu: bool, results: Path) -> list[Step]:
         if cpu
         else ["--shape", "small", "--seq", "512", "--warmup", "1", "--steps", "3", "--torch-adam", "--timeout", "45"]
     )
+    packing = (
+        ["--model", "tiny", "--steps", "3", "--repeats", "1", "--seq", "512", "--kernels", "--kernel-batches", "2",
+         "--kernel-reps", "1"]
+        if cpu
+        else ["--model", "llama-3.2-1b", "--tokenizer", "tiny", "--sides", "packed,padded,plain,packed-no-liger",
+              "--steps", "8", "--skip", "3", "--repeats", "1", "--batch", "8", "--seq", "2048",
+              "--gradient-checkpointing", "off", "--kernels", "--kernel-batches", "4", "--kernel-reps", "2"]
+    )  # fmt: skip  # issue 27: packed (torch's varlen flash) vs padded vs plain, Liger on and off; flex / fa2 kernels
     cpu_parts = ["--rounds", "1", "--steps", "6", "--skip", "2", "--variants", "base,ours,engine"]
     parts = cpu_parts if cpu else ["--device", "cuda"]
     return [
@@ -130,6 +141,14 @@ def steps(cpu: bool, results: Path) -> list[Step]:
             minimum=60,
             script="bench/gpu_throughput.py",
             outputs=["gpu_throughput.md"],
+        ),
+        Step(
+            "packing",
+            [py, "bench/packing.py", *packing, "--out", f"{out}/packing{'-cpu' if cpu else '-gpu'}.md"],
+            budget=170,
+            minimum=80,
+            script="bench/packing.py",
+            outputs=["packing-gpu.md"],
         ),
         Step(
             "deepspeed",

@@ -70,7 +70,7 @@ def prepare_run(plan: RunPlan, progress: Progress) -> Prepared:
         tokenizer=tokenizer,
         model=model,
         data=prepared_data,
-        collator=data.collator(config, tokenizer),
+        collator=data.collator(config, tokenizer, packing=packs_batches(model, plan, progress)),
         prompts=[prompt for prompt, _ in heldout],
         precision=precision,
         plan=plan,
@@ -88,6 +88,23 @@ def samples_event(prepared: Prepared, answers: list[str]) -> dict[str, Any]:
         for p, a, r in zip(prepared.prompts, answers, references, strict=True)
     ]
     return {"samples": samples}
+
+
+def packs_batches(model: Any, plan: RunPlan, progress: Progress) -> bool:
+    """The plan's packing decision, once the model has shown that its attention keeps packed examples apart
+    (`finetune.packing.enable`); otherwise padded micro batches, and the run log says why in one line."""
+    if not plan.packing:
+        if plan.config.packing:
+            progress.message(plan.packing_line)
+        return False
+    from finetune import packing
+
+    problem = packing.enable(model)
+    if problem is not None:
+        progress.message(f"packing: off: {problem}; this run pads its micro batches instead")
+        return False
+    progress.message(plan.packing_line)
+    return True
 
 
 def check_sequence_length(config: TrainConfig) -> None:

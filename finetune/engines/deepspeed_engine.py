@@ -142,13 +142,14 @@ def _loop(
         for index, batch in enumerate(loader):
             if index < skip:
                 continue
-            batch = {key: value.to(engine.device) for key, value in batch.items()}
+            batch = on_device(batch, engine.device)
             loss = engine(**batch).loss
             engine.backward(loss)
             before = engine.global_steps
             engine.step()
             step_loss += loss.detach().double().cpu()
             step_micro += 1
+            # Real tokens: a padded batch's mask, or every token of a packed row (it has no mask and no padding).
             step_tokens += (
                 int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
             )
@@ -171,6 +172,7 @@ def _loop(
                         "learning_rate": _lr(engine),
                         "grad_norm": _grad_norm(engine),
                         "epoch": epoch_float,
+                        "num_input_tokens_seen": tokens_seen,
                     },
                 )
                 window_loss, window_steps = 0.0, 0
@@ -221,6 +223,11 @@ def _agree(world: World, flag: bool) -> bool:
     return bool(value.item())
 
 
+def on_device(batch: dict[str, Any], device: Any) -> dict[str, Any]:
+    """A collated batch on the engine's device; plain values (a packed batch's longest example) stay as they are."""
+    return {key: value.to(device) if hasattr(value, "to") else value for key, value in batch.items()}
+
+
 def _device() -> Any:
     import torch
 
@@ -260,7 +267,7 @@ def _evaluate(
     totals = torch.zeros(2, dtype=torch.float64, device=_device())
     with torch.no_grad():
         for batch in loader:
-            batch = {key: value.to(engine.device) for key, value in batch.items()}
+            batch = on_device(batch, engine.device)
             totals[0] += engine(**batch).loss.double()
             totals[1] += 1
     if world.size > 1:

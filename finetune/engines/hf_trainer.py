@@ -16,6 +16,7 @@ from transformers.trainer_callback import PrinterCallback
 from finetune.engines.common import Prepared, prepare_run, samples_event, save_final, write_used_ds_config
 from finetune.engines.world import trainer_world_if
 from finetune.inference import generate_answers
+from finetune.packing import is_packed
 from finetune.plan import RunPlan
 from finetune.progress import Progress
 
@@ -133,15 +134,25 @@ class StudioTrainer(Trainer):
 
     def _track_num_input_tokens(self, inputs: dict[str, Any]) -> None:
         """Trainer reads each micro batch's token count with `.item()` (a device sync on a GPU); there the count
-        stays on the device until `tokens_seen()` reads it, on the status cadence."""
+        stays on the device until `tokens_seen()` reads it, on the status cadence. A packed micro batch has no padding
+        and no mask: every token counts (Trainer would count the ids that are not the pad id, and SmolLM2 pads with
+        its end-of-turn token, which real text holds)."""
         mask = inputs.get("attention_mask")
-        if self.args.device.type != "cuda" or mask is None or self.args.include_num_input_tokens_seen != "non_padding":
+        packed = is_packed(inputs)
+        on_gpu = self.args.device.type == "cuda"
+        if self.args.include_num_input_tokens_seen != "non_padding" or not (packed or (on_gpu and mask is not None)):
             super()._track_num_input_tokens(inputs)
             return
         import torch
 
-        count = mask.sum().to(device=self.args.device, dtype=torch.int64).reshape(1)
+        if packed:
+            count = torch.tensor([inputs["input_ids"].numel()], device=self.args.device, dtype=torch.int64)
+        else:
+            count = mask.sum().to(device=self.args.device, dtype=torch.int64).reshape(1)
         count = self.accelerator.gather(count).sum()  # every rank's, as Trainer counts
+        if not on_gpu:
+            self.state.num_input_tokens_seen += int(count.item())
+            return
         self._pending_tokens = count if self._pending_tokens is None else self._pending_tokens + count
 
     def tokens_seen(self) -> int:

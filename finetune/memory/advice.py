@@ -3,10 +3,10 @@ the paragraph shown after an out-of-memory failure (`advice_text`). The search i
 rule live in `finetune.memory.search`; the Memory tab and `estimate --json` read the same options from an estimate.
 
 A proposal starts from the fastest settings (no checkpointing, a plain AdamW, LoRA rather than QLoRA, the largest
-micro batch up to 8 at the same effective batch) and the sequence length that keeps every row of the data whole, then
-takes the search's best option if that does not fit with headroom. So it never keeps a choice a proposal made for
-other data or other hardware: it is recomputed from the same start whenever those change. A field the user set on
-purpose (`pinned`, e.g. the sequence length typed on the Start tab) is left as set.
+micro batch up to 8 at the same effective batch, packing where the plan can pack) and the sequence length that keeps
+every row of the data whole, then takes the search's best option if that does not fit with headroom. So it never
+keeps a choice a proposal made for other data or other hardware: it is recomputed from the same start whenever those
+change. A field the user set on purpose (`pinned`, e.g. the sequence length typed on the Start tab) is left as set.
 """
 
 from __future__ import annotations
@@ -143,8 +143,9 @@ def data_lengths(config: TrainConfig) -> tuple[Any, str]:
 
 
 def baseline(plan: RunPlan, stats: Any, pinned: tuple[str, ...] = ()) -> RunPlan:
-    """Where a proposal starts: the fastest memory settings at the same effective batch, and the sequence length
-    that keeps every row whole (the length as set when the data's lengths are unknown). `pinned` fields stay."""
+    """Where a proposal starts: the fastest memory settings at the same effective batch (packing on where the plan
+    can pack), and the sequence length that keeps every row whole (the length as set when the data's lengths are
+    unknown). `pinned` fields stay."""
     config = plan.config
     eff = config.effective_batch_size
     micro = max(d for d in range(1, min(eff, MAX_MICRO_BATCH) + 1) if eff % d == 0)
@@ -162,7 +163,12 @@ def baseline(plan: RunPlan, stats: Any, pinned: tuple[str, ...] = ()) -> RunPlan
     whole = whole_length(config, stats)
     if whole:
         changes["max_seq_length"] = whole
-    return plan.replanned(**{k: v for k, v in changes.items() if k not in pinned})
+    start = plan.replanned(**{k: v for k, v in changes.items() if k not in pinned})
+    if "packing" not in pinned and not start.config.packing:
+        packed = start.replanned(packing=True)
+        if packed.packing:  # no compute and no memory spent on padding, the same loss
+            return packed
+    return start
 
 
 def _reasons(

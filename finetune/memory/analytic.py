@@ -102,11 +102,12 @@ class Settings:
     reference: str | None = None  # "adapter-off" or "copy" (a frozen copy of the weights) when the objective has one
     completion: int = 0  # tokens of each sampled answer (GRPO), scored by the loss; 0: every token is scored
     generation_rows: int = 0  # answers sampled at once per process before a step (GRPO's generation batch)
+    packed_tokens: int = 0  # packing: the real tokens of the largest micro batch (0: rows padded to seq)
 
     @property
     def tokens(self) -> int:
-        """Tokens in one micro batch (every row full length: the worst case)."""
-        return self.batch * self.seq * self.sequences
+        """Tokens in one micro batch: packed, its real tokens; padded, every row full length (the worst case)."""
+        return self.packed_tokens or self.batch * self.seq * self.sequences
 
     @property
     def scored_tokens(self) -> int:

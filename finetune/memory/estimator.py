@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from finetune.config import TrainConfig
@@ -213,8 +213,11 @@ def estimate_core(plan: RunPlan, trace_it: bool = True) -> MemoryEstimate:
     model_config = model_config_of(config)
     shape, census = ma.shape_of(model_config), census_of(plan, model_config)
     settings = ma.settings_for(plan)
-    analytic = ma.analyse(shape, census, settings)
     notes: list[str] = []
+    segments = packed_segments(plan, notes)
+    if segments:
+        settings = replace(settings, packed_tokens=sum(segments))
+    analytic = ma.analyse(shape, census, settings)
     liger = ma.logits_loss_bytes(shape, census, settings) if settings.loss_kernel == "liger" else None
     if liger is not None:
         notes.append(
@@ -222,7 +225,8 @@ def estimate_core(plan: RunPlan, trace_it: bool = True) -> MemoryEstimate:
             "kernel cannot be replayed)"
         )
     generation = analytic.components.get("generation_cache", 0)
-    traced = _traced(plan, model_config, census, notes, liger, generation) if trace_it and traceable(plan) else None
+    traceable_here = trace_it and traceable(plan)
+    traced = _traced(plan, model_config, census, notes, liger, generation, segments) if traceable_here else None
     if traced is not None:
         tensor_bytes, split, phase = traced
         method = "traced"
@@ -418,20 +422,26 @@ CACHE_SIZE = 256  # entries per cache (the UI re-estimates the same few configs)
 
 
 def _traced(
-    plan: RunPlan, model_config: Any, census: Any, notes: list[str], liger: int | None = None, generation: int = 0
+    plan: RunPlan,
+    model_config: Any,
+    census: Any,
+    notes: list[str],
+    liger: int | None = None,
+    generation: int = 0,
+    segments: list[int] | None = None,
 ) -> tuple[int, dict[str, int], str] | None:
     """Replay the step on fake tensors: (peak bytes, live bytes by component at the peak, phase); None on failure.
     `liger`: the bytes of Liger's fused loss, which take the place of the replayed logits. `generation`: the bytes of
     sampling the answers before the step (GRPO; `generate` is not replayed): a phase of its own on top of the state
-    the replay holds before its forward pass."""
+    the replay holds before its forward pass. `segments`: the example lengths of a packed micro batch."""
     from finetune.memory import analytic as ma
     from finetune.memory import trace as mt
 
     config, device = plan.config, plan.device
-    key = (_model_key(config), device, plan.precision, plan.liger, _shape_settings(config))
+    key = (_model_key(config), device, plan.precision, plan.liger, _shape_settings(config), tuple(segments or ()))
     if key not in _TRACE_CACHE:
         try:
-            result = mt.trace(model_config, plan)
+            result = mt.trace(model_config, plan, segments=segments)
         except Exception as exc:  # noqa: BLE001 - an architecture the replay cannot run: formulas instead
             notes.append(f"replay failed ({type(exc).__name__}: {str(exc)[:120]}); using the formulas")
             return None
@@ -450,6 +460,41 @@ def _traced(
         _bounded(_TRACE_CACHE)[key] = (peaks[phase], _merge_split(splits[phase]), phase)
     peak, split, phase = _TRACE_CACHE[key]
     return peak, dict(split), phase
+
+
+def packed_segments(plan: RunPlan, notes: list[str]) -> list[int] | None:
+    """A packed run's largest micro batch: the lengths of the data's longest rows, one per example of a micro batch
+    (each cut at max_seq_length), priced as one row of their real tokens. None for padded rows. When the lengths are
+    not known here (a Hub dataset not counted yet) every example counts as max_seq_length long: the worst case."""
+    if not plan.packing:
+        return None
+    config = plan.config
+    rows, seq = config.per_device_train_batch_size, config.max_seq_length
+    stats = stats_for(config)
+    if stats is None or not stats.lengths:
+        notes.append(
+            f"packing: the data's lengths are not counted yet (that needs no download and the model's tokenizer at "
+            f"hand), so a micro batch counts as the most it can hold: {rows} x {seq} tokens"
+        )
+        return [seq] * rows
+    segments = [min(n, seq) for n in reversed(stats.lengths[-rows:])]
+    notes.append(
+        f"packing: a micro batch holds at most {sum(segments)} real tokens (the data's {len(segments)} longest rows), "
+        f"not {rows} x {seq} padded" + (f" ({stats.notes[0]})" if stats.notes else "")
+    )
+    return segments
+
+
+def stats_for(config: TrainConfig) -> Any:
+    """The data's token lengths when they cost no download and no conversion of the embedded model, or None (then a
+    cut's cost is unknown and cuts rank after every option that keeps the data; a packed micro batch counts as full
+    rows). The search and the estimate's packed micro batch read the same lengths here."""
+    from finetune.data_stats import cached_or_local
+
+    try:
+        return cached_or_local(config)
+    except Exception:  # noqa: BLE001 - advice without the data's lengths still helps: cuts are ranked last
+        return None
 
 
 # Settings that do not change what a step allocates: left out of the replay cache key (the UI re-estimates often).

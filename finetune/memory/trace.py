@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import threading
 import weakref
 from collections import defaultdict
@@ -148,6 +149,10 @@ def build(model_config: Any, plan: RunPlan) -> torch.nn.Module:
         _as_trl_prepares(model, plan)
     if plan.config.gradient_checkpointing:  # Trainer(activation_checkpointing=True): non-reentrant
         models.enable_checkpointing(model)
+    if plan.packing:  # the packed attention the engine switches to (its confinement probe needs real values)
+        from finetune import packing
+
+        packing.use(model)
     return model
 
 
@@ -199,9 +204,12 @@ def no_decay(name: str) -> bool:
     return bool(re.search(r"bias|layernorm|rmsnorm|(?:^|\.)norm(?:$|\.)|_norm(?:$|\.)|ln_", name))
 
 
-def make_batch(plan: RunPlan) -> dict[str, torch.Tensor]:
+def make_batch(plan: RunPlan, segments: list[int] | None = None) -> dict[str, Any]:
     """A worst-case batch: every row `max_seq_length` tokens long (no padding), labels on every token; DPO / ORPO
-    rows are chosen + rejected (two sequences per example), KTO adds the mismatched KL sequences."""
+    rows are chosen + rejected (two sequences per example), KTO adds the mismatched KL sequences. With `segments`
+    (packing): one row of those examples end to end, as the packing collator lays a micro batch out."""
+    if segments:
+        return packed_batch(segments)
     config = plan.config
     rows = config.per_device_train_batch_size * sequences_per_example(plan)
     length = plan.objective.row_tokens(config)
@@ -214,6 +222,27 @@ def make_batch(plan: RunPlan) -> dict[str, torch.Tensor]:
     if plan.objective.kl_pass:
         batch["kl_input_ids"] = torch.zeros_like(ids)
     return batch
+
+
+def packed_batch(segments: list[int]) -> dict[str, Any]:
+    """One packed row of examples `segments` tokens long: ids, labels, restarting positions and the boundaries
+    (real tensors: the packed attention reads them as numbers)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    total = sum(segments)
+    positions = [i for n in segments for i in range(n)]
+    with unset_fake_temporarily():
+        cu = torch.tensor([0, *itertools.accumulate(segments)], dtype=torch.int32)
+        position_ids = torch.tensor([positions], dtype=torch.long)
+    return {
+        "input_ids": torch.zeros((1, total), dtype=torch.long),
+        "labels": torch.zeros((1, total), dtype=torch.long),
+        "position_ids": position_ids,
+        "cu_seq_lens_q": cu,
+        "cu_seq_lens_k": cu,
+        "max_length_q": max(segments),
+        "max_length_k": max(segments),
+    }
 
 
 def train_step(model, optimizer, batch, plan: RunPlan, counter: LiveBytes | None = None, reference=None) -> None:
@@ -601,17 +630,18 @@ class TraceResult:
         return self.phase_split[self.peak_phase]
 
 
-def trace(model_config: Any, plan: RunPlan, small: int = 2) -> TraceResult:
+def trace(model_config: Any, plan: RunPlan, small: int = 2, segments: list[int] | None = None) -> TraceResult:
     """Replay a steady step on fake tensors; deep models are traced at `small` and `small`+1 blocks and extrapolated.
+    `segments`: a packed micro batch's example lengths (None: rows padded to max_seq_length, the worst case).
 
     Every phase peak is linear in the number of identical blocks, so two shallow traces give the deep one exactly
     (up to the block-count-independent parts, which both traces share).
     """
     total = num_layers(model_config)
     if total <= small + 2:
-        return trace_once(model_config, plan)
-    a = trace_once(with_layers(model_config, small), plan)
-    b = trace_once(with_layers(model_config, small + 1), plan)
+        return trace_once(model_config, plan, segments)
+    a = trace_once(with_layers(model_config, small), plan, segments)
+    b = trace_once(with_layers(model_config, small + 1), plan, segments)
     k = total - small - 1
     # The middle blocks' peak lies within one block's worth of the first or last block's: those two stand for it.
     linear = [p for p in b.phase_peak if p in a.phase_peak and p != "backward_blocks"]
@@ -636,7 +666,7 @@ def fake_tensors(plan: RunPlan):
         yield mode
 
 
-def trace_once(model_config: Any, plan: RunPlan) -> TraceResult:
+def trace_once(model_config: Any, plan: RunPlan, segments: list[int] | None = None) -> TraceResult:
     """Build the model on fake tensors with the engine's function and replay one steady step, counting storages."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -651,7 +681,7 @@ def trace_once(model_config: Any, plan: RunPlan) -> TraceResult:
             for t in [*reference.parameters(), *reference.buffers()]:
                 counter.track(t, "reference_model")
         hook_layer_phases(model, counter)
-        batch = make_batch(plan)
+        batch = make_batch(plan, segments)
         counter.reset("setup")
         train_step(model, optimizer, batch, plan, counter, reference)
         result = TraceResult(dict(counter.phase_peak), dict(counter.phase_split), num_layers(model_config))
