@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> str:
         lines = [
             "# GRPO on bundled:arithmetic (embedded SmolLM2-135M, number_match)",
             "",
-            f"- command: `python bench/grpo_arithmetic.py {' '.join(argv or sys.argv[1:])}`".rstrip() + "",
+            f"- command: `{' '.join(['python bench/grpo_arithmetic.py', *(argv or sys.argv[1:])])}`",
             f"- run: {args.method}, {args.steps} steps of {args.batch} completions (4 per prompt), "
             f"max_completion_length {args.completion}, learning rate {args.learning_rate:g}; {took / 60:.1f} min "
             f"on this CPU (load average {loadavg()})",
