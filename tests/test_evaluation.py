@@ -19,7 +19,7 @@ import pytest
 from finetune.answers import exact_match, last_number, number_match
 from finetune.cli import main
 from finetune.errors import UserError
-from finetune.evaluation import EvalOptions, evaluate_run, harness, judge, store
+from finetune.evaluation import EvalOptions, evaluate_run, harness, judge, report, store
 from finetune.rundir import RunDir
 from finetune.runs import RunManager
 from tests.helpers import tiny_config, write_jsonl
@@ -341,6 +341,7 @@ def test_a_rewards_run_is_scored_on_its_answer_column_and_the_loss_only_where_a_
     assert len(lines) == 5 and len(answered) == 4 and "tuned_nll" not in lines[-1]
     assert list(result["tuned"]) == ["number_match", "exact_match", "loss", "perplexity"]  # the record's order
     assert result["goal"] == "grpo" and "base" not in result and "reference" not in result
+    assert report.summary(result).startswith(report.label("number_match"))  # the run list's headline score
     assert result["tuned"]["number_match"] == pytest.approx(
         mean([number_match(r["tuned"], r["reference"]) for r in answered])
     )

@@ -10,7 +10,8 @@ from finetune.evaluation.metrics import METRICS
 
 # Scores on a 0-1 scale: the chart draws these (a loss or a perplexity on the same axis would flatten them).
 SHARES = ("exact_match", "rouge_l", "number_match", "accuracy", "macro_f1", "reward_accuracy", "judge_win_rate")
-HEADLINE = ("reward_accuracy", "accuracy", "rouge_l", "exact_match", "loss")  # the first one present sums a run up
+# The first one present sums a run up (number_match before exact_match: a sum written out is right, not verbatim).
+HEADLINE = ("reward_accuracy", "accuracy", "rouge_l", "number_match", "exact_match", "loss")
 
 
 @dataclass(frozen=True)
