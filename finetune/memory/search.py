@@ -54,8 +54,8 @@ SPEED_COST = {
     "zero3": 0.15,
     "offload": 1.00,
     "lora_rank": 0.0,
-    # No compute on padding. bench/results/packing.md (bundled mixed set, 2 loaded CPU cores): 2.1x the real tokens
-    # per CPU-second of padded batches, 1.07x per wall-second under load; -0.30 sits between the two.
+    # No compute on padding. bench/results/packing.md (bundled mixed set, 49% padding, 2 CPU cores): 2.6x the real
+    # tokens per second of padded batches idle, 1.07x under heavy load; -0.30 stays conservative for other data.
     "packing": -0.30,
 }
 # What a change costs in what the model can learn, in the same points (a judgement, stated so it can be argued with).
