@@ -11,6 +11,7 @@ from typing import Any
 
 from finetune.config import TrainConfig
 from finetune.rundir import RunDir
+from finetune.runs import RunManager
 
 
 def mini_dataset() -> Path:
@@ -49,6 +50,13 @@ def tiny_config(model_dir: Path, **overrides: Any) -> TrainConfig:
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path
+
+
+def train(config: TrainConfig) -> RunDir:
+    """Train `config` in this process to the end (a completed run, else the test fails with its error)."""
+    state = RunManager().start(config, background=False)
+    assert state.status == "completed", (state.status, state.error)
+    return RunDir(Path(state.run_dir))
 
 
 def losses(run_dir: str | Path) -> list[tuple[int, float]]:

@@ -19,7 +19,7 @@ from finetune.config import TrainConfig
 from finetune.errors import ConfigError
 from finetune.rundir import RunDir
 from finetune.runs import RunManager
-from tests.helpers import raw_events, stop_then_resume, tiny_config, write_jsonl
+from tests.helpers import raw_events, stop_then_resume, tiny_config, train, write_jsonl
 from tests.test_input_validation import assert_refused_before_a_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,12 +53,6 @@ def grpo_config(model_dir: Path, dataset: Path, **overrides: Any) -> TrainConfig
     }
     values.update(overrides)
     return tiny_config(model_dir, **values)
-
-
-def train(config: TrainConfig) -> RunDir:
-    state = RunManager().start(config, background=False)
-    assert state.status == "completed", (state.status, state.error)
-    return RunDir(Path(state.run_dir))
 
 
 def mean(values: list[float]) -> float:

@@ -16,8 +16,7 @@ from finetune import data
 from finetune.config import TrainConfig
 from finetune.errors import UserError
 from finetune.rundir import RunDir
-from finetune.runs import RunManager
-from tests.helpers import raw_events, stop_then_resume, tiny_config, write_jsonl
+from tests.helpers import raw_events, stop_then_resume, tiny_config, train, write_jsonl
 from tests.test_hub import GOOD, hub  # noqa: F401  (the stand-in Hub fixture and its token)
 from tests.test_input_validation import assert_refused_before_a_run
 
@@ -36,12 +35,6 @@ def preference_config(model_dir: Path, dataset: Path, **overrides: Any) -> Train
     values: dict[str, Any] = {"objective": "dpo", "dataset": str(dataset), "max_steps": 6, "save_steps": 100}
     values.update(overrides)
     return tiny_config(model_dir, **values)
-
-
-def train(config: TrainConfig) -> RunDir:
-    state = RunManager().start(config, background=False)
-    assert state.status == "completed", (state.status, state.error)
-    return RunDir(Path(state.run_dir))
 
 
 def logged(run: RunDir) -> list[dict]:
