@@ -144,11 +144,11 @@ def steps(cpu: bool, results: Path) -> list[Step]:
         ),
         Step(
             "packing",
-            [py, "bench/packing.py", *packing, "--out", f"{out}/packing{'-cpu' if cpu else '-gpu'}.md"],
+            [py, "bench/packing.py", *packing, "--out", f"{out}/packing-{'cpu' if cpu else 'gpu'}.md"],
             budget=170,
             minimum=80,
             script="bench/packing.py",
-            outputs=["packing-gpu.md"],
+            outputs=[f"packing-{'cpu' if cpu else 'gpu'}.md"],
         ),
         Step(
             "deepspeed",
