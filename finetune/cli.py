@@ -206,7 +206,9 @@ def cmd_propose(args: Any) -> int:
     values = load_config(args.config, args.set).to_dict()
     pinned = tuple(parse_set_option(item)[0] for item in args.set or [])
     values.update({k: v for k, v in (("model", args.model), ("dataset", args.data)) if v})
-    values.update(objectives.goal_settings(str(args.goal).strip().lower(), given=pinned))
+    usual = TrainConfig().to_dict()
+    given = {*pinned, *(name for name, value in values.items() if value != usual.get(name))}  # --set or the file
+    values.update(objectives.goal_settings(str(args.goal).strip().lower(), given=given))
     gib = parse_gib(args.gpu_gib)
     if gib is None:
         raise UserError("--gpu-gib: give the memory of one GPU in GiB, or a card's name (e.g. l4)")

@@ -297,9 +297,9 @@ def test_the_rewards_goal_on_the_start_tab_takes_the_arithmetic_set(studio_home)
     assert not {"chosen_column", "rejected_column", "num_labels"} & shown
 
 
-def test_propose_with_the_rewards_goal_fills_what_the_start_tab_fills(tiny_model_dir, capsys):
+def test_propose_with_the_rewards_goal_fills_what_the_start_tab_fills(tiny_model_dir, capsys, tmp_path):
     """`propose --goal grpo` gives the rewards the Start tab gives (a proposal, not 'rewards: empty'); a reward the
-    user set with --set is kept."""
+    user set with --set or in the config file is kept."""
     import json
 
     from finetune import cli
@@ -314,6 +314,10 @@ def test_propose_with_the_rewards_goal_fills_what_the_start_tab_fills(tiny_model
     )
     assert cli.main([*base, "--gpu-gib", "8", "--set", "rewards=exact_match"]) == 0
     assert json.loads(capsys.readouterr().out)["settings"]["rewards"] == "exact_match"
+    run_yaml = tmp_path / "run.yaml"
+    run_yaml.write_text("rewards: contains:=\n", encoding="utf-8")  # a reward from the config file is kept too
+    assert cli.main([*base, "--gpu-gib", "8", "--config", str(run_yaml)]) == 0
+    assert json.loads(capsys.readouterr().out)["settings"]["rewards"] == "contains:="
 
 
 # ----------------------------------------------------------------------------- the memory estimate
