@@ -25,8 +25,12 @@ $(STAMP): requirements.txt requirements-dev.txt
 run: $(STAMP)
 	$(PY) app.py
 
+# Two pytest-xdist workers (one CPU thread each, see tests/conftest.py), each taking a whole test module at a time so
+# module fixtures are built once; `make test TEST_WORKERS=0` runs everything in one process.
+TEST_WORKERS ?= 2
+
 test: $(STAMP) llama-cpp
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # Installs the wheel once, only when ../shared/wheels has it and the venv lacks llama_cpp (never replaces a copy).
 llama-cpp: $(STAMP)

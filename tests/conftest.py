@@ -12,6 +12,12 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+# `make test` runs two pytest-xdist workers on the 2-core machine. Each worker, and every process it starts, gets one
+# CPU thread: two workers of two OpenMP threads each made the compute-bound tests 3x slower (threads spin-waiting for
+# a core), so the whole suite gained little from the second worker.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
 # DeepSpeed builds a C++ op (shm_comm) on first use into torch's extensions cache and rebuilds it whenever its build
 # command changes. The command names the virtualenv's path, so checkouts sharing ~/.cache rebuilt it for each other
 # at every switch (4 to 9 minutes each on a loaded 2-core machine, past the DeepSpeed tests' deadlines). One cache
@@ -52,10 +58,27 @@ def studio_home(tmp_path, monkeypatch):
     return home
 
 
+# The modules that take over 20 s alone, slowest first (measured on the idle 2-core machine). Workers take whole
+# modules (`--dist loadfile`) in collection order, so handing out the longest first keeps one worker from starting
+# a long module while the other has nothing left; the other modules follow in their usual order.
+SLOWEST_MODULES = (
+    "test_ui_browser", "test_export", "test_bench_scripts", "test_llama_cpp", "test_ui_first_screen", "test_deepspeed",
+    "test_ui_wiring", "test_launch_group", "test_safety", "test_default_path", "test_grpo", "test_training",
+    "test_cli", "test_reliability", "test_preference", "test_publish_privacy", "test_push_gguf", "test_evaluation",
+    "test_launch_lifecycle", "test_hub", "test_propose", "test_space_mode", "test_visitors", "test_memory",
+)  # fmt: skip
+
+
+def _module_rank(item) -> int:
+    name = item.path.stem
+    return SLOWEST_MODULES.index(name) if name in SLOWEST_MODULES else len(SLOWEST_MODULES)
+
+
 def pytest_collection_modifyitems(config, items):
-    """`gpu` tests run only where CUDA is available (the lent GPU machine); here they are skipped with a reason."""
+    """Slowest modules first (see SLOWEST_MODULES); `gpu` tests skipped with a reason where CUDA is unavailable."""
     import torch
 
+    items.sort(key=_module_rank)  # stable: each module's tests keep their order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; run on the lent GPU machine")
