@@ -71,10 +71,16 @@ def load(path: Path, *, lora: Path | None = None, vocab_only: bool = False) -> A
         vocab_only=vocab_only,
         logits_all=not vocab_only,
         n_ctx=1024,
-        n_threads=min(2, os.cpu_count() or 1),
+        n_threads=threads(),
         seed=0,
         verbose=False,
     )
+
+
+def threads() -> int:
+    """llama.cpp's CPU threads: OMP_NUM_THREADS where set (one per pytest-xdist worker, see tests/conftest.py), so it
+    does not spin on the core the other worker uses; else up to 2."""
+    return int(os.environ.get("OMP_NUM_THREADS") or min(2, os.cpu_count() or 1))
 
 
 def tokens(llm: Any, text: str) -> list[int]:
@@ -176,7 +182,7 @@ def default_run_exports(home: Path, samples: bool = True, **overrides: Any) -> D
 
     with studio_home(home):
         started = time.time()
-        no_samples = mock.patch("finetune.data.heldout_prompts", lambda *args, **kwargs: [])
+        no_samples = mock.patch("finetune.data.heldout_samples", lambda *args, **kwargs: [])
         with no_samples if not samples else contextlib.nullcontext():
             state = RunManager().start(TrainConfig(**overrides), owner="tests", background=False)
         if state.status != "completed":
