@@ -12,7 +12,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-# `make test` runs two pytest-xdist workers on the 2-core machine. Each worker, and every process it starts, gets one
+# `make test` runs three pytest-xdist workers on the 2-core machine. Each worker, and every process it starts, gets one
 # CPU thread: two workers of two OpenMP threads each made the compute-bound tests 3x slower (threads spin-waiting for
 # a core), so the whole suite gained little from the second worker.
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -58,11 +58,12 @@ def studio_home(tmp_path, monkeypatch):
     return home
 
 
-# The modules that take over 20 s alone, slowest first (measured on the idle 2-core machine). Workers take whole
-# modules (`--dist loadfile`) in collection order, so handing out the longest first keeps one worker from starting
-# a long module while the other has nothing left; the other modules follow in their usual order.
+# The modules that take over 20 s alone, slowest first (measured on the idle 2-core machine), except test_deepspeed,
+# first: on a fresh virtualenv its first test compiles DeepSpeed's CPU op, which the other DeepSpeed modules wait for.
+# Workers take whole modules (`--dist loadfile`) in collection order, so handing out the longest first keeps one
+# worker from starting a long module while the others have nothing left; the other modules follow in their order.
 SLOWEST_MODULES = (
-    "test_ui_browser", "test_export", "test_bench_scripts", "test_llama_cpp", "test_ui_first_screen", "test_deepspeed",
+    "test_deepspeed", "test_ui_browser", "test_export", "test_bench_scripts", "test_llama_cpp", "test_ui_first_screen",
     "test_ui_wiring", "test_launch_group", "test_safety", "test_default_path", "test_grpo", "test_training",
     "test_cli", "test_reliability", "test_preference", "test_publish_privacy", "test_push_gguf", "test_evaluation",
     "test_launch_lifecycle", "test_hub", "test_propose", "test_space_mode", "test_visitors", "test_memory",
