@@ -47,7 +47,7 @@ COPY --chown=user . .
 # Runs: finetune/paths.py keeps them in /data/finetune-studio when the Space has persistent storage (SPACE_ID set
 # and /data writable), else in ~/.cache/finetune-studio; so FINETUNE_STUDIO_HOME is deliberately not set here.
 # With network on a Space, the default base model is the Hub's copy of SmolLM2 (the embedded GGUF stays installed
-# as the offline fallback). A Space sets SPACE_ID, which makes the app public and locked (finetune/access.py):
+# as the offline fallback). A Space sets SPACE_ID, which makes the app public and locked (finetune/access/policy.py):
 # visitors sign in with Hugging Face to publish with their own token; server paths, trust_remote_code and the
 # server's HF_TOKEN stay off unless CMD adds --allow-server-paths / --allow-remote-code / --lend-server-token
 # (the last one only with --auth, e.g. a FINETUNE_AUTH secret).

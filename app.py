@@ -1,8 +1,8 @@
 """Start Finetune Studio: `python app.py [--host H] [--port P] [--auth alice:pw1,bob:pw2] [--runs-root DIR] [--mcp]`.
 
 Binds 127.0.0.1 unless told otherwise (a Space sets GRADIO_SERVER_NAME=0.0.0.0). Heavy libraries load on first use.
-Listening beyond this machine (or on a Space: `SPACE_ID` set) locks what visitors may do (finetune/access.py): each
-visitor (a login of `--auth` / `--auth-file`, or a Hugging Face sign-in on a Space) has their own runs and uploads;
+Listening beyond this machine (or on a Space: `SPACE_ID` set) locks what visitors may do (finetune/access/policy.py):
+each visitor (a login of `--auth` / `--auth-file`, or a Hugging Face sign-in on a Space) has their own runs and uploads;
 `--admin` names who sees every run; `--allow-server-paths`, `--allow-remote-code`, `--lend-server-token` (only with
 `--auth`) and `--open-training` open it up.
 """
@@ -22,7 +22,7 @@ USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
 
 def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None) -> argparse.Namespace:
     """The command line (and its environment defaults), with `policy`: what visitors may do."""
-    from finetune.access import env_flag
+    from finetune.access.policy import env_flag
 
     env = os.environ if env is None else env
     parser = argparse.ArgumentParser(description="Finetune Studio: fine-tune a language model in your browser.")
@@ -94,7 +94,7 @@ def parse_args(argv: list[str] | None = None, env: dict[str, str] | None = None)
         help="let visitors who are not signed in upload and train, all as one shared identity "
         "(env FINETUNE_OPEN_TRAINING=1)",
     )
-    from finetune.uploads import LIMIT_SWITCHES
+    from finetune.access.uploads import LIMIT_SWITCHES
 
     for name, (flag, variable, default, what) in LIMIT_SWITCHES.items():
         public.add_argument(
@@ -136,8 +136,8 @@ def logins(text: str | None, file: Path | None) -> list[tuple[str, str]] | None:
 
 def decide_policy(args: argparse.Namespace, env: Mapping[str, str]) -> Any:
     """What visitors may do, from the switches (ValueError in one line for a refused combination)."""
-    from finetune.access import AccessPolicy
-    from finetune.uploads import LIMIT_SWITCHES, UploadLimits
+    from finetune.access.policy import AccessPolicy
+    from finetune.access.uploads import LIMIT_SWITCHES, UploadLimits
 
     admins = [a.strip() for given in args.admin for a in given.split(",") if a.strip()]
     users = {user for user, _ in args.auth or []}

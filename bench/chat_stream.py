@@ -1,6 +1,7 @@
 """Chat streaming: time to first token and tokens/s of the Chat tab's path against a plain `model.generate`.
 
-Ours is `Studio.chat("base", ...)`: the model cache, the chat lock and `finetune.inference.stream_reply` (generate in a
+Ours is `Studio.chat("base", ...)`: the model cache, the chat lock and `finetune.model.inference.stream_reply`
+(generate in a
 thread, `TextIteratorStreamer`, the text so far yielded per token), exactly what the Chat tab iterates over. The
 baseline is `model.generate(**inputs, max_new_tokens=N, do_sample=False)` on a model loaded with `from_pretrained`
 (its time to first token: the same call with max_new_tokens=1). Same prompt, chat template, greedy settings, dtype.
@@ -52,14 +53,14 @@ def main(argv: list[str] | None = None) -> str:
     from transformers import AutoModelForCausalLM
 
     from finetune.config import EMBEDDED_MODEL
-    from finetune.inference import GenerationSettings, chat_input_ids
+    from finetune.model.inference import GenerationSettings, chat_input_ids
     from finetune.studio import Studio
 
     report = Report("chat_stream")
     work = Path(tempfile.mkdtemp(prefix="bench-chat-"))
     try:
         if args.model == "embedded":
-            from finetune.models import ensure_embedded_model
+            from finetune.model.loading import ensure_embedded_model
 
             model_name, model_dir = EMBEDDED_MODEL, ensure_embedded_model()
         elif args.model == "tiny":

@@ -119,7 +119,7 @@ def free_port() -> int:
 def embedded_tokenizer_dir() -> Path:
     """The embedded SmolLM2 directory (tokenizer + weights), converted from the shipped GGUF once."""
     set_offline()
-    from finetune.models import ensure_embedded_model
+    from finetune.model.loading import ensure_embedded_model
 
     return ensure_embedded_model()
 
@@ -218,7 +218,7 @@ def train_here(config: Any, owner: str) -> tuple[list[dict[str, Any]], int]:
 
     import torch
 
-    from finetune.runs import RunManager
+    from finetune.runs.manager import RunManager
 
     out = Path(config.output_dir)
     manager = RunManager(out.parent / f"{out.name}-root")

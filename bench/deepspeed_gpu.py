@@ -8,8 +8,8 @@ Llama-shaped model built from a config (nothing is downloaded), through the app'
 What is measured, per configuration, each in a fresh process (`--one NAME`) so that peaks and DeepSpeed's
 process-wide state never leak from one configuration into the next:
   - the model: LlamaForCausalLM(LlamaConfig(TinyLlama-1.1B shape)) with random weights, full fine-tuning, bf16;
-  - the DeepSpeed config: `finetune.deepspeed_config.deepspeed_config(TrainConfig(...))`, the generator the app uses,
-    and the one-process world of `finetune.engines.world.distributed_world()`;
+  - the DeepSpeed config: `finetune.engines.deepspeed_config.deepspeed_config(TrainConfig(...))`, the generator the app
+  uses, and the one-process world of `finetune.engines.world.distributed_world()`;
   - the loop: `loss = engine(input_ids=ids, labels=ids).loss; engine.backward(loss); engine.step()` on one fixed
     batch of random tokens (so the loss must fall: a check that the optimizer really steps);
   - figures: GPU memory allocated after `deepspeed.initialize`, peak allocated and peak reserved over the steps
@@ -108,7 +108,7 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from finetune.config import TrainConfig
-    from finetune.deepspeed_config import deepspeed_config, use_torch_adam
+    from finetune.engines.deepspeed_config import deepspeed_config, use_torch_adam
     from finetune.engines.world import distributed_world
 
     cuda = torch.cuda.is_available()

@@ -5,8 +5,8 @@ number_match reward (GRPO), measured by greedy decoding on the set's `test` spli
     .venv/bin/python bench/grpo_arithmetic.py --steps 2 --test 4 --out ''   # a quick look
 
 The run itself is the project's own (`RunManager().start`: the same engine, plan and files as the app and the CLI);
-accuracy is the share of test problems whose greedy answer's last number equals the answer (`finetune.answers`, the
-function the number_match reward scores with). The last line is the headline.
+accuracy is the share of test problems whose greedy answer's last number equals the answer
+(`finetune.objectives.answers`, the function the number_match reward scores with). The last line is the headline.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ def test_rows(limit: int) -> list[dict[str, str]]:
 
 def accuracy(plan: Any, run_path: Path | None, rows: list[dict[str, str]], max_new_tokens: int) -> tuple[float, list]:
     """Greedy answers of the base (run_path None) or a run's adapter, and the share number_match scores 1."""
-    from finetune.answers import number_match
-    from finetune.inference import generate_answers, load_for_chat
+    from finetune.model.inference import generate_answers, load_for_chat
+    from finetune.objectives.answers import number_match
 
     model, tokenizer = load_for_chat(plan, run_path)
     answers: list[str] = []
@@ -57,8 +57,8 @@ def main(argv: list[str] | None = None) -> str:
 
     from finetune.config import TrainConfig
     from finetune.plan import plan_for
-    from finetune.rundir import RunDir
-    from finetune.runs import RunManager
+    from finetune.runs.manager import RunManager
+    from finetune.runs.rundir import RunDir
 
     config = TrainConfig(
         objective="grpo", dataset="bundled:arithmetic", rewards="number_match", method=args.method,

@@ -1,7 +1,8 @@
 """How right is the memory estimator? Estimate vs the measured peak of live tensors of real training steps.
 
 For each configuration: build a random-initialised model from a config, save it, load and train it exactly as the
-engine does (`finetune.models.load_model` + `finetune.engines.hf_trainer.training_arguments` + `Trainer`, 3 optimizer
+engine does (`finetune.model.loading.load_model` + `finetune.engines.hf_trainer.training_arguments` + `Trainer`, 3
+optimizer
 steps), count live tensor storages with a TorchDispatchMode (`finetune.memory.trace.LiveBytes`: every storage any op
 creates, and every weight, buffer and quantisation constant that exists before), and print the peak beside
 `finetune.memory.estimate(plan)`, accelerate's `estimate-memory` figure and the "about 5x the model" rule of thumb.
@@ -273,14 +274,14 @@ def measure(config: Any, device: str, memtracker: bool = False) -> dict[str, int
     import torch
     from transformers import Trainer, default_data_collator
 
-    from finetune import models
     from finetune.engines.hf_trainer import training_arguments
     from finetune.memory.trace import LiveBytes, _quant_state_tensors
+    from finetune.model import loading
 
     plan = plan_for(config)
     if plan.objective.engine == "preference":
         return measure_preference(config, device)
-    model = models.load_model(plan)
+    model = loading.load_model(plan)
     rows = config.per_device_train_batch_size * config.gradient_accumulation_steps * config.max_steps
     with tempfile.TemporaryDirectory() as out:
         args = training_arguments(plan, Path(out), has_eval=False)
@@ -333,9 +334,9 @@ def measure_preference(config: Any, device: str) -> dict[str, int]:
     from datasets import Dataset
     from transformers import AutoTokenizer
 
-    from finetune import models
     from finetune.engines import preference
     from finetune.memory.trace import LiveBytes
+    from finetune.model import loading
 
     if not (Path(config.model) / "tokenizer.json").is_file():
         from tests.tiny import build_tokenizer
@@ -343,10 +344,10 @@ def measure_preference(config: Any, device: str) -> dict[str, int]:
         build_tokenizer(Path(config.model))  # byte-level BPE, vocabulary 384: ids fit every bench model
     tokenizer = AutoTokenizer.from_pretrained(config.model)
     plan = plan_for(config)
-    model = models.load_model(plan)
+    model = loading.load_model(plan)
     reference = None
     if plan.reference == "copy":
-        reference = models.load_base(plan)
+        reference = loading.load_base(plan)
         reference.requires_grad_(False)
         reference.eval()
     rows = config.per_device_train_batch_size * config.gradient_accumulation_steps * config.max_steps
@@ -388,13 +389,13 @@ def measure_grpo(config: Any, device: str, prompts: list[str]) -> dict[str, int]
     from datasets import Dataset
     from transformers import AutoTokenizer
 
-    from finetune import models
     from finetune.engines import grpo, preference
     from finetune.memory.trace import LiveBytes
+    from finetune.model import loading
 
     tokenizer = AutoTokenizer.from_pretrained(config.model)
     plan = plan_for(config)
-    model = models.load_model(plan)
+    model = loading.load_model(plan)
     rows = [{"prompt": [{"role": "user", "content": text}]} for text in prompts]
 
     def constant(prompts: list, completions: list, **_: Any) -> list[float]:

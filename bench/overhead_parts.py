@@ -181,8 +181,8 @@ def our_callback(run_dir: Path, device: str, tokens_seen: Any = None) -> Any:
 
     from finetune.engines.common import Prepared
     from finetune.engines.hf_trainer import ProgressCallback
-    from finetune.progress import Progress
-    from finetune.rundir import RunDir
+    from finetune.runs.progress import Progress
+    from finetune.runs.rundir import RunDir
 
     progress = Progress(RunDir(run_dir), run_id=run_dir.name)
     # Read per step: `prompts` (empty: no samples) and the plan's device (a GPU logs on a time cadence); the rest
@@ -213,7 +213,7 @@ class Patched:
 def patches(variant: str) -> list[tuple[Any, str, Any]]:
     """What a variant switches off."""
     import finetune.atomic as atomic
-    import finetune.progress as progress
+    import finetune.runs.progress as progress
 
     if variant in ("ours-nofsync", "proposed"):
         return [(atomic.os, "fsync", lambda fd: None)]
@@ -270,8 +270,8 @@ class Timers:
         import transformers
 
         import finetune.engines.hf_trainer as hf
-        import finetune.progress as progress
-        from finetune.rundir import RunDir
+        import finetune.runs.progress as progress
+        from finetune.runs.rundir import RunDir
 
         t = transformers.Trainer
         pieces = [
@@ -297,8 +297,8 @@ class Timers:
 def micro_costs(work: Path) -> list[list[Any]]:
     """Microseconds per call of each per-step piece of ours, and how often it runs."""
     import finetune.atomic as atomic
-    from finetune.progress import Progress, memory_in_use
-    from finetune.rundir import RunDir
+    from finetune.runs.progress import Progress, memory_in_use
+    from finetune.runs.rundir import RunDir
 
     run = RunDir(work / "micro")
     run.path.mkdir(parents=True, exist_ok=True)
@@ -331,7 +331,7 @@ def fixed_costs(model_dir: Path, work: Path, device: str) -> list[list[Any]]:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from finetune.inference import generate_answers
+    from finetune.model.inference import generate_answers
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = get_peft_model(

@@ -180,7 +180,7 @@ def kernel_batch(kernel: str, features: list[dict[str, Any]], padded: Any, packe
 
 def set_kernel(model: Any, kernel: str) -> None:
     """Switch the model's attention to the kernel's."""
-    from finetune import packing
+    from finetune.model import packing
 
     if kernel == "packed":
         packing.use(model)
@@ -196,23 +196,24 @@ def run_kernels(args: argparse.Namespace, model_dir: Path, report: Report) -> st
 
     import torch
 
-    from finetune import data, models
+    from finetune import data
     from finetune.config import TrainConfig
+    from finetune.model import loading
     from finetune.plan import plan_for
 
     config = TrainConfig(
         model=str(model_dir), dataset=str(args.data), eval_split="", max_seq_length=args.seq, lora_dropout=0.0,
         per_device_train_batch_size=args.batch,
     )  # fmt: skip
-    tokenizer = models.load_tokenizer(config)
+    tokenizer = loading.load_tokenizer(config)
     rows = list(data.prepare(config, tokenizer).train)
     random.Random(0).shuffle(rows)
     batches = [rows[i : i + args.batch] for i in range(0, args.kernel_batches * args.batch, args.batch)]
     padded, packed = (data.collator(config, tokenizer, packing=on) for on in (False, True))
     device = torch.device("cuda" if args.cuda else "cpu")
-    model = models.load_model(plan_for(config)).to(device)  # planned for this machine, as a run here would be
+    model = loading.load_model(plan_for(config)).to(device)  # planned for this machine, as a run here would be
     if args.gradient_checkpointing == "on":
-        models.enable_checkpointing(model)
+        loading.enable_checkpointing(model)
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if args.cuda else torch.autocast("cpu", enabled=False)
     real = sum(len(f["input_ids"]) for batch in batches for f in batch)
     padded_tokens = sum(len(batch) * max(len(f["input_ids"]) for f in batch) for batch in batches)

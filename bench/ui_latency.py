@@ -297,7 +297,7 @@ def handler_cost(lengths: list[int], work: Path, reps: int = 5) -> list[list[Any
     """In-process cost of the Train tab's redraw (`TrainTab.render`) against the length of the run's event log: it
     re-reads and re-parses all of events.jsonl on every redraw (once per new step while a page is open)."""
     from finetune.config import TrainConfig
-    from finetune.rundir import RunDir
+    from finetune.runs.rundir import RunDir
     from finetune.studio import Studio
     from ui.train_tab import TrainTab
 

@@ -1,9 +1,12 @@
-"""Where Finetune Studio keeps its caches and runs."""
+"""Where Finetune Studio keeps its caches and runs, and where the files shipped with the package lie."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent  # the finetune package
+BUNDLED = PACKAGE / "bundled"  # data sets, model configs and lm-eval tasks shipped with the app
 
 
 def studio_home() -> Path:

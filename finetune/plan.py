@@ -99,7 +99,7 @@ class RunPlan:
     liger: bool = False  # Liger's fused kernels patch the model (CUDA + liger-kernel installed)
     beta: float = 0.1  # the objective's KL / preference weight (the config's, else the objective's default)
     loss_type: str = ""  # the objective's loss (the config's, else the objective's default; "" without a choice)
-    packing: bool = False  # micro batches without padding, attention confined per example (finetune/packing.py)
+    packing: bool = False  # micro batches without padding, attention confined per example (finetune/model/packing.py)
     packing_note: str = ""  # why packing is on or off for this run, in a few words
 
     @property
@@ -269,7 +269,7 @@ def uses_deepspeed(config: TrainConfig) -> bool:
 
 
 def packing_for(config: TrainConfig) -> tuple[bool, str]:
-    """Whether micro batches train without padding (`finetune.packing`), and the reason in one line. On where it
+    """Whether micro batches train without padding (`finetune.model.packing`), and the reason in one line. On where it
     helps and the objective's trainer can (its record's `unpacked_because` says why not): more than one example per
     micro batch (one example has no padding to remove)."""
     if not config.packing:

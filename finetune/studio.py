@@ -4,7 +4,7 @@ No gradio here; every method returns typed data (one dataclass per kind of answe
 `TrainingState`, the estimate, ...) or raises `UserError` with a one-line message naming its field
 (`field_problem` turns any error into that {field: message} pair, the one way the UI shows it). What a visitor may
 use (server paths, remote code, the server's Hub token) is decided by the `AccessPolicy` the app was started with
-(finetune/access.py) and enforced here, so an API client is held to the same rules as the page.
+(finetune/access/policy.py) and enforced here, so an API client is held to the same rules as the page.
 
 Who asks matters on a public app: `studio.as_visitor(user)` is the same studio acting for one visitor (their login or
 Hugging Face name, None when anonymous). It finds, lists, follows and acts on that visitor's own runs and uploads only
@@ -25,15 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from finetune import objectives  # the UI reads the registry (labels, goals, fields that apply) through this door
-from finetune.access import AccessPolicy
+from finetune.access.policy import AccessPolicy
+from finetune.access.uploads import Uploads, is_upload
 from finetune.config import FIELDS, TrainConfig, field_kind, field_label, field_optional
 from finetune.errors import BusyError, ConfigError, UserError
-from finetune.inference import MAX_NEW_TOKENS, Classification, GenerationSettings
+from finetune.model.inference import MAX_NEW_TOKENS, Classification, GenerationSettings
+from finetune.paths import BUNDLED
 from finetune.plan import RunPlan
-from finetune.progress import TrainingState
-from finetune.rundir import RunDir, find_run, list_runs
-from finetune.runs import RunManager
-from finetune.uploads import Uploads, is_upload
+from finetune.runs.manager import RunManager
+from finetune.runs.progress import TrainingState
+from finetune.runs.rundir import RunDir, find_run, list_runs
 
 BASE = "base"
 BASE_OF = "base-of:"  # chat source: the model a run started from (`base-of:RUN_ID`), whatever the form says now
@@ -307,20 +308,21 @@ class Studio:
 
     def preview_data(self, values: dict[str, Any], n: int = 3) -> dict[str, Any]:
         """The first examples as the model sees them, with what is masked from the loss."""
-        from finetune import data, models
+        from finetune import data
+        from finetune.model import loading
 
         if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= PREVIEW_LIMIT:
             raise UserError(f"n: {str(n)[:40]!r} is not a number of examples from 1 to {PREVIEW_LIMIT}", "n")
         config = self.config(values)
-        return data.preview(config, models.load_tokenizer(config), n=n)
+        return data.preview(config, loading.load_tokenizer(config), n=n)
 
     def commands(self, values: dict[str, Any], gpus: int = 2, nodes: int = 1) -> dict[str, str]:
         """The CLI, torchrun and deepspeed commands that run these settings (saved as run.yaml), each command once.
 
         Paths are relative (run them in the folder that holds run.yaml): a multi-process run's folder is fixed in
         advance as runs/NAME, never as a path of this server."""
-        from finetune.launch import launch_commands
-        from finetune.runs import unique_run_path
+        from finetune.runs.launch import launch_commands
+        from finetune.runs.manager import unique_run_path
 
         plan = self.plan(values)
         config = plan.config
@@ -568,7 +570,7 @@ class Studio:
     ) -> Iterator[str]:
         """Stream a reply from the base model (`base`: the form's model; `base-of:RUN`: the model a run started
         from) or a run's weights; yields the text so far."""
-        from finetune.inference import stream_reply
+        from finetune.model.inference import stream_reply
 
         self.check_chat(messages, settings)
         model, tokenizer = self._chat_model(source, base_values)
@@ -583,7 +585,7 @@ class Studio:
         goes on). Both generate together under the one chat lock: the pair is one request."""
         import queue
 
-        from finetune.inference import stream_reply
+        from finetune.model.inference import stream_reply
 
         self.check_chat(messages, settings)
         self.check_chat(base_messages, settings)
@@ -620,7 +622,7 @@ class Studio:
                 worker.join()
 
     def _chat_model(self, source: str, base_values: dict | None) -> tuple[Any, Any]:
-        from finetune.inference import adapter_dir, load_for_chat
+        from finetune.model.inference import adapter_dir, load_for_chat
 
         if source == BASE:
             plan = self.plan(base_values or {})
@@ -660,7 +662,7 @@ class Studio:
 
     def classify(self, source: str, text: str, text_pair: str = "") -> Classification:
         """Every label's probability for a text (and optional second text) from a sequence-classification run."""
-        from finetune.inference import adapter_dir, classify, load_classifier
+        from finetune.model.inference import adapter_dir, classify, load_classifier
 
         for name, value in (("text", text), ("second text", text_pair)):
             if not isinstance(value, str) or len(value) > CHAT_MESSAGE_LIMIT:
@@ -853,8 +855,7 @@ class Studio:
         """The data sets shipped with the app, as `bundled:NAME` (the default first)."""
         from finetune.config import BUNDLED_DATASET
 
-        folder = Path(__file__).parent / "bundled"
-        names = sorted(f"bundled:{p.name}" for p in folder.iterdir() if (p / "train.jsonl").is_file())
+        names = sorted(f"bundled:{p.name}" for p in BUNDLED.iterdir() if (p / "train.jsonl").is_file())
         return sorted(names, key=lambda n: n != BUNDLED_DATASET)
 
     @staticmethod
@@ -871,15 +872,15 @@ class Studio:
     @staticmethod
     def popular_models() -> list[str]:
         """Models to offer first: the embedded default, then the bundled catalogue's Hub ids (estimated offline)."""
-        from finetune import catalogue
         from finetune.config import EMBEDDED_MODEL
+        from finetune.model import catalogue
 
         return [EMBEDDED_MODEL, *catalogue.names()]
 
     def data_stats(self, values: dict[str, Any]) -> Any:
         """Token lengths of the training rows with the model's tokenizer and template: a `DataStats` (rows,
         p50/p90/p99/max, fit_share of max_seq_length, summary())."""
-        from finetune.data_stats import data_stats
+        from finetune.data.stats import data_stats
 
         return data_stats(self.config(values))
 
@@ -907,7 +908,7 @@ class Studio:
     @staticmethod
     def embedded_ready() -> bool:
         """Whether the embedded model is converted already (its first use converts it, once: about a minute)."""
-        from finetune.models import embedded_cache_dir
+        from finetune.model.loading import embedded_cache_dir
 
         folder = embedded_cache_dir()
         return (folder / "model.safetensors").is_file() and (folder / "config.json").is_file()
@@ -916,13 +917,13 @@ class Studio:
     @staticmethod
     def max_processes() -> int:
         """The most processes a run may use here: the visible GPUs, or on a CPU min(4, cores)."""
-        from finetune.launch import max_processes
+        from finetune.runs.launch import max_processes
 
         return max_processes()
 
     def _start_group(self, values: dict[str, Any], owner: str, processes: int, gpus: str) -> TrainingState:
         """A new run as a launched process group under the runs root; its state once the group is on its way."""
-        from finetune.launch import launch_group
+        from finetune.runs.launch import launch_group
 
         run = launch_group(
             self.config(values), nproc=processes, gpus=gpus, root=self.manager.root, owner=owner, confine=True
@@ -931,7 +932,7 @@ class Studio:
         return self.manager.state() or TrainingState(run_id=run.name, run_dir=str(run.path), status="pending")
 
     def _resume_group(self, run: RunDir, owner: str, processes: int, gpus: str) -> TrainingState:
-        from finetune.launch import resume_group
+        from finetune.runs.launch import resume_group
 
         count = processes if processes > 1 else None  # None: the count the run was trained with
         resumed = resume_group(run.path, nproc=count, gpus=gpus, root=self.manager.root, owner=owner)
@@ -940,7 +941,7 @@ class Studio:
 
     @staticmethod
     def _was_launched(run: RunDir) -> bool:
-        from finetune.process_group import read_group
+        from finetune.runs.process_group import read_group
 
         return bool(read_group(run.path))
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from finetune.config import TrainConfig
-from finetune.rundir import RunDir
-from finetune.runs import RunManager
+from finetune.runs.manager import RunManager
+from finetune.runs.rundir import RunDir
 
 
 def mini_dataset() -> Path:
@@ -105,7 +105,7 @@ def hold_at_step(monkeypatch: Any, step: int) -> threading.Event:
 
     Returns an event that is set once the run is held: a test then acts on a run that is certainly still active
     (stop, a second start, chat) instead of hoping it has not finished yet. One-shot: later steps and runs pass."""
-    from finetune.progress import Progress
+    from finetune.runs.progress import Progress
 
     held = threading.Event()
     original = Progress.on_step
@@ -123,7 +123,7 @@ def hold_at_step(monkeypatch: Any, step: int) -> threading.Event:
 def stop_then_resume(monkeypatch: Any, config: TrainConfig, step: int) -> tuple[list, list]:
     """Start `config`, hold it at `step`, stop it there (one checkpoint, at that step), resume it to the end in the
     foreground; returns `assert_resumed_exactly`'s (first process's, resumed process's) log events."""
-    from finetune.runs import RunManager
+    from finetune.runs.manager import RunManager
 
     manager = RunManager()
     held = hold_at_step(monkeypatch, step)
@@ -183,14 +183,15 @@ def measured_peak(config: TrainConfig) -> int:
     import torch
     from transformers import Trainer, default_data_collator
 
-    from finetune import data, models, packing
-    from finetune.data_stats import data_stats
+    from finetune import data
+    from finetune.data.stats import data_stats
     from finetune.engines.hf_trainer import training_arguments
     from finetune.memory.trace import LiveBytes
+    from finetune.model import loading, packing
     from finetune.plan import plan_for
 
     plan = plan_for(config, "cpu")
-    model = models.load_model(plan)
+    model = loading.load_model(plan)
     generator = torch.Generator().manual_seed(0)
     collate = default_data_collator
     if plan.packing:
@@ -215,8 +216,8 @@ def measured_peak(config: TrainConfig) -> int:
     return counter.peak
 
 
-ESTIMATED_CHARS_PER_TOKEN = 4  # finetune.data_stats.CHARS_PER_TOKEN: lengths where the model's tokenizer is offline
-TEMPLATE_TOKENS = 4  # finetune.data_stats.TEMPLATE_TOKENS: added per text column in that estimate
+ESTIMATED_CHARS_PER_TOKEN = 4  # finetune.data.stats.CHARS_PER_TOKEN: lengths where the model's tokenizer is offline
+TEMPLATE_TOKENS = 4  # finetune.data.stats.TEMPLATE_TOKENS: added per text column in that estimate
 
 
 def write_token_rows(path: Path, lengths: list[int]) -> Path:

@@ -19,7 +19,7 @@ HOLD_LIMIT_S = 300  # the run goes on by itself after this, so a failing test ne
 def main(argv: list[str]) -> int:
     step, marker, args = int(argv[0]), Path(argv[1]), argv[2:]
     from finetune.cli import main as cli_main
-    from finetune.progress import Progress
+    from finetune.runs.progress import Progress
 
     original = Progress.on_step
 

@@ -178,7 +178,7 @@ def default_run_exports(home: Path, samples: bool = True, **overrides: Any) -> D
     from unittest import mock
 
     from finetune.config import TrainConfig
-    from finetune.runs import RunManager
+    from finetune.runs.manager import RunManager
 
     with studio_home(home):
         started = time.time()
@@ -195,7 +195,7 @@ def export_all(run_dir: Path, seconds: dict[str, float] | None = None) -> Defaul
     q8_0 GGUF, and as a LoRA GGUF, and write its base model as an f16 GGUF."""
     import time
 
-    from finetune.models import embedded_cache_dir
+    from finetune.model.loading import embedded_cache_dir
     from finetune.publish import gguf_writer
     from finetune.publish.export import export_run
 

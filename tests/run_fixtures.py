@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from finetune.rundir import RunDir
+from finetune.runs.rundir import RunDir
 from tests.helpers import tiny_config, write_jsonl
 
 PROMPTS = ("What is the capital of France?", "What is two plus two?")
@@ -40,7 +40,7 @@ def eval_file(folder: Path) -> Path:
 
 def train_run(run_dir: Path, base_model_dir: Path, *, steps: int = 10, seed: int = 0, **overrides: Any) -> Path:
     """Train a tiny LoRA run on `base_model_dir` into `run_dir` (must not exist yet); returns `run_dir`."""
-    from finetune.runs import RunManager
+    from finetune.runs.manager import RunManager
 
     run_dir = Path(run_dir)
     values: dict[str, Any] = {

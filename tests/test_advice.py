@@ -14,7 +14,7 @@ import pytest
 
 from finetune import memory
 from finetune.config import FIELDS, TrainConfig
-from finetune.data_stats import data_stats
+from finetune.data.stats import data_stats
 from finetune.memory.search import cut_words, whole_length
 from finetune.plan import plan_for
 from finetune.studio import Studio

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from finetune.answers import exact_match, last_number, normalize_answer, number_match
+from finetune.objectives.answers import exact_match, last_number, normalize_answer, number_match
 
 
 def test_normalisation_ignores_case_punctuation_articles_and_spacing():

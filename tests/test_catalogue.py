@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from finetune import catalogue, memory, models
+from finetune import memory
 from finetune.config import EMBEDDED_MODEL, TrainConfig
 from finetune.errors import UserError
+from finetune.model import catalogue, loading
 from finetune.plan import plan_for
 from finetune.studio import Studio
 
@@ -69,7 +70,7 @@ def test_every_bundled_model_is_checked_and_listed():
 def test_bundled_config_builds_the_published_size(model_id):
     import torch
     import transformers
-    from transformers.models.auto import modeling_auto
+    from transformers.loading.auto import modeling_auto
 
     config = catalogue.load_config(model_id)
     cls = getattr(transformers, modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type])
@@ -114,7 +115,7 @@ def test_an_unreachable_hub_is_noticed_in_seconds_without_the_offline_setting(mo
         started = time.monotonic()
         assert catalogue.hub_reachable() is False
         with pytest.raises(UserError) as caught:
-            models.load_model_config("someone/not-a-popular-model")
+            loading.load_model_config("someone/not-a-popular-model")
         assert "not reachable" in str(caught.value) and time.monotonic() - started < 10
     finally:
         catalogue.forget_reachability()
@@ -164,5 +165,5 @@ def test_online_only_config_json_is_fetched(monkeypatch, tmp_path):
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(hub, "hf_hub_download", fake_download)
     monkeypatch.setattr(catalogue, "hub_reachable", lambda timeout=0: True)
-    config = models.load_model_config("someone/a-small-llama")
+    config = loading.load_model_config("someone/a-small-llama")
     assert config.hidden_size == 576 and asked == ["config.json"]

@@ -14,7 +14,7 @@ import pytest
 
 from finetune.cli import main
 from finetune.plan import plan_for
-from finetune.rundir import RunDir, list_runs
+from finetune.runs.rundir import RunDir, list_runs
 from tests.helpers import assert_resumed_exactly, events_size, tiny_config, wait_for_file, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,14 +132,14 @@ def test_ctrl_c_stops_cleanly_with_a_checkpoint_and_resume_continues(tiny_model_
 def test_chat_answers_a_prompt_with_the_runs_adapter(tiny_model_dir, studio_home):
     """`python -m finetune chat RUN --prompt ...` answers with the tuned adapter (the pirate phrase it learned; the
     random base model answers gibberish) and exits 0."""
-    from finetune.runs import RunManager
+    from finetune.runs.manager import RunManager
 
     state = RunManager().start(tiny_config(tiny_model_dir, max_steps=10), background=False)
     assert state.status == "completed", state.error
     tuned = cli("chat", state.run_dir, "--prompt", "Question 99?", "--max-new-tokens", "12", env_home=studio_home)
     assert tuned.returncode == 0, tuned.stderr[-2000:]
     assert tuned.stdout.strip().startswith("Arr, matey!"), tuned.stdout
-    from finetune.inference import generate_answers, load_for_chat
+    from finetune.model.inference import generate_answers, load_for_chat
 
     base_model, tokenizer = load_for_chat(plan_for(tiny_config(tiny_model_dir)))
     base_answer = generate_answers(base_model, tokenizer, ["Question 99?"], max_new_tokens=12)[0]

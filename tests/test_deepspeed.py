@@ -24,11 +24,11 @@ import torch
 
 from finetune.atomic import read_json
 from finetune.engines.world import free_port
-from finetune.launch import launch_commands
 from finetune.plan import plan_for
-from finetune.progress import Progress
-from finetune.rundir import RunDir
-from finetune.runs import RunManager
+from finetune.runs.launch import launch_commands
+from finetune.runs.manager import RunManager
+from finetune.runs.progress import Progress
+from finetune.runs.rundir import RunDir
 from tests.helpers import (
     assert_loss_falls,
     assert_resumed_exactly,

@@ -8,7 +8,7 @@ import shlex
 import pytest
 
 from finetune.config import TrainConfig
-from finetune.deepspeed_config import (
+from finetune.engines.deepspeed_config import (
     SCHEDULERS,
     deepspeed_config,
     trainer_deepspeed_config,
@@ -16,8 +16,8 @@ from finetune.deepspeed_config import (
     write_ds_config,
 )
 from finetune.errors import ConfigError, UserError
-from finetune.launch import launch_commands
 from finetune.plan import plan_for
+from finetune.runs.launch import launch_commands
 
 
 def cfg(**values) -> TrainConfig:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from finetune.config import EMBEDDED_MODEL
-from finetune.rundir import list_runs
+from finetune.runs.rundir import list_runs
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +76,7 @@ def test_the_default_run_converts_the_embedded_model_once_and_trains_on_the_bund
     app_run = studio.manager.root / run_id
     assert app_run.resolve() != run.path.resolve() and (app_run / "adapter_model.safetensors").is_file()
     assert not list((studio_home / "models").glob("*.tmp*"))
-    from finetune.inference import GenerationSettings
+    from finetune.model.inference import GenerationSettings
     from tests.test_ui_support import greedy_reply
 
     assert run_id in dict((value, label) for label, value in studio.chat_sources())

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from finetune.answers import exact_match, last_number, number_match
 from finetune.cli import main
 from finetune.errors import UserError
 from finetune.evaluation import EvalOptions, evaluate_run, harness, judge, report, store
-from finetune.rundir import RunDir
-from finetune.runs import RunManager
+from finetune.objectives.answers import exact_match, last_number, number_match
+from finetune.runs.manager import RunManager
+from finetune.runs.rundir import RunDir
 from tests.helpers import tiny_config, write_jsonl
 from tests.run_fixtures import build_run
 
@@ -529,7 +529,7 @@ def test_compare_shows_runs_side_by_side(sft, tmp_path, capsys):
 def test_a_public_app_refuses_server_files_for_evaluation(sft, tmp_path):
     import shutil
 
-    from finetune.access import AccessPolicy
+    from finetune.access.policy import AccessPolicy
     from finetune.studio import Studio
 
     root = tmp_path / "runs"

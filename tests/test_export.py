@@ -141,15 +141,17 @@ def test_export_writes_only_under_exports_and_never_into_the_run(lora_run):
 
 def test_qlora_run_merges_onto_the_full_precision_base_with_a_warning(lora_run, monkeypatch, tmp_path):
     from finetune.config import TrainConfig
-    from finetune.rundir import RunDir
+    from finetune.runs.rundir import RunDir
 
     real = RunDir.load_config
     monkeypatch.setattr(RunDir, "load_config", lambda self: real(self).replace(method="qlora"))
     loaded = []
-    import finetune.models
+    import finetune.model.loading
 
-    original = finetune.models.load_base
-    monkeypatch.setattr(finetune.models, "load_base", lambda plan, **kw: loaded.append(plan) or original(plan, **kw))
+    original = finetune.model.loading.load_base
+    monkeypatch.setattr(
+        finetune.model.loading, "load_base", lambda plan, **kw: loaded.append(plan) or original(plan, **kw)
+    )
     messages = []
     result = export_run(lora_run, "merged", out=tmp_path / "q", progress=messages.append)
     assert result.warnings == (exportmod.QLORA_WARNING,) and exportmod.QLORA_WARNING in messages
@@ -381,7 +383,7 @@ def test_bad_format_or_quant_is_one_line_naming_the_field(fmt, quant, field):
 def test_an_unfinished_run_is_refused(lora_run, tmp_path):
     import shutil
 
-    from finetune.rundir import RunDir
+    from finetune.runs.rundir import RunDir
 
     copy = tmp_path / "running"
     shutil.copytree(lora_run, copy, ignore=shutil.ignore_patterns("exports"))
@@ -502,7 +504,7 @@ def test_a_stopped_run_is_exported_from_its_last_checkpoint(lora_run, tiny_model
 
     from peft import PeftModel
 
-    from finetune.rundir import RunDir
+    from finetune.runs.rundir import RunDir
 
     copy = tmp_path / "pirate-run"
     shutil.copytree(lora_run, copy, ignore=shutil.ignore_patterns("exports"))

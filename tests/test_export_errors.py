@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from finetune.cli import main
-from finetune.pids import own_start
 from finetune.publish.export import STAGE_OWNER
+from finetune.runs.pids import own_start
 from tests.helpers import small_disk, unwritable_folder
 from tests.run_fixtures import build_run
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from finetune.rundir import RunDir
-from finetune.runs import RunManager
+from finetune.runs.manager import RunManager
+from finetune.runs.rundir import RunDir
 from tests.helpers import assert_loss_falls, tiny_config
 
 pytestmark = pytest.mark.gpu

@@ -17,8 +17,8 @@ import pytest
 
 from finetune.config import TrainConfig
 from finetune.errors import ConfigError
-from finetune.rundir import RunDir
-from finetune.runs import RunManager
+from finetune.runs.manager import RunManager
+from finetune.runs.rundir import RunDir
 from tests.helpers import raw_events, stop_then_resume, tiny_config, train, write_jsonl
 from tests.test_input_validation import assert_refused_before_a_run
 
@@ -118,7 +118,7 @@ def test_the_live_view_gets_scored_completions_and_the_run_records_its_plan(lear
 
 
 def test_the_card_names_the_rewards_and_chat_loads_the_runs_plan(learned):
-    from finetune.inference import GenerationSettings, load_for_chat, stream_reply
+    from finetune.model.inference import GenerationSettings, load_for_chat, stream_reply
     from finetune.publish.model_card import build_model_card
 
     run, _ = learned

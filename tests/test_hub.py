@@ -20,7 +20,7 @@ from finetune.errors import ConfigError, UserError
 from finetune.publish import hub as hubmod
 from finetune.publish.hub import build_model_card, push_run, register_cli
 from finetune.publish.public import public_config
-from finetune.rundir import RunDir
+from finetune.runs.rundir import RunDir
 from tests.hub_standin import HubStandin
 from tests.run_fixtures import build_run, samples_at, train_run, trained_template
 

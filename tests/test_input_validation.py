@@ -14,7 +14,7 @@ import pytest
 
 from finetune import data
 from finetune.errors import UserError
-from finetune.runs import RunManager
+from finetune.runs.manager import RunManager
 from tests.helpers import tiny_config
 
 PC = ("prompt", "completion")
@@ -387,17 +387,17 @@ def config_only_model(tmp_path: Path, model_type: str) -> Path:
 
 
 def test_lora_targets_that_name_no_layer_are_refused_from_the_config_alone(tiny_model_dir):
-    from finetune import models
+    from finetune.model import loading
 
     with pytest.raises(UserError) as info:
-        models.check_model(tiny_config(tiny_model_dir, lora_target_modules="qproj, v_prj"))
+        loading.check_model(tiny_config(tiny_model_dir, lora_target_modules="qproj, v_prj"))
     assert str(info.value).startswith("lora_target_modules: 'qproj, v_prj' matches no layer of this model")
     assert info.value.field == "lora_target_modules"
     with pytest.raises(UserError, match="lora_target_modules: 'proj' matches no layer"):
-        models.check_model(tiny_config(tiny_model_dir, lora_target_modules="proj"))  # PEFT matches whole names
-    models.check_model(tiny_config(tiny_model_dir, lora_target_modules="q_proj,nothing"))  # one match is enough
-    models.check_model(tiny_config(tiny_model_dir, lora_target_modules="self_attn.o_proj"))
-    models.check_model(tiny_config(tiny_model_dir, method="full", lora_target_modules="nothing"))
+        loading.check_model(tiny_config(tiny_model_dir, lora_target_modules="proj"))  # PEFT matches whole names
+    loading.check_model(tiny_config(tiny_model_dir, lora_target_modules="q_proj,nothing"))  # one match is enough
+    loading.check_model(tiny_config(tiny_model_dir, lora_target_modules="self_attn.o_proj"))
+    loading.check_model(tiny_config(tiny_model_dir, method="full", lora_target_modules="nothing"))
 
 
 @pytest.mark.parametrize(
@@ -408,12 +408,12 @@ def test_lora_targets_that_name_no_layer_are_refused_from_the_config_alone(tiny_
     ],
 )
 def test_a_task_the_model_has_no_head_for_is_refused(tmp_path, model_type, task, part):
-    from finetune import models
     from finetune.config import TrainConfig
+    from finetune.model import loading
 
     config = TrainConfig(model=str(config_only_model(tmp_path, model_type)), dataset="d.jsonl", task=task)
     with pytest.raises(UserError) as info:
-        models.check_model(config)
+        loading.check_model(config)
     assert str(info.value).startswith(part) and repr(model_type) in str(info.value) and info.value.field == "task"
 
 

@@ -17,9 +17,9 @@ import pytest
 
 from finetune.atomic import read_json
 from finetune.cli import main
-from finetune.device_lock import DeviceLock
-from finetune.process_group import STOP_FILE, group_alive, read_group
-from finetune.rundir import RunDir
+from finetune.runs.device_lock import DeviceLock
+from finetune.runs.process_group import STOP_FILE, group_alive, read_group
+from finetune.runs.rundir import RunDir
 from tests.helpers import events_size, raw_events, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,7 +110,9 @@ def supervised_stand_in(tiny_model_dir: Path, home: Path) -> tuple[Path, subproc
     run.write_status({"status": "pending"})
     (run.path / "launch.json").write_text(json.dumps({"command": [sys.executable, "-c", STAND_IN_RANK], "nproc": 2}))
     supervisor = subprocess.Popen(
-        [sys.executable, "-m", "finetune.process_group", str(run.path)], env=child_env(home), start_new_session=True
+        [sys.executable, "-m", "finetune.runs.process_group", str(run.path)],
+        env=child_env(home),
+        start_new_session=True,
     )
     run.write_status({"status": "pending", "pid": supervisor.pid})  # as `launch` does right after the spawn
     wait_for(lambda: run.read_status().get("status") == "running", "the stand-in to run", timeout=60)
@@ -132,8 +134,10 @@ def test_sigterm_to_the_group_and_stop_both_raise_the_stop_flag(tiny_model_dir, 
     assert status(run)["status"] == "stopped"
 
 
-FOLLOW = "import sys; from pathlib import Path; from finetune.launch import follow_group; from finetune.rundir import \
-RunDir; sys.exit(follow_group(RunDir(Path(sys.argv[1]))))"
+FOLLOW = (
+    "import sys; from pathlib import Path; from finetune.runs.launch import follow_group; "
+    "from finetune.runs.rundir import RunDir; sys.exit(follow_group(RunDir(Path(sys.argv[1]))))"
+)
 
 
 def test_ctrl_c_while_following_stops_the_run_and_the_follower_ends_with_its_summary(tiny_model_dir, studio_home):
@@ -335,7 +339,7 @@ def test_gpus_pins_the_ranks_to_the_chosen_gpu_and_refuses_one_that_does_not_exi
 def test_the_killed_rank_is_named_even_when_the_other_aborts_first():
     """torchrun's report after rank 1 was SIGKILLed and rank 0 aborted in its collective (seen under load): the run's
     line names the killed rank, not the one whose collective failed because of it."""
-    from finetune.process_group import diagnose
+    from finetune.runs.process_group import diagnose
 
     log = (
         "error: rank 0: training failed at step 29: RuntimeError: [gloo] Read error: Connection reset by peer\n"

@@ -1,7 +1,8 @@
 """A launched group's processes and the run's status agree: no rank outlives its supervisor, a stopped run resumes
 at once, and a pid counts as the run's only with the start time recorded beside it.
 
-The cheap cases run the real supervisor (`python -m finetune.process_group`) over a small Python "launcher"; one test
+The cheap cases run the real supervisor (`python -m finetune.runs.process_group`) over a small Python "launcher"; one
+test
 runs a real 2-process torchrun group (gloo, the tiny model): stop, resume at once, then `kill -9` of its supervisor."""
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from finetune import launch
 from finetune.cli import main
-from finetune.device_lock import DeviceLock
 from finetune.errors import BusyError, UserError
-from finetune.pids import own_start, same_process
-from finetune.process_group import (
+from finetune.runs import launch
+from finetune.runs.device_lock import DeviceLock
+from finetune.runs.manager import RunManager
+from finetune.runs.pids import own_start, same_process
+from finetune.runs.process_group import (
     STOP_FILE,
     group_alive,
     group_processes,
@@ -30,8 +32,7 @@ from finetune.process_group import (
     read_group,
     request_stop,
 )
-from finetune.rundir import COMPLETE_MARKER, RunDir
-from finetune.runs import RunManager
+from finetune.runs.rundir import COMPLETE_MARKER, RunDir
 from tests.helpers import tiny_config
 from tests.test_launch_group import child_env, cli, status, wait_for
 
@@ -54,7 +55,9 @@ def supervised(run: RunDir, launcher_script: str, home: Path) -> subprocess.Pope
     record = {"command": [sys.executable, "-c", launcher_script], "launcher": "torchrun", "nproc": 1, "gpus": []}
     (run.path / "launch.json").write_text(json.dumps(record))
     supervisor = subprocess.Popen(
-        [sys.executable, "-m", "finetune.process_group", str(run.path)], env=child_env(home), start_new_session=True
+        [sys.executable, "-m", "finetune.runs.process_group", str(run.path)],
+        env=child_env(home),
+        start_new_session=True,
     )
     run.write_status({**run.read_status(), "status": "pending", "pid": supervisor.pid})  # as `launch` does
     return supervisor

@@ -20,7 +20,7 @@ import pytest
 from finetune.config import EMBEDDED_MODEL, TrainConfig
 from finetune.errors import ConfigError
 from finetune.plan import LIGER_MODEL_TYPES, liger_model_type, plan_for, uses_liger
-from finetune.runs import RunManager
+from finetune.runs.manager import RunManager
 from tests.helpers import tiny_config, write_jsonl
 
 
@@ -161,8 +161,8 @@ def test_the_loss_curve_keeps_a_point_a_second_on_a_gpu_and_every_step_on_a_cpu(
     from transformers import TrainerControl, TrainerState
 
     from finetune.engines.hf_trainer import GPU_LOG_EVERY_S, GPU_LOG_FIRST_STEPS, ProgressCallback
-    from finetune.progress import Progress
-    from finetune.rundir import RunDir
+    from finetune.runs.progress import Progress
+    from finetune.runs.rundir import RunDir
 
     every = 0.1  # the cadence under test, shortened so the test takes about 2 s
 
@@ -206,7 +206,7 @@ def test_step0_answers_are_reused_while_the_base_and_its_settings_stay_the_same(
     import os
 
     from finetune.engines import hf_trainer
-    from finetune.rundir import RunDir
+    from finetune.runs.rundir import RunDir
 
     calls: list[int] = []
     generate = hf_trainer.generate_answers

@@ -12,11 +12,11 @@ from peft import PeftModel, set_peft_model_state_dict
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from finetune import models
 from finetune.engines.common import INITIAL_ADAPTER
+from finetune.model import loading
 from finetune.plan import plan_for
-from finetune.rundir import RunDir
-from finetune.runs import RunManager
+from finetune.runs.manager import RunManager
+from finetune.runs.rundir import RunDir
 from tests.helpers import tiny_config
 
 INPUT = torch.tensor([[1, 5, 9, 14, 3, 7, 2, 11]])
@@ -34,7 +34,7 @@ def adapter_config(run: RunDir) -> dict:
 
 def test_dora_and_rslora_reach_the_trained_model_and_its_saved_adapter(tiny_model_dir, tmp_path):
     config = tiny_config(tiny_model_dir, max_steps=4, use_dora=True, use_rslora=True, output_dir=str(tmp_path / "r"))
-    model = models.load_model(plan_for(config))
+    model = loading.load_model(plan_for(config))
     assert any("lora_magnitude_vector" in name for name, _ in model.named_parameters())  # DoRA's magnitudes
     saved = adapter_config(train(config))
     assert saved["use_dora"] is True and saved["use_rslora"] is True
@@ -51,7 +51,7 @@ def test_a_pissa_or_olora_adapter_loads_on_the_unchanged_base_and_gives_the_trai
     assert saved["init_lora_weights"] is True and saved["r"] == 2 * config.lora_r  # converted to plain LoRA
 
     # The model as it trained: the base rewritten by the PiSSA/OLoRA start, plus the trained adapter weights.
-    trained = models.load_model(plan_for(config))
+    trained = loading.load_model(plan_for(config))
     weights = load_file(str(run.path / "checkpoint-4" / "adapter_model.safetensors"))
     set_peft_model_state_dict(trained, weights)
     trained.eval()
@@ -67,7 +67,7 @@ def test_a_pissa_or_olora_adapter_loads_on_the_unchanged_base_and_gives_the_trai
 def test_chat_with_a_qlora_run_puts_its_adapter_on_the_4_bit_base_it_trained_on(tiny_model_dir, tmp_path):
     import bitsandbytes as bnb
 
-    from finetune.inference import load_for_chat
+    from finetune.model.inference import load_for_chat
 
     config = tiny_config(tiny_model_dir, method="qlora", max_steps=2, output_dir=str(tmp_path / "q"))
     run = train(config)

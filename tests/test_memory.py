@@ -210,8 +210,8 @@ def test_estimate_matches_torchs_own_memtracker_on_a_real_step(tiny, method):
     from torch.distributed._tools.mem_tracker import MemTracker
     from transformers import Trainer, TrainerCallback, default_data_collator
 
-    from finetune import models
     from finetune.engines.hf_trainer import training_arguments
+    from finetune.model import loading
 
     class TrackSecondStep(TrainerCallback):
         tracker: MemTracker | None = None
@@ -233,7 +233,7 @@ def test_estimate_matches_torchs_own_memtracker_on_a_real_step(tiny, method):
         tiny, method=method, per_device_train_batch_size=2, max_seq_length=128, max_steps=2, eval_split="",
         packing=False,  # full rows of random ids, as measured here
     )  # fmt: skip
-    model = models.load_model(plan_for(config, "cpu"))
+    model = loading.load_model(plan_for(config, "cpu"))
     ids = torch.randint(3, 300, (4, 128), generator=torch.Generator().manual_seed(0))
     rows = [{"input_ids": r, "attention_mask": torch.ones_like(r), "labels": r.clone()} for r in ids]
     track = TrackSecondStep()

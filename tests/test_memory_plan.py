@@ -1,5 +1,5 @@
-"""The estimator replays the engine's own model: `finetune.models.build_model`, called on fake tensors, trains the
-same parameters as the model the engine loads, for every method and LoRA variant; `all` means `all-linear` in both;
+"""The estimator replays the engine's own model: `finetune.model.loading.build_model`, called on fake tensors, trains
+the same parameters as the model the engine loads, for every method and LoRA variant; `all` means `all-linear` in both;
 the preference objectives and Liger change the estimate the way the step changes."""
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ import dataclasses
 import pytest
 import torch
 
-from finetune import memory, models
+from finetune import memory
 from finetune.config import TrainConfig
 from finetune.memory import analytic as ma
 from finetune.memory import trace
+from finetune.model import loading
 from finetune.plan import plan_for
 from tests.helpers import measured_peak
 
@@ -54,7 +55,7 @@ def replayed(config: TrainConfig) -> torch.nn.Module:
 @pytest.mark.parametrize("case", MATRIX, ids=list(MATRIX))
 def test_the_replayed_model_trains_the_parameters_the_engine_trains(tiny, case):
     config = TrainConfig(model=str(tiny), **MATRIX[case])
-    engine = models.load_model(plan_for(config, "cpu"), num_labels=config.num_labels or None)
+    engine = loading.load_model(plan_for(config, "cpu"), num_labels=config.num_labels or None)
     fake = replayed(config)
     assert trainable(fake) == trainable(engine)
     assert trainable(engine)  # something trains
@@ -87,7 +88,7 @@ def test_the_replay_for_a_gpu_builds_every_tensor_in_the_dtype_the_engine_loads(
     plan = plan_for(config, "cuda", world_size=1)
     assert plan.precision == "bf16" and plan.compute_dtype == "bfloat16"
     # The 4-bit load goes to the CPU here (no card); every dtype it uses comes from the GPU plan.
-    engine = models.build_model(dataclasses.replace(plan, device="cpu"), num_labels=config.num_labels or None)
+    engine = loading.build_model(dataclasses.replace(plan, device="cpu"), num_labels=config.num_labels or None)
     with trace.fake_tensors(plan):
         fake = trace.build(memory.model_config_of(config), plan)
     assert dtypes(fake) == dtypes(engine)
@@ -97,7 +98,7 @@ def test_the_replay_for_a_gpu_builds_every_tensor_in_the_dtype_the_engine_loads(
 
 def test_qlora_replays_the_4bit_storage_a_load_holds(tiny):
     config = TrainConfig(model=str(tiny), method="qlora")
-    engine = models.load_model(plan_for(config, "cpu"))
+    engine = loading.load_model(plan_for(config, "cpu"))
     fake = replayed(config)
     frozen = {n: (p.dtype, p.numel()) for n, p in engine.named_parameters() if not p.requires_grad}
     assert {n: (p.dtype, p.numel()) for n, p in fake.named_parameters() if not p.requires_grad} == frozen

@@ -1,4 +1,5 @@
-"""Padding-free packing (finetune/packing.py): exactly the padded batch's loss and gradients, the same training run,
+"""Padding-free packing (finetune/model/packing.py): exactly the padded batch's loss and gradients, the same training
+run,
 truncation as without packing, and a model whose attention cannot keep examples apart trains padded, said in one line.
 """
 
@@ -10,10 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from finetune import data, models, packing
+from finetune import data
+from finetune.model import loading, packing
 from finetune.plan import plan_for
-from finetune.rundir import RunDir
-from finetune.runs import RunManager
+from finetune.runs.manager import RunManager
+from finetune.runs.rundir import RunDir
 from tests.helpers import tiny_config, write_jsonl
 
 WORDS = "the ship sails at dawn and the crew sings of gold and storms".split()
@@ -40,7 +42,7 @@ def micro_batch(tiny_model_dir: Path, chat_rows: Path, **overrides):
     config = tiny_config(
         tiny_model_dir, dataset=str(chat_rows), max_seq_length=MAX_SEQ, per_device_train_batch_size=8, **overrides
     )
-    tokenizer = models.load_tokenizer(config)
+    tokenizer = loading.load_tokenizer(config)
     prepared = data.prepare(config, tokenizer)
     return config, tokenizer, [prepared.train[i] for i in range(len(prepared.train))]
 
@@ -70,7 +72,7 @@ def test_a_packed_micro_batch_has_the_padded_loss_and_gradients_and_naive_flatte
     # The Trainer divides the summed loss by the trained tokens it counts (labels[..., 1:]): the same count.
     assert int((packed["labels"][..., 1:] != -100).sum()) == int((padded["labels"][..., 1:] != -100).sum())
 
-    model = models.load_model(plan_for(config, "cpu"))  # full fine-tuning, fp32: every weight's gradient is compared
+    model = loading.load_model(plan_for(config, "cpu"))  # full fine-tuning, fp32: every weight's gradient is compared
     loss_padded, grads_padded = loss_and_grads(model, padded, "sdpa")
     assert packing.enable(model) is None
     loss_packed, grads_packed = loss_and_grads(model, packed)
@@ -151,7 +153,7 @@ def test_the_plan_says_where_packing_applies_and_why_not(tiny_model_dir):
 
 
 def test_attention_that_does_not_confine_examples_is_caught(tiny_model_dir):
-    model = models.load_model(plan_for(tiny_config(tiny_model_dir), "cpu"))
+    model = loading.load_model(plan_for(tiny_config(tiny_model_dir), "cpu"))
     model.get_base_model().set_attn_implementation("sdpa")  # position_ids alone: the trap
     assert packing.confinement_problem(model) == "its attention lets packed examples see each other"
     packing.use(model)
@@ -202,7 +204,7 @@ def test_the_packed_attention_refuses_what_it_does_not_compute():
 def test_the_estimate_of_a_packed_run_follows_its_measured_peak_and_counts_real_tokens(tiny_model_dir, chat_rows):
     """A packed micro batch costs what its real tokens cost: the data's longest rows, not batch x max_seq_length."""
     from finetune import memory
-    from finetune.data_stats import data_stats
+    from finetune.data.stats import data_stats
     from tests.helpers import measured_peak
 
     config = tiny_config(tiny_model_dir, dataset=str(chat_rows), max_seq_length=512, max_steps=2)
@@ -256,7 +258,7 @@ def test_on_a_gpu_a_packed_micro_batch_has_the_padded_loss_and_gradients(tiny_mo
     to_gpu = lambda batch: {k: (v.cuda() if hasattr(v, "cuda") else v) for k, v in batch.items()}  # noqa: E731
     padded = to_gpu(data.collator(config, tokenizer, packing=False)(features))
     packed = to_gpu(data.collator(config, tokenizer, packing=True)(features))
-    model = models.load_model(plan_for(config, "cpu")).to("cuda", getattr(torch, dtype))
+    model = loading.load_model(plan_for(config, "cpu")).to("cuda", getattr(torch, dtype))
     calls = []
     varlen = packing._varlen
     monkeypatch.setattr(packing, "_varlen", lambda *a, **k: calls.append(1) or varlen(*a, **k))

@@ -115,10 +115,10 @@ def test_every_run_records_its_plan_and_chat_and_export_load_by_it(tiny_model_di
     import json
 
     from finetune.errors import UserError
-    from finetune.inference import load_for_chat
+    from finetune.model.inference import load_for_chat
     from finetune.publish.export import export_run
-    from finetune.rundir import RunDir
-    from finetune.runs import RunManager
+    from finetune.runs.manager import RunManager
+    from finetune.runs.rundir import RunDir
     from tests.helpers import tiny_config
 
     config = tiny_config(tiny_model_dir, max_steps=2, output_dir=str(tmp_path / "run"))

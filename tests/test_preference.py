@@ -15,7 +15,7 @@ import torch
 from finetune import data
 from finetune.config import TrainConfig
 from finetune.errors import UserError
-from finetune.rundir import RunDir
+from finetune.runs.rundir import RunDir
 from tests.helpers import raw_events, stop_then_resume, tiny_config, train, write_jsonl
 from tests.test_hub import GOOD, hub  # noqa: F401  (the stand-in Hub fixture and its token)
 from tests.test_input_validation import assert_refused_before_a_run
@@ -166,7 +166,7 @@ def test_a_stopped_dpo_run_resumes_exactly(tiny_model_dir, tmp_path, monkeypatch
 
 def test_objective_cannot_change_on_resume(tiny_model_dir, tmp_path):
     from finetune.errors import ConfigError
-    from finetune.preflight import check_resume_overrides
+    from finetune.runs.preflight import check_resume_overrides
 
     config = preference_config(tiny_model_dir, pairs_file(tmp_path))
     with pytest.raises(ConfigError, match="objective: cannot change on resume"):

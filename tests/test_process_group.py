@@ -1,4 +1,4 @@
-"""The ranks of a launched group stop after the same step (finetune/process_group.py `GroupProgress`).
+"""The ranks of a launched group stop after the same step (finetune/runs/process_group.py `GroupProgress`).
 
 Two real processes joined by gloo step together through `GroupProgress.on_step`, and end their loop where the engines
 end theirs: as soon as `stop_requested` is set after a step. Only ONE rank sees the stop each time: a stop asked in
@@ -25,7 +25,7 @@ CASES = {
 
 def _steps_until_stop(progress, rank: int, who: int, at: int, how: str) -> int:
     """The engines' loop in short: a step, the progress hook, then stop if asked. Returns the last step run."""
-    from finetune.process_group import stop_path
+    from finetune.runs.process_group import stop_path
 
     for step in range(1, MAX_STEPS + 1):
         if rank == who and step == at:
@@ -43,8 +43,8 @@ def _rank(rank: int, init_file: str, folder: str) -> None:
     """One rank: join the gloo group, run every case, write {case: the step it stopped after}."""
     import torch.distributed as dist
 
-    from finetune.process_group import GroupProgress
-    from finetune.rundir import RunDir
+    from finetune.runs.process_group import GroupProgress
+    from finetune.runs.rundir import RunDir
 
     os.environ["WORLD_SIZE"] = str(WORLD)
     dist.init_process_group(

@@ -21,10 +21,10 @@ import json
 import pytest
 
 from finetune import cli, memory
-from finetune.catalogue import GPU_CARDS
 from finetune.config import TrainConfig
 from finetune.errors import UserError
 from finetune.memory.search import margin_bytes
+from finetune.model.catalogue import GPU_CARDS
 from finetune.plan import plan_for
 from finetune.studio import Studio
 from tests.helpers import write_token_rows

@@ -26,7 +26,7 @@ from finetune.errors import UserError
 from finetune.publish import hub as hubmod
 from finetune.publish.hub import push_run
 from finetune.publish.public import public_config, scan_for_local_paths
-from finetune.rundir import RunDir
+from finetune.runs.rundir import RunDir
 from tests.helpers import mini_dataset, write_jsonl
 from tests.hub_standin import HubStandin
 from tests.run_fixtures import train_run

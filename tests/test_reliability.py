@@ -11,10 +11,10 @@ import pytest
 import torch
 from transformers import Trainer
 
-from finetune import models
 from finetune.errors import BusyError, UserError
-from finetune.rundir import RunDir
-from finetune.runs import RunManager
+from finetune.model import loading
+from finetune.runs.manager import RunManager
+from finetune.runs.rundir import RunDir
 from finetune.studio import Studio
 from tests.helpers import assert_resumed_exactly, events_size, hold_at_step, raw_events, tiny_config
 
@@ -24,7 +24,7 @@ def fail_at_step(monkeypatch, step: int, error: BaseException) -> list:
     calls = {"n": 0}
     original = Trainer.training_step
     loaded: list = []
-    original_load = models.load_model
+    original_load = loading.load_model
 
     def training_step(self, *args, **kwargs):
         calls["n"] += 1
@@ -38,7 +38,7 @@ def fail_at_step(monkeypatch, step: int, error: BaseException) -> list:
         return model
 
     monkeypatch.setattr(Trainer, "training_step", training_step)
-    monkeypatch.setattr(models, "load_model", load_model)
+    monkeypatch.setattr(loading, "load_model", load_model)
     return loaded
 
 
@@ -117,7 +117,7 @@ def test_two_clients_starting_at_the_same_moment_exactly_one_starts(tiny_model_d
 
 
 def test_status_and_chat_keep_working_while_a_run_trains(tiny_model_dir, monkeypatch):
-    from finetune.inference import GenerationSettings
+    from finetune.model.inference import GenerationSettings
 
     studio = Studio()
     values = tiny_config(tiny_model_dir, max_steps=3).to_dict()

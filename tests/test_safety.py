@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from finetune import cli, models
+from finetune import cli
 from finetune.config import TrainConfig
 from finetune.engines import hf_trainer
 from finetune.errors import ConfigError, UserError
-from finetune.rundir import COMPLETE_MARKER, RunDir
-from finetune.runs import RunManager
+from finetune.model import loading
+from finetune.runs.manager import RunManager
+from finetune.runs.rundir import COMPLETE_MARKER, RunDir
 from tests.helpers import small_disk, tiny_config
 
 
@@ -79,7 +80,7 @@ def _tokenizer_breaks(monkeypatch):
     def load_tokenizer(*args, **kwargs):
         raise ValueError("tokenizer.json is truncated")
 
-    monkeypatch.setattr(models, "load_tokenizer", load_tokenizer)
+    monkeypatch.setattr(loading, "load_tokenizer", load_tokenizer)
     return {}
 
 
@@ -97,7 +98,7 @@ def _oom_while_loading(monkeypatch):
     def load_model(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 40.00 GiB")
 
-    monkeypatch.setattr(models, "load_model", load_model)
+    monkeypatch.setattr(loading, "load_model", load_model)
     return {}
 
 

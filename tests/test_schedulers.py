@@ -16,12 +16,12 @@ import torch
 
 from finetune import config as config_module
 from finetune.config import TrainConfig
-from finetune.deepspeed_config import SCHEDULERS as DS_SCHEDULERS
-from finetune.deepspeed_config import deepspeed_config
+from finetune.engines.deepspeed_config import SCHEDULERS as DS_SCHEDULERS
+from finetune.engines.deepspeed_config import deepspeed_config
 from finetune.engines.hf_trainer import MIN_LR_RATE, StudioTrainer, training_arguments
 from finetune.plan import plan_for
-from finetune.rundir import RunDir
-from finetune.runs import RunManager
+from finetune.runs.manager import RunManager
+from finetune.runs.rundir import RunDir
 from tests.helpers import tiny_config, write_jsonl
 
 LR = 1e-3

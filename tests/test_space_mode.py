@@ -1,5 +1,6 @@
 """A public app (listening beyond 127.0.0.1, or a Space): what visitors may do is decided once at start-up
-(finetune/access.py) and enforced in the backend facade, so the page, the handlers and an API client (gradio_client
+(finetune/access/policy.py) and enforced in the backend facade, so the page, the handlers and an API client
+(gradio_client
 against a served app) all get the same answers. Publishing on a Space uses the visitor's own OAuth token, against the
 stand-in Hub; the server's HF_TOKEN is never lent unless the operator says so (and logs people in).
 """
@@ -18,10 +19,10 @@ import gradio as gr
 import pytest
 
 import finetune.publish.hub as hubmod
-from finetune.access import REFUSED, AccessPolicy
+from finetune.access.policy import REFUSED, AccessPolicy
 from finetune.config import BUNDLED_DATASET, EMBEDDED_MODEL, FIELD_NAMES
 from finetune.errors import ConfigError, UserError
-from finetune.rundir import RunDir
+from finetune.runs.rundir import RunDir
 from finetune.studio import Studio
 from tests.hub_standin import HubStandin
 from tests.run_fixtures import build_run
@@ -442,7 +443,7 @@ def test_an_api_client_publishes_with_its_own_oauth_token(hub, studio_home, fini
 def test_a_signed_in_browser_publishes_and_trains_as_itself(hub, studio_home, finished_run, served, monkeypatch):
     import httpx
 
-    from finetune.progress import TrainingState
+    from finetune.runs.progress import TrainingState
 
     studio = Studio(studio_home / "runs", policy=AccessPolicy(public=True, space=True))
     url = served(studio)
@@ -533,7 +534,7 @@ def check_and_start(ui, studio, values: list) -> tuple[tuple[bool, set], tuple[b
 
 
 def test_check_gives_the_same_verdict_as_start(studio_home, tmp_path, tiny_model_dir, monkeypatch):
-    from finetune.progress import TrainingState
+    from finetune.runs.progress import TrainingState
 
     studio = Studio(studio_home / "runs")
     ui = build_app(studio).studio_ui
@@ -634,7 +635,7 @@ def test_two_uploads_never_overwrite_each_other(studio_home, tmp_path):
 
 
 def test_an_upload_beyond_the_limit_is_refused_in_the_backend(studio_home, tmp_path):
-    from finetune.uploads import MB, UploadLimits
+    from finetune.access.uploads import MB, UploadLimits
 
     data = data_file(tmp_path)
     size = data.stat().st_size

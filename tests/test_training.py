@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from finetune.rundir import RunDir
-from finetune.runs import RunManager
+from finetune.runs.manager import RunManager
+from finetune.runs.rundir import RunDir
 from tests.helpers import (
     assert_loss_falls,
     assert_resumed_exactly,
@@ -63,11 +63,11 @@ def test_qlora_trains_linear4bit_layers_nf4_double_quant_with_a_paged_8bit_optim
     import bitsandbytes as bnb
     from transformers import Trainer
 
-    from finetune import models
+    from finetune.model import loading
 
     loaded: dict[int, tuple] = {}
     trained: list[dict] = []
-    original_load, original_step = models.load_model, Trainer.training_step
+    original_load, original_step = loading.load_model, Trainer.training_step
 
     def load_model(*args, **kwargs):
         model = original_load(*args, **kwargs)
@@ -93,7 +93,7 @@ def test_qlora_trains_linear4bit_layers_nf4_double_quant_with_a_paged_8bit_optim
         )
         return original_step(self, model, *args, **kwargs)
 
-    monkeypatch.setattr(models, "load_model", load_model)
+    monkeypatch.setattr(loading, "load_model", load_model)
     monkeypatch.setattr(Trainer, "training_step", training_step)
     config = tiny_config(tiny_model_dir, method="qlora", optim="paged_adamw_8bit", max_steps=10)
     run, _ = train(config)

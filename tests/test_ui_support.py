@@ -56,7 +56,7 @@ class RunGate:
 
     def install(self, monkeypatch: Any, root: Path) -> RunGate:
         """Patch the hook for the runs under `root` (a studio's runs folder); runs elsewhere go on untouched."""
-        from finetune.progress import Progress
+        from finetune.runs.progress import Progress
 
         real = Progress.on_step
         gate = self
@@ -154,7 +154,7 @@ def greedy_reply(
 ) -> str:
     """The greedy reply of the base model (with the LoRA adapter in `weights_dir`, if given) to one user message
     (after a system prompt, if given), decoded without special tokens: built from transformers + PEFT, independently
-    of finetune/inference.py."""
+    of finetune/model/inference.py."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

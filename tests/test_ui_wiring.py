@@ -23,8 +23,8 @@ import pytest
 
 from finetune.config import FIELD_NAMES, TrainConfig, field_groups, field_label
 from finetune.plan import plan_for
-from finetune.rundir import RunDir
-from finetune.runs import DeviceLock
+from finetune.runs.manager import DeviceLock
+from finetune.runs.rundir import RunDir
 from finetune.studio import Studio
 from tests.helpers import assert_resumed_exactly, events_size
 from tests.run_fixtures import build_run, samples_at
@@ -305,7 +305,7 @@ def test_data_upload_is_type_and_size_checked_and_kept_under_the_studio_home(ui,
     dataset, error, _ = ui.config.use_data_file(str(exe))
     assert dataset == {"__type__": "update"} and "not a .jsonl" in error["value"]
 
-    from finetune.uploads import MB, UploadLimits
+    from finetune.access.uploads import MB, UploadLimits
 
     monkeypatch.setattr(ui.studio.uploads, "limits", UploadLimits(file_mb=10 / MB))
     _, error, _ = ui.config.use_data_file(str(data))
@@ -792,7 +792,7 @@ def test_side_by_side_both_replies_stream_at_the_same_time(ui, trained_run, monk
             yield text
             assert turns[other].wait(timeout=30), f"the {other} reply never started while the {side} one streamed"
 
-    monkeypatch.setattr("finetune.inference.stream_reply", stream_reply)
+    monkeypatch.setattr("finetune.model.inference.stream_reply", stream_reply)
     steps = chat(ui, PROMPT, "run-a", compare=True)
     assert steps[-1][1][-1]["content"] == steps[-1][2][-1]["content"] == "Arr, matey!"
     sides = [(s[1][-1]["content"], s[2][-1]["content"]) for s in steps]
@@ -828,11 +828,11 @@ def test_chat_errors_are_one_line_in_the_conversation(ui, studio, trained_run, t
         yield "par"
         raise RuntimeError("CUDA error: device-side assert\nlong trace")
 
-    monkeypatch.setattr("finetune.inference.stream_reply", crash)
+    monkeypatch.setattr("finetune.model.inference.stream_reply", crash)
     _, history, _ = chat(ui, "Hi", "base", values=form(model=str(tiny_model_dir)))[-1]
     assert history[-1]["content"] == ERROR_PREFIX + "RuntimeError: CUDA error: device-side assert"
 
-    monkeypatch.setattr("finetune.inference.stream_reply", lambda *a: iter(["  "]))  # a model that ends at once
+    monkeypatch.setattr("finetune.model.inference.stream_reply", lambda *a: iter(["  "]))  # a model that ends at once
     _, history, _ = chat(ui, "Hi", "base", values=form(model=str(tiny_model_dir)))[-1]
     assert history[-1]["content"] == EMPTY
 

@@ -24,11 +24,11 @@ from typing import Any
 
 import pytest
 
-from finetune.access import ANONYMOUS, AccessPolicy
-from finetune.progress import TrainingState
-from finetune.rundir import RunDir
+from finetune.access.policy import ANONYMOUS, AccessPolicy
+from finetune.access.uploads import MB, UploadLimits
+from finetune.runs.progress import TrainingState
+from finetune.runs.rundir import RunDir
 from finetune.studio import Studio
-from finetune.uploads import MB, UploadLimits
 from tests.helpers import hold_at_step, tiny_config
 from tests.hub_standin import HubStandin
 from tests.run_fixtures import build_run

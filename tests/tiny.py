@@ -54,7 +54,7 @@ def save_embedded_tokenizer(path: Path) -> Path:
     (about 8 s) and saved to `path`: for tiny models whose GGUF export llama.cpp must load."""
     from transformers import AutoTokenizer
 
-    from finetune.models import embedded_gguf_path
+    from finetune.model.loading import embedded_gguf_path
 
     gguf = embedded_gguf_path()
     AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(path)

@@ -1,5 +1,5 @@
 """Training engines. Each exposes `train(plan, progress, resume_from) -> "completed" | "stopped"` and runs the run plan
-it is given; the objective's record names its engine module (finetune/objectives.py)."""
+it is given; the objective's record names its engine module (finetune/objectives/)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import importlib
 from pathlib import Path
 
 from finetune.plan import RunPlan
-from finetune.progress import Progress
+from finetune.runs.progress import Progress
 
 
 def run_engine(plan: RunPlan, progress: Progress, resume_from: Path | None = None) -> str:

@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from finetune import data, models
+from finetune import data
 from finetune.atomic import write_json
 from finetune.config import TrainConfig
 from finetune.errors import UserError
-from finetune.inference import LABELS_FILE
+from finetune.model import loading
+from finetune.model.inference import LABELS_FILE
 from finetune.plan import RunPlan
-from finetune.progress import Progress
+from finetune.runs.progress import Progress
 
 INITIAL_ADAPTER = "initial-adapter"  # PiSSA / OLoRA: the adapter as initialised, for the final conversion
 
@@ -43,7 +44,7 @@ def prepare_run(plan: RunPlan, progress: Progress) -> Prepared:
     if config.trust_remote_code:
         progress.message("warning: trust_remote_code is on: Python code from the model repository runs on this machine")
     progress.set_status("loading", message="loading the tokenizer and data")
-    tokenizer = models.load_tokenizer(config)
+    tokenizer = loading.load_tokenizer(config)
     check_sequence_length(config)
     prepared_data = data.prepare(config, tokenizer)
     progress.message(
@@ -54,14 +55,14 @@ def prepare_run(plan: RunPlan, progress: Progress) -> Prepared:
     for note in prepared_data.notes:
         progress.message(note)
     progress.message(f"loading the model ({config.method}, {precision}) on {device}")
-    model = models.load_model(plan, num_labels=prepared_data.num_labels or None)
+    model = loading.load_model(plan, num_labels=prepared_data.num_labels or None)
     if prepared_data.label_names:
         model.config.id2label = dict(enumerate(prepared_data.label_names))
         model.config.label2id = {name: i for i, name in enumerate(prepared_data.label_names)}
         if progress.write_files:  # a LoRA classifier saves only its adapter: keep the class names beside it
             write_json(progress.run.path / LABELS_FILE, prepared_data.label_names)
     save_initial_adapter(model, plan, progress)
-    trainable, total = models.parameter_counts(model)
+    trainable, total = loading.parameter_counts(model)
     progress.message(
         f"model: {total / 1e6:.1f}M parameters, {trainable / 1e6:.2f}M trainable ({trainable / total:.2%})"
     )
@@ -92,12 +93,12 @@ def samples_event(prepared: Prepared, answers: list[str]) -> dict[str, Any]:
 
 def packs_batches(model: Any, plan: RunPlan, progress: Progress) -> bool:
     """The plan's packing decision, once the model has shown that its attention keeps packed examples apart
-    (`finetune.packing.enable`); otherwise padded micro batches, and the run log says why in one line."""
+    (`finetune.model.packing.enable`); otherwise padded micro batches, and the run log says why in one line."""
     if not plan.packing:
         if plan.config.packing:
             progress.message(plan.packing_line)
         return False
-    from finetune import packing
+    from finetune.model import packing
 
     problem = packing.enable(model)
     if problem is not None:
@@ -109,7 +110,7 @@ def packs_batches(model: Any, plan: RunPlan, progress: Progress) -> bool:
 
 def check_sequence_length(config: TrainConfig) -> None:
     """Refuse a max_seq_length beyond what the model's position embeddings support."""
-    limit = models.max_positions(models.load_model_config(config.model, config.trust_remote_code))
+    limit = loading.max_positions(loading.load_model_config(config.model, config.trust_remote_code))
     if limit and config.max_seq_length > limit:
         raise UserError(
             f"max_seq_length: {config.max_seq_length} is beyond this model's limit of {limit} tokens; use ≤ {limit}",
@@ -138,7 +139,7 @@ def write_used_ds_config(args: Any, progress: Progress) -> None:
     run directory as ds_config.json, as the DeepSpeed engine writes its own (rank 0 only)."""
     used = getattr(getattr(args, "hf_deepspeed_config", None), "config", None)
     if used and progress.write_files:
-        from finetune.deepspeed_config import write_ds_config
+        from finetune.engines.deepspeed_config import write_ds_config
 
         write_ds_config(used, progress.run.path)
 

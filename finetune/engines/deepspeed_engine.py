@@ -29,11 +29,11 @@ from typing import Any
 
 from finetune.atomic import read_json, write_json
 from finetune.config import TrainConfig
-from finetune.deepspeed_config import deepspeed_config, write_ds_config
 from finetune.engines.common import Prepared, prepare_run, samples_event
+from finetune.engines.deepspeed_config import deepspeed_config, write_ds_config
 from finetune.engines.world import World, distributed_world
 from finetune.plan import RunPlan
-from finetune.progress import Progress
+from finetune.runs.progress import Progress
 
 # Keep the two newest checkpoints: if the process dies while writing one, the one before is still complete.
 KEEP_CHECKPOINTS = 2
@@ -287,7 +287,7 @@ def _samples(engine: Any, prepared: Prepared, progress: Progress, world: World, 
         if step == 0:
             progress.message("sample answers: not shown for ZeRO-3 on several processes (chat with a checkpoint)")
         return
-    from finetune.inference import generate_answers
+    from finetune.model.inference import generate_answers
 
     answers = generate_answers(engine.module, prepared.tokenizer, prepared.prompts)
     engine.train()
@@ -373,7 +373,7 @@ def load_rng_state(folder: Path, rank: int) -> bool:
 
 
 def _prune_checkpoints(run: Path) -> None:
-    from finetune.rundir import RunDir
+    from finetune.runs.rundir import RunDir
 
     complete = RunDir(run).checkpoints()
     for old in complete[:-KEEP_CHECKPOINTS]:

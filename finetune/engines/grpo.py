@@ -1,6 +1,7 @@
 """Learning from rewards (GRPO) on TRL's `GRPOTrainer`, built from the run plan with the SFT path's pieces.
 
-For each prompt the model samples `num_generations` answers; the reward functions (`finetune.rewards`: number_match,
+For each prompt the model samples `num_generations` answers; the reward functions (`finetune.objectives.rewards`:
+number_match,
 regex:..., python:FILE:FUNCTION, ...) score them, and each answer is pushed up or down by how much better it scored
 than its group's mean. The model, tokenizer, prompts and held-out prompts come from `prepare_run`; the Trainer
 settings from `training_arguments` (ZeRO, schedulers, checkpoints and precision as for SFT); callbacks, the stop flag,
@@ -18,11 +19,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from finetune import rewards
 from finetune.engines.hf_trainer import ProgressCallback, training_arguments
 from finetune.engines.preference import StudioTRL, in_world, load_class, prepare_trl_run, run_to_the_end
+from finetune.objectives import rewards
 from finetune.plan import RunPlan
-from finetune.progress import Progress
+from finetune.runs.progress import Progress
 
 COMPLETIONS_SHOWN = 4  # completions (with their rewards) written to the live view per logged step
 COMPLETION_CHARS = 400  # each shown completion is cut to this many characters

@@ -15,10 +15,10 @@ from transformers.trainer_callback import PrinterCallback
 
 from finetune.engines.common import Prepared, prepare_run, samples_event, save_final, write_used_ds_config
 from finetune.engines.world import trainer_world_if
-from finetune.inference import generate_answers
-from finetune.packing import is_packed
+from finetune.model.inference import generate_answers
+from finetune.model.packing import is_packed
 from finetune.plan import RunPlan
-from finetune.progress import Progress
+from finetune.runs.progress import Progress
 
 # What the form does not ask for, chosen here so that every scheduler in config.SCHEDULERS runs with its settings.
 MIN_LR_RATE = 0.1  # cosine_with_min_lr: decay to 10% of the peak rate
@@ -41,7 +41,7 @@ def training_arguments(plan: RunPlan, output_dir: Path, has_eval: bool) -> Train
 
     kwargs: dict[str, Any] = {}
     if plan.deepspeed:
-        from finetune.deepspeed_config import trainer_deepspeed_config
+        from finetune.engines.deepspeed_config import trainer_deepspeed_config
 
         kwargs["deepspeed"] = trainer_deepspeed_config(config)
     return TrainingArguments(
@@ -287,7 +287,7 @@ def _base_files(model: str) -> list[tuple[str, int, int]] | None:
     from finetune.config import EMBEDDED_MODEL
 
     if model == EMBEDDED_MODEL:
-        from finetune.models import embedded_cache_dir
+        from finetune.model.loading import embedded_cache_dir
 
         folder = embedded_cache_dir()
     elif (Path(model).expanduser() / "config.json").is_file():

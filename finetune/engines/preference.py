@@ -19,13 +19,13 @@ from typing import Any
 
 from transformers.trainer_callback import PrinterCallback
 
-from finetune import models
 from finetune.engines.common import Prepared, prepare_run, save_final
 from finetune.engines.hf_trainer import ProgressCallback, StudioTrainer, training_arguments
 from finetune.engines.world import trainer_world_if
+from finetune.model import loading
 from finetune.objectives import NO_REFERENCE, Objective
 from finetune.plan import RunPlan
-from finetune.progress import Progress
+from finetune.runs.progress import Progress
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # ORPO lives in trl.experimental; its import warning is noise
 
@@ -77,7 +77,7 @@ def reference_model(prepared: Prepared) -> Any:
     the plan uses the policy with its adapter switched off."""
     if prepared.plan.reference != "copy":
         return None
-    reference = models.load_base(prepared.plan)
+    reference = loading.load_base(prepared.plan)
     reference.requires_grad_(False)
     return reference.eval()
 

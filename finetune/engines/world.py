@@ -1,6 +1,7 @@
 """The process group a run needs: a launcher's world as it is, or a one-process world set up and torn down around a
 run, so DeepSpeed (its engine loop, or the Trainer with a ZeRO config) works with or without torchrun and a later run
-in the same process starts clean. Shared by every engine; the multi-process supervisor is finetune/process_group.py.
+in the same process starts clean. Shared by every engine; the multi-process supervisor is
+finetune/runs/process_group.py.
 """
 
 from __future__ import annotations
@@ -94,8 +95,8 @@ def distributed_world() -> Iterator[World]:
 
 
 def collective_timeout() -> Any:
-    """How long a collective may wait before it fails instead of hanging (finetune/process_group.py decides)."""
-    from finetune.process_group import collective_timeout as timeout
+    """How long a collective may wait before it fails instead of hanging (finetune/runs/process_group.py decides)."""
+    from finetune.runs.process_group import collective_timeout as timeout
 
     return timeout()
 

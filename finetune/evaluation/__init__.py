@@ -5,7 +5,8 @@
 - which scores fit a run is its objective's record (`finetune.objectives`: `eval_metrics`, `eval_during_training`);
 - rows.py: which rows are scored, rendered and masked as training renders them;
 - generation.py: what a model produces on them (answers, log-likelihoods, labels);
-- metrics.py: how each score reads, and scores from those outputs (finetune.answers, rouge-score, scikit-learn);
+- metrics.py: how each score reads, and scores from those outputs (finetune.objectives.answers, rouge-score,
+scikit-learn);
 - harness.py: EleutherAI's lm-evaluation-harness through its Python API;
 - judge.py: an optional judge model, pairwise, both orders, with a confidence interval;
 - evaluate.py: one evaluation end to end; store.py: eval/<timestamp>.json in the run folder;

@@ -78,7 +78,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def _run(value: str) -> Any:
     from finetune.paths import runs_root
-    from finetune.rundir import find_run
+    from finetune.runs.rundir import find_run
 
     try:
         return find_run(value, runs_root(), field="run")

@@ -9,7 +9,7 @@ from typing import Any
 
 from finetune.errors import UserError
 from finetune.evaluation import report, store
-from finetune.rundir import RunDir
+from finetune.runs.rundir import RunDir
 
 
 @dataclass

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from finetune.errors import UserError
 from finetune.evaluation import generation, harness, judge, metrics, rows, store
 from finetune.objectives import Objective
-from finetune.rundir import ACTIVE, RunDir
+from finetune.runs.rundir import ACTIVE, RunDir
 
 if TYPE_CHECKING:
     from finetune.plan import RunPlan
@@ -142,8 +142,8 @@ def evaluate_run(run: RunDir, options: EvalOptions, progress: Report | None = No
 
 def check_inputs(run: RunDir, options: EvalOptions) -> Inputs:
     """Every refusal an evaluation can make, before any model loads: options, weights, tasks, judge, data."""
-    from finetune import models
-    from finetune.inference import label_names
+    from finetune.model import loading
+    from finetune.model.inference import label_names
 
     options.check()
     plan = run.load_plan()
@@ -155,7 +155,7 @@ def check_inputs(run: RunDir, options: EvalOptions) -> Inputs:
     tasks = harness.check_tasks(options.lm_eval, options.include_path) if options.lm_eval else None
     fit = judge.check_fits(judge.plan_of(options.judge, plan)) if options.judge else None
     predictions = _predictions_path(options.predictions, run)
-    tokenizer = models.load_tokenizer(config)
+    tokenizer = loading.load_tokenizer(config)
     names = label_names(run.path, config) if not answers else []
     selection = rows.select(config, tokenizer, options.data, options.split, options.limit, names)
     if fit is not None and not any(row.prompt for row in selection.rows):
@@ -479,7 +479,7 @@ def _predictions_path(value: str, run: RunDir) -> Path | None:
 
 def _load(plan: RunPlan, run: RunDir, weights: Weights) -> Any:
     """The run's model at `weights`, as chat (or classify) loads it with the run's own plan."""
-    from finetune.inference import load_classifier, load_for_chat
+    from finetune.model.inference import load_classifier, load_for_chat
 
     if plan.is_classifier:
         return load_classifier(plan, run.path, weights.path)[0]
@@ -488,7 +488,7 @@ def _load(plan: RunPlan, run: RunDir, weights: Weights) -> Any:
 
 def _load_base(plan: RunPlan) -> tuple[Any, Any]:
     """The starting weights, as the run's plan loaded them (a full fine-tune's base, once the tuned model is gone)."""
-    from finetune.inference import load_for_chat
+    from finetune.model.inference import load_for_chat
 
     return load_for_chat(plan)
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from finetune import data
 from finetune.evaluation.rows import EvalRow, Segments
-from finetune.inference import generate_answers
+from finetune.model.inference import generate_answers
 
 BATCH = 8  # rows per generation batch
 SCORE_BATCH = 4  # rows per log-likelihood batch (the logits of a large vocabulary are the biggest tensor)

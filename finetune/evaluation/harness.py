@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from finetune.errors import UserError
+from finetune.paths import BUNDLED
 
-BUNDLED_TASKS = Path(__file__).resolve().parents[1] / "bundled" / "lm-eval"
+BUNDLED_TASKS = BUNDLED / "lm-eval"
 BUNDLED_TASK = "pirate_quiz"
 # `datasets` builders that read local files: a task using one of them (or a local folder) needs no network.
 LOCAL_BUILDERS = frozenset({"json", "csv", "parquet", "text", "arrow", "pandas"})
@@ -78,7 +79,7 @@ def _manager(paths: list[Path], defaults: bool) -> Any:
 
 def _check_offline(manager: Any, names: list[str]) -> None:
     """Refuse a task whose data is on the Hub when this machine cannot reach it."""
-    from finetune import catalogue
+    from finetune.model import catalogue
 
     for name in names:
         remote = next(iter(_hub_datasets(manager, name, set())), None)

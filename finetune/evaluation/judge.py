@@ -119,11 +119,11 @@ def judge(
     tick: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Both orders for every question; the win rate of the tuned model with its interval, and how it was made."""
-    from finetune import models
+    from finetune.model import loading
 
     plan = fit.plan
-    tokenizer = models.load_tokenizer(plan.config)
-    model = models.load_base(plan).eval()
+    tokenizer = loading.load_tokenizer(plan.config)
+    model = loading.load_base(plan).eval()
     if plan.placement() == "cuda":  # (never 4-bit: plan_of plans LoRA's base)
         model = model.to("cuda")
     choices = {verdict: _token_ids(tokenizer, words) for verdict, words in VERDICT_WORDS.items()}
@@ -174,7 +174,7 @@ def _verdict(model: Any, tokenizer: Any, choices: dict[str, list[int]], question
     """The verdict word the judge's next token makes most likely, for answer A = `a` and B = `b`."""
     import torch
 
-    from finetune.inference import prompt_text
+    from finetune.model.inference import prompt_text
 
     text = prompt_text(
         tokenizer, TEMPLATE.format(rubric=RUBRIC, question=question, a=a or "(no answer)", b=b or "(no answer)")

@@ -1,4 +1,5 @@
-"""Scores from what the models produced: nothing here runs a model. Answer matching comes from `finetune.answers`
+"""Scores from what the models produced: nothing here runs a model. Answer matching comes from
+`finetune.objectives.answers`
 (the copy GRPO rewards share), ROUGE-L from Google's `rouge-score`, classification scores from scikit-learn.
 
 Definitions (each test recomputes them from the predictions file):
@@ -19,8 +20,8 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any
 
-from finetune.answers import exact_match, last_number, number_match
 from finetune.objectives import Objective
+from finetune.objectives.answers import exact_match, last_number, number_match
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,7 @@ def _eval_split_name(config: TrainConfig) -> str:
 
 
 def _is_hub(name: str) -> bool:
-    from finetune import catalogue
+    from finetune.model import catalogue
 
     return catalogue.is_hub_id(name) and not name.lower().endswith(data.FILE_TYPES)
 

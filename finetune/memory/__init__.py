@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from finetune.catalogue import GPU_CARDS
 from finetune.errors import UserError
 from finetune.memory.advice import Proposal, advice_text, propose
 from finetune.memory.estimator import (
@@ -38,6 +37,7 @@ from finetune.memory.estimator import (
     model_config_of,
 )
 from finetune.memory.search import KINDS, estimate
+from finetune.model.catalogue import GPU_CARDS
 
 __all__ = [
     "ALLOCATOR_SLACK", "CALIBRATED_SOURCE", "COMPONENT_ORDER", "CUDA_CONTEXT", "CUDA_KERNELS", "GPU_CARDS", "KINDS",
@@ -51,7 +51,7 @@ __all__ = [
 
 def register_cli(subparsers: Any) -> None:
     """Add `estimate` to the `python -m finetune` sub-commands."""
-    from finetune.cli_args import add_config_args
+    from finetune.cli.args import add_config_args
 
     p = subparsers.add_parser(
         "estimate",
@@ -69,7 +69,7 @@ def register_cli(subparsers: Any) -> None:
 
 def run_cli(args: Any) -> int:
     """Handle `python -m finetune estimate`; returns the exit code (bad input raises UserError)."""
-    from finetune.cli_args import load_config, parse_count, parse_gib
+    from finetune.cli.args import load_config, parse_count, parse_gib
     from finetune.plan import plan_for
 
     config = load_config(getattr(args, "config", None), getattr(args, "set", None))

@@ -131,7 +131,7 @@ def propose(plan: RunPlan, gpu_gib: float | None = None, pinned: tuple[str, ...]
 
 def data_lengths(config: TrainConfig) -> tuple[Any, str]:
     """(the data's token lengths, "") or (None, why they are unknown): a proposal reads the data it proposes for."""
-    from finetune.data_stats import data_stats
+    from finetune.data.stats import data_stats
 
     try:
         return data_stats(config), ""

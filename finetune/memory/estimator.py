@@ -489,7 +489,7 @@ def stats_for(config: TrainConfig) -> Any:
     """The data's token lengths when they cost no download and no conversion of the embedded model, or None (then a
     cut's cost is unknown and cuts rank after every option that keeps the data; a packed micro batch counts as full
     rows). The search and the estimate's packed micro batch read the same lengths here."""
-    from finetune.data_stats import cached_or_local
+    from finetune.data.stats import cached_or_local
 
     try:
         return cached_or_local(config)
@@ -580,8 +580,8 @@ def model_config_of(config: TrainConfig) -> Any:
     embedded default."""
     key = _model_key(config)
     if key not in _CONFIG_CACHE:
-        from finetune import catalogue
-        from finetune.models import load_model_config
+        from finetune.model import catalogue
+        from finetune.model.loading import load_model_config
 
         bundled = catalogue.load_config(config.model) if catalogue.is_hub_id(config.model) else None
         loaded = bundled or load_model_config(config.model, trust_remote_code=config.trust_remote_code)
@@ -627,7 +627,7 @@ def census_of(plan: RunPlan, model_config: Any = None) -> Any:
         try:
             _bounded(_CENSUS_CACHE)[key] = ma.census(model_config, plan)
         except ValueError as exc:
-            from finetune.models import raise_if_no_target
+            from finetune.model.loading import raise_if_no_target
 
             raise_if_no_target(exc, config)
             raise

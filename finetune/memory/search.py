@@ -147,7 +147,7 @@ def whole_length(config: TrainConfig, stats: Any) -> int | None:
 
 def _model_limit(config: TrainConfig) -> int | None:
     """The model's longest sequence, from its config (None when unknown)."""
-    from finetune.models import max_positions
+    from finetune.model.loading import max_positions
 
     try:
         return max_positions(core.model_config_of(config))
@@ -492,7 +492,7 @@ def _needed(plan: RunPlan, capacity: int, combos: list[_Combo], ratio: float, ba
 
 def _larger_cards(capacity: int) -> list[tuple[float, list[str]]]:
     """(GiB, card names) of the common cards larger than `capacity` bytes, smallest first."""
-    from finetune.catalogue import GPU_CARDS
+    from finetune.model.catalogue import GPU_CARDS
 
     sizes: dict[float, list[str]] = {}
     for name, gib in GPU_CARDS.items():

@@ -1,6 +1,6 @@
 """Replay a training step on fake tensors and count live tensor storages: the peak memory without the memory.
 
-The model is the engine's own: `finetune.models.build_model(plan, model_config=...)` runs under `FakeTensorMode`
+The model is the engine's own: `finetune.model.loading.build_model(plan, model_config=...)` runs under `FakeTensorMode`
 (the same base class, dtype, 4-bit packing, k-bit preparation and LoRA wrapping as a run), so engine and estimate
 agree by construction (tests/test_memory_plan.py checks the trainable parameters). The step follows the plan's
 objective as TRL 1.16 runs it (two sequences per DPO / ORPO example, the no-grad reference and KTO KL passes).
@@ -139,18 +139,18 @@ def sequences_per_example(plan: RunPlan) -> int:
 
 
 def build(model_config: Any, plan: RunPlan) -> torch.nn.Module:
-    """The model the engine trains, made by the engine's own `finetune.models.build_model` from the config (under
+    """The model the engine trains, made by the engine's own `finetune.model.loading.build_model` from the config (under
     fake tensors here), with gradient checkpointing and the preference trainers' setup as the engine gets them."""
-    from finetune import models
+    from finetune.model import loading
 
-    model = models.build_model(plan, model_config=model_config)  # PiSSA's SVD and OLoRA's QR run on fake tensors too
+    model = loading.build_model(plan, model_config=model_config)  # PiSSA's SVD and OLoRA's QR run on fake tensors too
     model.train()
     if plan.objective.needs_trl:
         _as_trl_prepares(model, plan)
     if plan.config.gradient_checkpointing:  # Trainer(activation_checkpointing=True): non-reentrant
-        models.enable_checkpointing(model)
+        loading.enable_checkpointing(model)
     if plan.packing:  # the packed attention the engine switches to (its confinement probe needs real values)
-        from finetune import packing
+        from finetune.model import packing
 
         packing.use(model)
     return model
@@ -158,10 +158,10 @@ def build(model_config: Any, plan: RunPlan) -> torch.nn.Module:
 
 def reference_copy(model_config: Any, plan: RunPlan) -> torch.nn.Module:
     """Full fine-tuning's DPO / KTO reference: a frozen copy of the starting weights, made as the preference engine
-    loads it (`models.load_base`: the plan's class and dtype)."""
-    from finetune import models
+    loads it (`loading.load_base`: the plan's class and dtype)."""
+    from finetune.model import loading
 
-    ref = models.base_from_config(plan, model_config)
+    ref = loading.base_from_config(plan, model_config)
     ref.requires_grad_(False)
     ref.eval()
     _as_trl_prepares(ref, plan, outputs=("log_probs",))  # TRL asks a separate reference for log-probs only

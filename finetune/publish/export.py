@@ -30,10 +30,10 @@ from pathlib import Path
 from finetune.atomic import read_json, write_json
 from finetune.config import TrainConfig
 from finetune.errors import UserError, os_reason
-from finetune.failures import disk_error
-from finetune.pids import own_start, same_process
 from finetune.publish.public import FULL_MODEL_FILES, TOKENIZER_FILES, check_no_local_paths, looks_like_path
-from finetune.rundir import RunDir
+from finetune.runs.failures import disk_error
+from finetune.runs.pids import own_start, same_process
+from finetune.runs.rundir import RunDir
 
 FORMATS = ("merged", "gguf", "gguf-lora")
 GGUF_FORMATS = ("gguf", "gguf-lora")
@@ -129,7 +129,7 @@ def check_format(fmt: str, quant: str | None) -> tuple[str, str | None]:
 def finished_run(run_dir: str | Path) -> RunDir:
     """A run that finished with a final adapter or model, or a UserError saying why not."""
     from finetune.paths import runs_root
-    from finetune.rundir import find_finished_run
+    from finetune.runs.rundir import find_finished_run
 
     return find_finished_run(run_dir, runs_root(), "export")
 
@@ -138,7 +138,7 @@ def exportable_run(run_dir: str | Path) -> tuple[RunDir, Path]:
     """(the run, the folder whose weights to export): the final adapter or model, or, for a run that stopped,
     failed or was interrupted before its final save, its last complete checkpoint; a UserError saying why not."""
     from finetune.paths import runs_root
-    from finetune.rundir import ACTIVE, find_run
+    from finetune.runs.rundir import ACTIVE, find_run
 
     run = find_run(run_dir, runs_root(), field="run_dir")
     checkpoint = run.last_checkpoint()
@@ -311,14 +311,14 @@ def _check_lora(source: Path, config: TrainConfig) -> None:
 
 def _base_config(config: TrainConfig) -> dict:
     """The base model's config values (architecture, layers, heads): its config only, never its weights."""
-    from finetune.models import load_model_config
+    from finetune.model.loading import load_model_config
 
     return load_model_config(config.model, trust_remote_code=config.trust_remote_code).to_dict()
 
 
 def _check_base_supported(config: TrainConfig) -> None:
     """Refuse an unsupported base before spending minutes on the merge."""
-    from finetune.models import resolve_model_path
+    from finetune.model.loading import resolve_model_path
     from finetune.publish import gguf_writer
 
     path = Path(resolve_model_path(config.model))
@@ -353,7 +353,7 @@ def _merge_adapter(run: RunDir, source: Path, config: TrainConfig, stage: Path) 
     import torch
     from peft import PeftModel
 
-    from finetune.models import load_base
+    from finetune.model.loading import load_base
 
     plan = run.load_plan().for_merge()  # the run's base as it trained, merged in float32 on the CPU, never 4-bit
     base = load_base(plan)
@@ -370,7 +370,7 @@ def _saved_dtype(config: TrainConfig) -> object | None:
     import torch
     from transformers import AutoConfig
 
-    from finetune.models import resolve_model_path
+    from finetune.model.loading import resolve_model_path
 
     saved = AutoConfig.from_pretrained(resolve_model_path(config.model), trust_remote_code=config.trust_remote_code)
     dtype = getattr(saved, "dtype", None) or getattr(saved, "torch_dtype", None)

@@ -54,7 +54,7 @@ from finetune.publish.public import (
     public_adapter_config,
     public_config,
 )
-from finetune.rundir import RunDir
+from finetune.runs.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -324,7 +324,7 @@ def check_repo_id(repo_id: str) -> str:
 def resolve_run_dir(run_dir: str | Path) -> RunDir:
     """A finished run: a directory (or a run name under the runs root) with a final adapter or model."""
     from finetune.paths import runs_root
-    from finetune.rundir import find_finished_run
+    from finetune.runs.rundir import find_finished_run
 
     return find_finished_run(run_dir, runs_root(), "publish")
 
@@ -366,7 +366,7 @@ def _stage_merged(run: RunDir, config: TrainConfig, stage: Path, token: str) -> 
     import torch
     from peft import PeftModel
 
-    from finetune.inference import label_names
+    from finetune.model.inference import label_names
 
     plan = run.load_plan()  # the run's own: its model class
     model_cls = plan.auto_class()
@@ -386,7 +386,7 @@ def _stage_merged(run: RunDir, config: TrainConfig, stage: Path, token: str) -> 
 
 def _load_base(config: TrainConfig, model_cls, token: str, **kwargs):
     """The base model in its saved precision, from where the run took it (the embedded one from its cache)."""
-    from finetune.models import resolve_model_path
+    from finetune.model.loading import resolve_model_path
 
     path = resolve_model_path(config.model)  # the embedded model: its converted safetensors cache
     hub_kwargs = {} if Path(path).is_dir() else {"token": token}

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune.config import BUNDLED_DATASET, EMBEDDED_MODEL, TrainConfig
+from finetune.paths import BUNDLED
 from finetune.plan import RunPlan
 from finetune.publish.public import (
     CANONICAL_NAME,
@@ -31,7 +32,7 @@ from finetune.publish.public import (
     public_config,
     sha256_file,
 )
-from finetune.rundir import RunDir
+from finetune.runs.rundir import RunDir
 
 __all__ = ["EMBEDDED_HUB_ID", "LAUNCH_COMMAND", "build_model_card", "plot_loss_curve", "summarize"]
 LOG_FIELDS = ("step", "loss", "learning_rate", "grad_norm", "epoch", "time")  # what every "log" event carries
@@ -255,8 +256,7 @@ def _recorded(summary: RunSummary, key: str) -> str | None:
 
 
 def _bundled_sha256(name: str) -> str | None:
-    package = Path(__file__).resolve().parents[1]  # the finetune package (bundled data lives there)
-    for candidate in sorted(package.rglob(f"{name}*")):
+    for candidate in sorted(BUNDLED.rglob(f"{name}*")):
         if candidate.is_file() and candidate.suffix in _DATA_SUFFIXES:
             return sha256_file(candidate)
     return None

@@ -34,7 +34,7 @@ import yaml
 
 from finetune.config import EMBEDDED_MODEL, FIELDS, TrainConfig
 from finetune.errors import UserError
-from finetune.rundir import RunDir
+from finetune.runs.rundir import RunDir
 
 # The files of a run directory that are published (pushed or exported); nothing else of the folder leaves it.
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
@@ -201,7 +201,7 @@ def public_config(config: TrainConfig, run: RunDir | str | Path | None = None) -
 
 def _reward_files(rewards: str) -> list[LocalRef]:
     """The files python: rewards name, as one reference: each file becomes a placeholder inside the rewards value."""
-    from finetune.rewards import split
+    from finetune.objectives.rewards import split
 
     parts, files = [], []
     for part in split(rewards):

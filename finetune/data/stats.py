@@ -137,7 +137,7 @@ def cached_or_local(config: TrainConfig) -> DataStats | None:
     from pathlib import Path
 
     from finetune.config import EMBEDDED_MODEL
-    from finetune.models import embedded_cache_dir
+    from finetune.model.loading import embedded_cache_dir
 
     with _LOCK:
         cached = _CACHE.get(_key(config))
@@ -174,20 +174,20 @@ def _data_stamp(config: TrainConfig) -> int:
 def _tokenizer_for(config: TrainConfig, notes: list[str]) -> tuple[Any, str]:
     """The model's own tokenizer; when it cannot be loaded (offline, gated), the embedded model's if it is ready on
     disk, else None (lengths estimated from characters); either stand-in is said in a note."""
-    from finetune import models
     from finetune.config import EMBEDDED_MODEL
+    from finetune.model import loading
 
     try:
-        return models.load_tokenizer(config), config.model
+        return loading.load_tokenizer(config), config.model
     except UserError:
         if config.model == EMBEDDED_MODEL:
             raise
-    if (models.embedded_cache_dir() / "tokenizer_config.json").is_file():  # converted already: loads in 0.3 s
+    if (loading.embedded_cache_dir() / "tokenizer_config.json").is_file():  # converted already: loads in 0.3 s
         notes.append(
             f"counted with the embedded SmolLM2 tokenizer: {config.model}'s own could not be loaded here "
             "(counts differ by tokenizer, typically within 20%)"
         )
-        return models.load_tokenizer(config.replace(model=EMBEDDED_MODEL)), EMBEDDED_MODEL
+        return loading.load_tokenizer(config.replace(model=EMBEDDED_MODEL)), EMBEDDED_MODEL
     notes.append(
         f"estimated at {CHARS_PER_TOKEN} characters per token: {config.model}'s tokenizer could not be loaded here"
     )

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from finetune import objectives
-from finetune.cli_args import add_config_args, load_config
+from finetune.cli.args import add_config_args, load_config
+from finetune.cli.terminal import follow, summary_line
 from finetune.config import parse_set_option
 from finetune.errors import UserError
-from finetune.terminal import follow, summary_line
 
 
 def quiet_libraries() -> None:
@@ -103,9 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
     propose.set_defaults(func=cmd_propose)
 
     # The sub-commands that live with the feature they drive, each registered by its own module.
-    from finetune import launch, memory
+    from finetune import memory
     from finetune.evaluation import command as evaluation
     from finetune.publish import export, hub
+    from finetune.runs import launch
 
     for module in (memory, evaluation, hub, export, launch):
         module.register_cli(sub)
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
 
 # --------------------------------------------------------------------------- train
 def cmd_train(args: Any) -> int:
-    from finetune import process_group
+    from finetune.runs import process_group
 
     process_group.watch_supervisor()  # a rank of a launched group ends with its supervisor
     if not process_group.joined():
@@ -148,7 +149,7 @@ def cmd_train(args: Any) -> int:
     # A rank of several: a process group with a bounded collective timeout first, torn down at the end.
     config = None if args.resume or args.launched else load_config(args.config, args.set)
     if args.launched or args.resume:
-        from finetune.rundir import RunDir
+        from finetune.runs.rundir import RunDir
 
         saved = RunDir(Path(args.launched or args.resume))
         config = saved.load_config() if saved.config_path.is_file() else config
@@ -162,7 +163,7 @@ def cmd_train(args: Any) -> int:
 
 
 def _train(args: Any) -> int:
-    from finetune.runs import RunManager, distributed_rank
+    from finetune.runs.manager import RunManager, distributed_rank
 
     # Follow this run only, never a launched group this process is part of; the process ends with the run.
     manager = RunManager(find_groups=False, process_ends_with_run=True)
@@ -198,7 +199,7 @@ def cmd_propose(args: Any) -> int:
     """Print the proposal for a model, data, goal and hardware (text, or JSON with --json)."""
     import json
 
-    from finetune.cli_args import parse_count, parse_gib
+    from finetune.cli.args import parse_count, parse_gib
     from finetune.config import TrainConfig
     from finetune.memory import propose
     from finetune.plan import plan_for
@@ -221,10 +222,10 @@ def cmd_propose(args: Any) -> int:
 
 # --------------------------------------------------------------------------- chat
 def cmd_chat(args: Any) -> int:
-    from finetune.inference import MAX_NEW_TOKENS, GenerationSettings, load_for_chat, stream_reply
+    from finetune.model.inference import MAX_NEW_TOKENS, GenerationSettings, load_for_chat, stream_reply
     from finetune.paths import runs_root
     from finetune.plan import plan_for
-    from finetune.rundir import find_run
+    from finetune.runs.rundir import find_run
 
     if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:  # before minutes of model loading
         raise UserError(f"--max-new-tokens: {args.max_new_tokens} is out of range; use 1 to {MAX_NEW_TOKENS}")

@@ -1,5 +1,5 @@
 """Starting, stopping and resuming runs: one run at a time per device, in a background thread or in the foreground;
-a group launched by `launch` (finetune/process_group.py) is followed, stopped and found again through its files.
+a group launched by `launch` (finetune/runs/process_group.py) is followed, stopped and found again through its files.
 
 A run directory is created only after the config and its inputs pass the cheap checks. `output_dir` must be new or
 empty: a folder holding anything else is refused before anything starts. A run that fails before its first step
@@ -21,11 +21,11 @@ from typing import Any
 from finetune import paths
 from finetune.atomic import write_text
 from finetune.config import TrainConfig
-from finetune.device_lock import DeviceLock, busy_message, distributed_rank
+from finetune.runs.device_lock import DeviceLock, busy_message, distributed_rank
 from finetune.errors import BusyError, ConfigError, UserError, os_reason
-from finetune.failures import DISK_FULL, disk_error, plain_error, release_memory
+from finetune.runs.failures import DISK_FULL, disk_error, plain_error, release_memory
 from finetune.plan import RunPlan, plan_for
-from finetune.preflight import (
+from finetune.runs.preflight import (
     check_new_run_dir,
     check_resume_overrides,
     checkpoint_step,
@@ -33,9 +33,9 @@ from finetune.preflight import (
     preflight,
     unique_run_path,
 )
-from finetune.process_group import GROUP_ENV, GroupProgress, group_alive, holder_alive, reap_supervisors, request_stop
-from finetune.progress import Progress, TrainingState
-from finetune.rundir import ACTIVE, RunDir, find_run, list_runs
+from finetune.runs.process_group import GROUP_ENV, GroupProgress, group_alive, holder_alive, reap_supervisors, request_stop
+from finetune.runs.progress import Progress, TrainingState
+from finetune.runs.rundir import ACTIVE, RunDir, find_run, list_runs
 
 # Names other modules import from here (the CLI, the app's facade, tests).
 __all__ = ["DeviceLock", "RunManager", "distributed_rank", "unique_run_path"]

@@ -92,7 +92,7 @@ def prompt_text(tokenizer: Any, prompt: str | list[dict[str, str]]) -> str:
 
 def adapter_dir(run_path: Path) -> Path | None:
     """The newest loadable weights of a run: the final adapter/model, else the latest complete checkpoint."""
-    from finetune.rundir import RunDir
+    from finetune.runs.rundir import RunDir
 
     run = RunDir(Path(run_path))
     if run.has_final_model():
@@ -150,7 +150,7 @@ def head_size(weights: Path) -> int | None:
 def load_classifier(plan: RunPlan, run_path: Path, weights: Path | None = None) -> tuple[Any, Any, list[str]]:
     """(model, tokenizer, label names) of a sequence-classification run, built as its plan (plan.json) trained it
     (`weights`: a checkpoint of the run; default its newest)."""
-    from finetune import models
+    from finetune.model import loading
 
     config = plan.config
     weights = weights or adapter_dir(run_path)
@@ -159,11 +159,11 @@ def load_classifier(plan: RunPlan, run_path: Path, weights: Path | None = None) 
     if not plan.is_classifier:
         raise UserError("run: this run tunes a chat model; talk to it in the chat instead", field="run")
     names = label_names(run_path, config)
-    tokenizer = models.load_tokenizer(config)
+    tokenizer = loading.load_tokenizer(config)
     if (weights / "adapter_config.json").is_file():
         from peft import PeftModel
 
-        model = PeftModel.from_pretrained(models.load_base(plan, num_labels=len(names)), str(weights))
+        model = PeftModel.from_pretrained(loading.load_base(plan, num_labels=len(names)), str(weights))
     else:
         model = plan.auto_class().from_pretrained(str(weights), dtype=plan.torch_dtype(plan.compute_dtype))
     if model.config.pad_token_id is None:
@@ -192,7 +192,7 @@ def load_for_chat(plan: RunPlan, run_path: Path | None = None, weights: Path | N
     """(model, tokenizer) for chat, built as the plan says (a run's own plan.json, or the plan of the base model's
     settings): the base (4-bit for QLoRA) plus the run's adapter, or a full fine-tune's own weights (`weights`: a
     checkpoint of the run; default its newest)."""
-    from finetune import models
+    from finetune.model import loading
 
     base = plan.config
     if run_path is not None and weights is None:
@@ -201,12 +201,12 @@ def load_for_chat(plan: RunPlan, run_path: Path | None = None, weights: Path | N
             raise UserError(f"run: {Path(run_path).name} has no saved weights yet (no checkpoint so far)", field="run")
     if plan.is_classifier:
         raise UserError("run: a sequence-classification run answers with labels: classify a text instead", field="run")
-    tokenizer = models.load_tokenizer(base)
+    tokenizer = loading.load_tokenizer(base)
     if weights is not None and not (weights / "adapter_config.json").is_file():
         # A full fine-tune: its own weights, in the dtype its matmuls ran in.
         model = plan.auto_class().from_pretrained(str(weights), dtype=plan.torch_dtype(plan.compute_dtype))
     else:
-        model = models.load_base(plan)
+        model = loading.load_base(plan)
         if weights is not None:
             from peft import PeftModel
 

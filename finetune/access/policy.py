@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from finetune.access.uploads import DATA_SUFFIXES, UploadLimits
 from finetune.config import BUNDLED_DATASET, EMBEDDED_MODEL
-from finetune.uploads import DATA_SUFFIXES, UploadLimits
 
 LOOPBACK_HOSTS = ("localhost", "::1", "0:0:0:0:0:0:0:1")
 TRUE = ("1", "true", "yes", "on")
@@ -266,7 +266,7 @@ class AccessPolicy:
 
 def _runs_code(rewards: Any) -> bool:
     """Whether a `rewards` value names a python: reward (code from a file, run by the server)."""
-    from finetune.rewards import split
+    from finetune.objectives.rewards import split
 
     return isinstance(rewards, str) and any(part.strip().startswith("python:") for part in split(rewards))
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from finetune.objectives import Objective
-from finetune.pids import own_start
-from finetune.rundir import ACTIVE, FORMAT, RunDir
+from finetune.runs.pids import own_start
+from finetune.runs.rundir import ACTIVE, FORMAT, RunDir
 
 
 @dataclass
@@ -44,7 +44,7 @@ class TrainingState:
     updated_at: float | None = None
     finished_at: float | None = None
     pid: int = 0
-    pid_started: float | None = None  # the process's start time: a reused pid is not this run's (finetune/pids.py)
+    pid_started: float | None = None  # the process's start time: a reused pid is not this run's (finetune/runs/pids.py)
     device: str = ""
     format: int = FORMAT  # the run directory's layout version (see rundir.py)
     world_size: int = 1  # processes training this run (a launched group: torchrun / deepspeed ranks)

@@ -191,7 +191,7 @@ def check_model(config: TrainConfig) -> None:
 
 def from_pretrained(cls: Any, path: str, **kwargs: Any) -> Any:
     """`cls.from_pretrained` with one clear error when the model cannot be found or fetched."""
-    from finetune import catalogue
+    from finetune.model import catalogue
 
     if catalogue.is_hub_id(path) and not catalogue.hub_reachable():
         kwargs["local_files_only"] = True  # the local cache answers at once; the Hub client would retry for ~25 s

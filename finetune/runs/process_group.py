@@ -1,13 +1,13 @@
 """A multi-process run the project launched itself: its files, its stop flag, what each rank does, and the supervisor.
 
-    launch (finetune/launch.py)  ->  supervisor (this module, `python -m finetune.process_group RUN_DIR`)
+    launch (finetune/runs/launch.py)  ->  supervisor (this module, `python -m finetune.runs.process_group RUN_DIR`)
                                       a new session that survives the terminal; holds the device lock for the group
                                       ->  torchrun / deepspeed launcher (a session of its own)
                                            ->  N ranks: `python -m finetune train --launched RUN_DIR` (or --resume)
 
 Files in the run directory, besides the usual ones (rundir.py):
   launch.json      {launcher, nproc, gpus, command, started_at, supervisor_pid, launcher_pid, rank_pids, and the start
-                   time of each of those processes: a pid counts as the run's only with it (finetune/pids.py)}
+                   time of each of those processes: a pid counts as the run's only with it (finetune/runs/pids.py)}
   launch.log       the launcher's and ranks' own output (where a rank's error line is found)
   stop-requested   the stop flag: `stop`, Ctrl-C on `--follow`, SIGTERM to the group and the app's Stop write it; every
                    rank looks for it at the end of each optimizer step and the ranks agree (an all-reduce), so they
@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from finetune.atomic import read_json, write_json, write_text
-from finetune.pids import own_start, same_process, started_at
-from finetune.progress import Progress
-from finetune.rundir import ACTIVE, STATUS_WRITES, RunDir
+from finetune.runs.pids import own_start, same_process, started_at
+from finetune.runs.progress import Progress
+from finetune.runs.rundir import ACTIVE, STATUS_WRITES, RunDir
 
 STOP_FILE = "stop-requested"
 GROUP_FILE = "launch.json"
@@ -396,7 +396,7 @@ def _log_tail(path: Path, limit: int = 200_000) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m finetune.process_group RUN_DIR [LOCK_FD]`: the supervisor (started by `launch`, never by hand)."""
+    """`python -m finetune.runs.process_group RUN_DIR [LOCK_FD]`: the supervisor (started by `launch`, never by hand)."""
     return supervise(Path(argv[0]), int(argv[1]) if len(argv) > 1 else None)
 
 

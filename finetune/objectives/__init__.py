@@ -198,8 +198,8 @@ class Objective:
 
 def _reward_problems(config: Any) -> list[tuple[str, str]]:
     """Learning from rewards: the rewards read, one weight per reward, and each prompt's answers in one batch."""
-    from finetune import rewards
     from finetune.errors import UserError
+    from finetune.objectives import rewards
 
     out = []
     try:

@@ -213,7 +213,7 @@ class RunDir:
 
 _EVENT_LOCK = threading.Lock()
 # Every status.json write of this process goes through it: a thread that holds it while the process ends makes its own
-# write the last one (a rank whose supervisor vanished: finetune/process_group.py).
+# write the last one (a rank whose supervisor vanished: finetune/runs/process_group.py).
 STATUS_WRITES = threading.RLock()
 
 
@@ -232,9 +232,9 @@ def fsync_path(path: Path) -> None:
 
 
 def _pid_alive(pid: Any, started: Any = None) -> bool:
-    """True while the run's recorded process (pid and start time: finetune/pids.py) still runs. For this very
+    """True while the run's recorded process (pid and start time: finetune/runs/pids.py) still runs. For this very
     process it is True: whether a live manager here still owns the run is for the run manager to check."""
-    from finetune.pids import same_process
+    from finetune.runs.pids import same_process
 
     return same_process(pid, started)
 

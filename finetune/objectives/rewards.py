@@ -1,7 +1,7 @@
 """Reward functions for learning from rewards (GRPO): the `rewards` setting read, checked and turned into callables
 with TRL's signature `f(prompts, completions, **columns) -> list[float]`.
 
-Built-ins score with `finetune.answers` (the same functions evaluation uses):
+Built-ins score with `finetune.objectives.answers` (the same functions evaluation uses):
   number_match       1 when the last number of the completion equals the last number of the `answer` column
   exact_match        1 when the completion equals the `answer` column (normalised: case, punctuation, articles)
   regex:PATTERN      1 when the completion matches PATTERN (re.search)
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from finetune import answers
 from finetune.errors import UserError
+from finetune.objectives import answers
 
 ANSWER_COLUMN = "answer"  # the column number_match and exact_match compare with
 ROW_COLUMN = "_row"  # the data row (1-based) each prompt came from, added to the data so errors can name it

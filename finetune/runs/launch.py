@@ -4,7 +4,7 @@
 
     python -m finetune launch-command --config run.yaml --gpus 4 [--nodes 2 --hostfile hosts --master-addr 10.0.0.1]
 
-`launch_group()` starts a run as a detached process group (finetune/process_group.py) and returns its directory:
+`launch_group()` starts a run as a detached process group (finetune/runs/process_group.py) and returns its directory:
 
     python -m finetune launch --config run.yaml --nproc 2 [--gpus 0,1] [--launcher torchrun|deepspeed] [--follow]
     python -m finetune stop RUN_DIR            # every rank finishes its step, a checkpoint is saved, all end
@@ -29,7 +29,8 @@ from typing import Any
 from finetune.config import TrainConfig
 from finetune.errors import BusyError, UserError
 from finetune.plan import RunPlan, plan_for
-from finetune.rundir import RunDir
+from finetune.runs.rundir import RunDir
+from finetune.paths import PACKAGE
 
 LAUNCHERS = ("torchrun", "deepspeed")
 CPU_PROCESS_CHOICE = 4  # the most processes the app offers on a CPU (each one loads its own copy of the model)
@@ -142,7 +143,7 @@ def describe(key: str, gpus: int, nodes: int, deepspeed: bool = False) -> str:
 
 def _new_run_dir(config: TrainConfig) -> str:
     from finetune import paths
-    from finetune.runs import unique_run_path
+    from finetune.runs.manager import unique_run_path
 
     return str(unique_run_path(paths.runs_root(), config))
 
@@ -284,7 +285,7 @@ def launch_group(
 
     Everything is checked first (flags, config, model, data, output folder, the device being free); then the run
     directory gets config.yaml, status.json (with world_size) and launch.json, and the supervisor starts."""
-    from finetune.runs import RunManager
+    from finetune.runs.manager import RunManager
 
     nodes = nodes or Nodes()
     check_nodes(nodes, launcher)
@@ -316,8 +317,8 @@ def resume_group(
 ) -> RunDir:
     """Continue a stopped, interrupted or failed run from its last checkpoint with the same number of processes."""
     from finetune import paths
-    from finetune.process_group import read_group
-    from finetune.rundir import ACTIVE, find_run
+    from finetune.runs.process_group import read_group
+    from finetune.runs.rundir import ACTIVE, find_run
 
     root = Path(root) if root else paths.runs_root()
     run = find_run(run_dir, root, field="resume", confine=confine)
@@ -350,7 +351,7 @@ def resume_group(
 def _wait_for_group_end(run: RunDir) -> None:
     """A stopped (or failed) run's processes take a few seconds more to end after its final status is written (the
     ranks leave their process group, the launcher and the supervisor exit): a resume waits for them, within bounds."""
-    from finetune.process_group import group_alive
+    from finetune.runs.process_group import group_alive
 
     deadline = time.monotonic() + GROUP_END_WAIT_S
     while group_alive(run.path):
@@ -376,10 +377,10 @@ def _start_group(
     nodes: int = 1,
 ) -> RunDir:
     from finetune import paths
-    from finetune.device_lock import DeviceLock
-    from finetune.pids import started_at
-    from finetune.process_group import GROUP_FILE, LOG_FILE, holder_alive, keep_supervisor, stop_path, update_group
-    from finetune.progress import TrainingState
+    from finetune.runs.device_lock import DeviceLock
+    from finetune.runs.pids import started_at
+    from finetune.runs.process_group import GROUP_FILE, LOG_FILE, holder_alive, keep_supervisor, stop_path, update_group
+    from finetune.runs.progress import TrainingState
 
     lock = DeviceLock(Path(root) if root else paths.runs_root(), still_busy=holder_alive)
     now = time.time()
@@ -443,13 +444,13 @@ def _start_group(
 
 
 def _spawn_supervisor(run: RunDir, lock: Any) -> subprocess.Popen:
-    from finetune.process_group import LOG_FILE
+    from finetune.runs.process_group import LOG_FILE
 
-    package_parent = str(Path(__file__).resolve().parents[1])
+    package_parent = str(PACKAGE.parent)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")]))}
     with open(run.path / LOG_FILE, "ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "finetune.process_group", str(run.path), str(lock.fileno())],
+            [sys.executable, "-m", "finetune.runs.process_group", str(run.path), str(lock.fileno())],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
@@ -463,7 +464,7 @@ def _spawn_supervisor(run: RunDir, lock: Any) -> subprocess.Popen:
 # --------------------------------------------------------------------------- CLI
 def register_cli(subparsers: Any) -> None:
     """`python -m finetune launch-command`."""
-    from finetune.cli_args import add_config_args
+    from finetune.cli.args import add_config_args
 
     parser = subparsers.add_parser("launch-command", help="print the commands that launch a config on 1..N GPUs")
     add_config_args(parser)
@@ -499,7 +500,7 @@ def register_cli(subparsers: Any) -> None:
 
 
 def cmd_launch_command(args: Any) -> int:
-    from finetune.cli_args import load_config
+    from finetune.cli.args import load_config
 
     config = load_config(args.config, args.set)
     plan = plan_for(config)
@@ -527,7 +528,7 @@ def _write_exported_ds_config(plan: RunPlan, path: Path, world_size: int) -> Non
     import json
 
     from finetune.atomic import write_text
-    from finetune.deepspeed_config import deepspeed_config, export_precision
+    from finetune.engines.deepspeed_config import deepspeed_config, export_precision
 
     if not plan.deepspeed:
         raise UserError("--ds-config: this config does not use DeepSpeed; set zero_stage or backend: deepspeed")
@@ -538,8 +539,8 @@ def _write_exported_ds_config(plan: RunPlan, path: Path, world_size: int) -> Non
 
 def cmd_launch(args: Any) -> int:
     """`python -m finetune launch`: start (or resume) a detached group, print its directory, optionally follow it."""
-    from finetune.cli_args import load_config
-    from finetune.process_group import read_group
+    from finetune.cli.args import load_config
+    from finetune.runs.process_group import read_group
 
     nodes = Nodes(args.nodes, args.master_addr or "", args.master_port)
     if args.nodes != 1 and args.resume:
@@ -564,8 +565,8 @@ def cmd_launch(args: Any) -> int:
 
 def follow_group(run: RunDir) -> int:
     """Stay attached to a launched run with `train`'s progress bar; Ctrl-C asks it to stop (checkpoint saved)."""
-    from finetune.runs import RunManager
-    from finetune.terminal import follow, summary_line
+    from finetune.runs.manager import RunManager
+    from finetune.cli.terminal import follow, summary_line
 
     manager = RunManager()
     manager.follow_group(run)
@@ -580,8 +581,8 @@ def follow_group(run: RunDir) -> int:
 def cmd_stop(args: Any) -> int:
     """`python -m finetune stop RUN_DIR`: the stop flag every rank of the run reads at its next step."""
     from finetune import paths
-    from finetune.process_group import group_alive, request_stop
-    from finetune.rundir import ACTIVE, find_run
+    from finetune.runs.process_group import group_alive, request_stop
+    from finetune.runs.rundir import ACTIVE, find_run
 
     run = find_run(args.run_dir, paths.runs_root(), field="run_dir")
     if not group_alive(run.path) and run.effective_status() not in ACTIVE:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from finetune.config import TrainConfig
 from finetune.errors import ConfigError, os_reason
-from finetune.rundir import RunDir
+from finetune.runs.rundir import RunDir
 
 # Settings a checkpoint is bound to: its weights, optimizer state or format would not fit a change.
 RESUME_FIXED = (
@@ -35,14 +35,15 @@ RESUME_FIXED = (
 
 def preflight(config: TrainConfig) -> None:
     """Cheap checks before a run directory exists: the model and data can be found, the options suit the machine."""
-    from finetune import data, models, plan
+    from finetune import data, plan
+    from finetune.model import loading
     from finetune.config import EMBEDDED_MODEL
     from finetune.data import FILE_TYPES
 
     if config.model == EMBEDDED_MODEL:
-        models.embedded_gguf_path()
+        loading.embedded_gguf_path()
     else:
-        models.resolve_model_path(config.model)
+        loading.resolve_model_path(config.model)
     path = Path(config.dataset).expanduser()
     if config.dataset.startswith("bundled:") or path.suffix.lower() in FILE_TYPES or path.exists():
         # Local data is small enough to read now: a bad file is refused before any run directory exists.
@@ -50,11 +51,11 @@ def preflight(config: TrainConfig) -> None:
         columns_ready(config, list(train_raw.column_names))
     else:
         hub_dataset_ready(config)
-    if config.model != EMBEDDED_MODEL or models.embedded_cache_dir().is_dir():
+    if config.model != EMBEDDED_MODEL or loading.embedded_cache_dir().is_dir():
         from finetune.engines.common import check_sequence_length
 
         check_sequence_length(config)
-        models.check_model(config)  # the task's head and the LoRA targets, from the model's config alone
+        loading.check_model(config)  # the task's head and the LoRA targets, from the model's config alone
     if config.report_to not in ("none",):
         import importlib.util
 
@@ -78,7 +79,7 @@ def columns_ready(config: TrainConfig, columns: list[str]) -> None:
 def rewards_ready(config: TrainConfig, columns: list[str]) -> None:
     """Learning from rewards: the columns the built-in rewards compare with are in the data, and each python: reward's
     file exists, runs and defines its function (the file runs once here)."""
-    from finetune import rewards
+    from finetune.objectives import rewards
 
     specs = rewards.parse(config.rewards)
     rewards.check_columns(specs, columns)
@@ -89,7 +90,8 @@ def hub_dataset_ready(config: TrainConfig) -> None:
     """A Hub dataset is loaded as Start will load it (downloaded once into the Hub cache, which the run then reads):
     its splits and columns checked. Offline, only a copy already on this machine can be used; without one the answer
     is one plain line at once, instead of the Hub client's error when the run starts."""
-    from finetune import catalogue, data
+    from finetune import data
+    from finetune.model import catalogue
     from finetune.config import BUNDLED_DATASET
 
     if not catalogue.hub_reachable() and not _hub_copy_here(config.dataset):

@@ -23,7 +23,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-BUNDLED_MODELS = Path(__file__).parent / "bundled" / "models"
+from finetune.paths import BUNDLED
+
+BUNDLED_MODELS = BUNDLED / "models"
 
 # Memory a process can allocate on common cards, in GiB, smallest first (torch.cuda.get_device_properties()
 # .total_memory; the marketing size in the name is decimal GB and includes memory the driver keeps). The consumer

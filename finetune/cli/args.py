@@ -42,7 +42,7 @@ def parse_count(value: Any, flag: str) -> int:
 
 def parse_gib(value: Any, flag: str = "--gpu-gib") -> float | None:
     """GPU memory: a positive number of GiB, or the name of a common card (case and spaces ignored); None if empty."""
-    from finetune.catalogue import GPU_CARDS
+    from finetune.model.catalogue import GPU_CARDS
 
     if value in (None, ""):
         return None

@@ -20,8 +20,9 @@ from typing import Any
 from finetune import objectives
 from finetune.config import BUNDLED_DATASET, TrainConfig
 from finetune.errors import UserError
+from finetune.paths import BUNDLED
 
-BUNDLED_DIR = Path(__file__).parent / "bundled"
+BUNDLED_DIR = BUNDLED
 FILE_TYPES = (".jsonl", ".json", ".csv", ".parquet")
 IGNORE = -100
 
@@ -875,7 +876,7 @@ def _prepare_prompts(config: TrainConfig, tokenizer: Any, train_raw: Any, eval_r
     """Rows for learning from rewards in TRL's shape: `prompt` (a conversation when the model has a chat template),
     every other column as it is (the reward functions read them), and the data row each came from (for errors).
     Prompts longer than max_seq_length tokens are skipped, with a note."""
-    from finetune.rewards import ROW_COLUMN
+    from finetune.objectives.rewards import ROW_COLUMN
 
     column = fmt.columns["prompt"]
     notes: list[str] = []
@@ -982,7 +983,7 @@ def _prepare_classification(config: TrainConfig, tokenizer: Any, train_raw: Any,
 def collator(config: TrainConfig, tokenizer: Any, packing: bool = False) -> Any:
     """How a micro batch is laid out: padded to its longest row (labels with -100), or with `packing` (the plan's
     decision) the same examples end to end in one row without padding, their boundaries beside them for the packed
-    attention (`finetune.packing`); each example's first label is -100, as a padded row's first never counts."""
+    attention (`finetune.model.packing`); each example's first label is -100, as a padded row's first never counts."""
     if packing:
         from transformers import DataCollatorWithFlattening
 
@@ -1104,7 +1105,7 @@ def reference_answer(row: dict[str, Any], fmt: DataFormat) -> str | None:
     """The answer a TRL-shaped row holds up as right, as text: the chosen one, a kto answer marked good (None if bad),
     or a prompt's `answer` column, which the built-in rewards compare with (None when the data has none)."""
     if fmt.kind == PROMPTS_KIND:
-        from finetune.rewards import ANSWER_COLUMN
+        from finetune.objectives.rewards import ANSWER_COLUMN
 
         value = row.get(ANSWER_COLUMN)
         if _is_empty(value):

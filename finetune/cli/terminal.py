@@ -1,5 +1,5 @@
 """Following a run in the terminal: the progress bar, Ctrl-C as a clean stop, and the closing summary line. Shared by
-`train` (finetune/cli.py) and `launch --follow` (finetune/launch.py), below both."""
+`train` (finetune/cli/) and `launch --follow` (finetune/runs/launch.py), below both."""
 
 from __future__ import annotations
 
