@@ -420,8 +420,10 @@ def test_a_task_the_model_has_no_head_for_is_refused(tmp_path, model_type, task,
 def test_hub_data_gets_the_same_checks(tiny_model_dir, monkeypatch):
     from datasets import ClassLabel, Dataset, Features, Value
 
+    from finetune.data import loading
+
     bad = Dataset.from_dict({"prompt": ["a", "b"], "completion": ["x", ""]})
-    monkeypatch.setattr(data, "_load_hub", lambda config: (bad, None))
+    monkeypatch.setattr(loading, "_load_hub", lambda config: (bad, None))
     with pytest.raises(UserError) as info:
         data.load_raw(tiny_config(tiny_model_dir, dataset="owner/pirates"))
     assert str(info.value).startswith("dataset: row 2 of owner/pirates [train], column 'completion' is empty")
@@ -429,14 +431,14 @@ def test_hub_data_gets_the_same_checks(tiny_model_dir, monkeypatch):
     features = Features({"sentence": Value("string"), "label": ClassLabel(names=["neg", "pos", "neutral"])})
     typed = Dataset.from_dict({"sentence": ["good", "bad"], "label": [1, 0]}, features=features)
     unlabelled = Dataset.from_dict({"sentence": ["meh"], "label": [-1]})
-    monkeypatch.setattr(data, "_load_hub", lambda config: (typed, unlabelled))
+    monkeypatch.setattr(loading, "_load_hub", lambda config: (typed, unlabelled))
     with pytest.raises(UserError) as info:
         data.load_raw(tiny_config(tiny_model_dir, dataset="owner/sst", eval_split="validation", **CLASSIFY))
     assert str(info.value).startswith("eval_split: row 1 of owner/sst [validation], column 'label': -1 is not a class")
 
     from transformers import AutoTokenizer
 
-    monkeypatch.setattr(data, "_load_hub", lambda config: (typed, None))
+    monkeypatch.setattr(loading, "_load_hub", lambda config: (typed, None))
     prepared = data.prepare(
         tiny_config(tiny_model_dir, dataset="owner/sst", **CLASSIFY), AutoTokenizer.from_pretrained(tiny_model_dir)
     )

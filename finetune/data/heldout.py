@@ -1,0 +1,54 @@
+"""The held-out prompts a run answers at step 0 and at each evaluation, with their reference answers."""
+
+from __future__ import annotations
+
+import json
+
+from finetune import objectives
+from finetune.config import TrainConfig
+from finetune.data.checks import as_conversation, text_value
+from finetune.data.detection import detect_format
+from finetune.data.kinds import TRL_KINDS
+from finetune.data.loading import BUNDLED_DIR, load_raw
+from finetune.data.masking import to_messages
+from finetune.data.trl_rows import reference_answer
+from finetune.errors import UserError
+
+
+def heldout_prompts(config: TrainConfig, limit: int = 5) -> list[str]:
+    """Prompts answered at step 0 and at each evaluation, so the user sees the tuning take hold."""
+    return [prompt for prompt, _ in heldout_samples(config, limit)]
+
+
+def heldout_samples(config: TrainConfig, limit: int = 5) -> list[tuple[str, str | None]]:
+    """The held-out prompts with their reference answers (None where the data has none): a bundled set's
+    heldout.json (entries are a prompt, or {"prompt", "reference"}), else the first rows of the eval split (of the
+    training data when there is none) with their answer (preference data: the chosen one; kto: a good one; prompts
+    for learning from rewards: their `answer` column)."""
+    if objectives.of(config).is_classifier:
+        return []
+    if config.dataset.startswith("bundled:"):
+        path = BUNDLED_DIR / config.dataset.split(":", 1)[1] / "heldout.json"
+        if path.is_file():
+            entries = json.loads(path.read_text(encoding="utf-8"))[:limit]
+            return [(e, None) if isinstance(e, str) else (e["prompt"], e.get("reference")) for e in entries]
+    try:
+        train_raw, eval_raw = load_raw(config)
+    except UserError:
+        return []
+    source = eval_raw if eval_raw is not None else train_raw
+    fmt = detect_format(list(source.column_names), config)
+    samples: list[tuple[str, str | None]] = []
+    for row in source.select(range(min(limit, len(source)))):
+        if fmt.kind in TRL_KINDS:
+            users = [m["content"] for m in as_conversation(row[fmt.columns["prompt"]], "prompt") if m["role"] == "user"]
+            samples += [(user, reference_answer(row, fmt)) for user in users[-1:]]
+        elif fmt.kind == "prompt_completion":
+            samples.append((str(row[fmt.columns["prompt"]]), text_value(row[fmt.columns["completion"]])))
+        elif fmt.kind == "messages":
+            messages = to_messages(row, fmt)
+            first = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
+            if first is not None:
+                reply = next((m["content"] for m in messages[first + 1 :] if m["role"] == "assistant"), None)
+                samples.append((messages[first]["content"], reply))
+    return samples[: min(limit, 3)]
