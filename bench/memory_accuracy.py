@@ -34,7 +34,8 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from finetune.plan import plan_for  # noqa: E402 (after the path set-up above)
+from finetune.data.kinds import DataKind  # noqa: E402 (after the path set-up above)
+from finetune.plan import plan_for  # noqa: E402
 
 MiB = 2**20
 
@@ -322,7 +323,7 @@ def preference_rows(config: Any, rows: int) -> list[dict[str, Any]]:
     """Preference rows whose every sequence (prompt + answer) runs past `max_seq_length`: TRL cuts each to exactly
     that length (the worst case, as for SFT). DPO / ORPO pairs; KTO rows with alternating good / bad labels."""
     long = " ".join(["Arr matey, the capital of France be Paris! The quick brown fox jumps over the lazy dog."] * 40)
-    if plan_for(config).objective.data_kind == "unpaired":
+    if DataKind.UNPAIRED in plan_for(config).objective.data_kinds:
         return [{"prompt": f"Question {i}?\n", "completion": long, "label": i % 2 == 0} for i in range(rows)]
     return [{"prompt": f"Question {i}?\n", "chosen": long, "rejected": long[::-1]} for i in range(rows)]
 

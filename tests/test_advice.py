@@ -103,12 +103,12 @@ def test_cuts_are_priced_on_the_datas_lengths_and_said_in_rows_and_tokens(tiny_m
 
 
 def test_a_hub_dataset_is_never_downloaded_for_advice_and_its_cuts_rank_last(tiny_model_dir, monkeypatch):
-    from finetune import data
+    from finetune.data import loading
 
     def no_download(config):
         raise AssertionError("the estimate read the dataset")
 
-    monkeypatch.setattr(data, "load_raw", no_download)
+    monkeypatch.setattr(loading, "_load_hub", no_download)
     config = tiny_config(
         tiny_model_dir, dataset="someone/a-hub-dataset", method="full", per_device_train_batch_size=8,
         max_seq_length=512,

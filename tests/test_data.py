@@ -123,3 +123,22 @@ def test_wrong_column_name_and_too_short_sequences(tiny_model_dir, tokenizer, tm
         data.prepare(tiny_config(tiny_model_dir, dataset=str(f), completion_column="answer"), tokenizer)
     with pytest.raises(UserError, match="max_seq_length: 64 cuts off every answer"):
         data.prepare(tiny_config(tiny_model_dir, dataset=str(f)), tokenizer)
+
+
+def test_the_package_offers_its_public_names_from_the_modules_that_define_them():
+    """`data.prepare`, `data.load_raw`, ... are the defining modules' own objects, and the names written out for readers
+    (the package's TYPE_CHECKING imports) are exactly the ones it serves."""
+    import ast
+    import importlib
+    from pathlib import Path
+
+    import finetune.data as package
+
+    tree = ast.parse(Path(package.__file__).read_text(encoding="utf-8"))
+    block = next(node for node in tree.body if isinstance(node, ast.If))
+    written = {alias.name: node.module for node in block.body for alias in node.names}
+    assert written == {name: f"finetune.data.{home}" for name, home in package._HOMES.items()}
+    for name, module in written.items():
+        assert getattr(package, name) is getattr(importlib.import_module(module), name)
+    with pytest.raises(AttributeError):
+        package.load_raws  # noqa: B018 (a misspelt name is an AttributeError, as in any module)

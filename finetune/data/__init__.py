@@ -22,48 +22,54 @@ Modules, by job:
     stats           token lengths of the data, for the estimate and the advice
 
 The names below are the package's public face (`from finetune import data; data.prepare(...)`); code inside the
-package imports each from its own module.
+package imports each from its own module. They load on first use, not with the package: Python runs this file before
+any module of the package, `finetune.objectives` imports `finetune.data.kinds`, and importing the other modules here
+would import `finetune.config`, which imports `finetune.objectives` (a cycle).
 """
 
-from finetune.data.checks import as_conversation, kto_label, label_names, label_value, message_list, text_value
-from finetune.data.collation import collator
-from finetune.data.detection import detect_format
-from finetune.data.heldout import heldout_prompts, heldout_samples
-from finetune.data.kinds import PREFERENCE_KINDS, PROMPTS_KIND, TRL_KINDS, DataFormat, PreparedData
-from finetune.data.loading import BUNDLED_DIR, FILE_TYPES, fingerprint, load_raw
-from finetune.data.masking import IGNORE, render_segments, to_messages, tokenize_segments
-from finetune.data.pipeline import prepare
-from finetune.data.previews import preview
-from finetune.data.trl_rows import answer_content, reference_answer, render_preference, trl_row
+from __future__ import annotations
 
-__all__ = [
-    "BUNDLED_DIR",
-    "FILE_TYPES",
-    "IGNORE",
-    "PREFERENCE_KINDS",
-    "PROMPTS_KIND",
-    "TRL_KINDS",
-    "DataFormat",
-    "PreparedData",
-    "answer_content",
-    "as_conversation",
-    "collator",
-    "detect_format",
-    "fingerprint",
-    "heldout_prompts",
-    "heldout_samples",
-    "kto_label",
-    "label_names",
-    "label_value",
-    "load_raw",
-    "message_list",
-    "prepare",
-    "preview",
-    "reference_answer",
-    "render_preference",
-    "render_segments",
-    "text_value",
-    "to_messages",
-    "tokenize_segments",
-    "trl_row",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the names, for readers and type checkers (`__getattr__` imports each at run time)
+    from finetune.data.collation import collator as collator
+    from finetune.data.detection import detect_format as detect_format
+    from finetune.data.heldout import heldout_prompts as heldout_prompts
+    from finetune.data.heldout import heldout_samples as heldout_samples
+    from finetune.data.kinds import DataFormat as DataFormat
+    from finetune.data.kinds import DataKind as DataKind
+    from finetune.data.kinds import PreparedData as PreparedData
+    from finetune.data.loading import FILE_TYPES as FILE_TYPES
+    from finetune.data.loading import fingerprint as fingerprint
+    from finetune.data.loading import load_raw as load_raw
+    from finetune.data.masking import IGNORE as IGNORE
+    from finetune.data.masking import tokenize_segments as tokenize_segments
+    from finetune.data.pipeline import prepare as prepare
+    from finetune.data.previews import preview as preview
+
+_HOMES = {  # each public name and the module that defines it
+    "collator": "collation",
+    "detect_format": "detection",
+    "heldout_prompts": "heldout",
+    "heldout_samples": "heldout",
+    "DataFormat": "kinds",
+    "DataKind": "kinds",
+    "PreparedData": "kinds",
+    "FILE_TYPES": "loading",
+    "fingerprint": "loading",
+    "load_raw": "loading",
+    "IGNORE": "masking",
+    "tokenize_segments": "masking",
+    "prepare": "pipeline",
+    "preview": "previews",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, from the module that defines it (imported on first use: see above)."""
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+    globals()[name] = value  # later look-ups find it without this function
+    return value

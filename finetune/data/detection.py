@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from finetune import objectives
 from finetune.config import TrainConfig
-from finetune.data.kinds import PREFERENCE_KINDS, PROMPTS_KIND, DataFormat
+from finetune.data.kinds import DataFormat, DataKind
 from finetune.data.names import (
     CHOSEN_NAMES,
     KTO_COMPLETION_NAMES,
@@ -39,13 +39,13 @@ def detect_format(columns: list[str], config: TrainConfig) -> DataFormat:
     objective = objectives.of(config)
     if objective.is_classifier:
         return _detect_classification(columns, config)
-    if objective.data_kind in PREFERENCE_KINDS:
+    if DataKind.PREFERENCE in objective.data_kinds:
         return _detect_preference(columns, config)
-    if objective.data_kind == PROMPTS_KIND:
+    if DataKind.PROMPTS in objective.data_kinds:
         return _detect_prompts(columns, config)
     messages = config.messages_column or first(MESSAGES_NAMES, cols)
     if messages and not (config.prompt_column or config.text_column):
-        return DataFormat("messages", {"messages": messages})
+        return DataFormat(DataKind.MESSAGES, {"messages": messages})
     prompt, completion = config.prompt_column, config.completion_column
     if not (prompt and completion):
         for p, c in PAIR_NAMES:
@@ -53,12 +53,12 @@ def detect_format(columns: list[str], config: TrainConfig) -> DataFormat:
                 prompt, completion = prompt or p, completion or c
                 break
     if prompt and completion and not config.text_column:
-        return DataFormat("prompt_completion", {"prompt": prompt, "completion": completion})
+        return DataFormat(DataKind.PROMPT_COMPLETION, {"prompt": prompt, "completion": completion})
     text = config.text_column or first(TEXT_NAMES, cols)
     if text:
-        return DataFormat("text", {"text": text})
+        return DataFormat(DataKind.TEXT, {"text": text})
     if first(CHOSEN_NAMES, cols) and first(REJECTED_NAMES, cols):
-        learners = [o.name for o in objectives.OBJECTIVES.values() if o.data_kind in PREFERENCE_KINDS]
+        learners = [o.name for o in objectives.OBJECTIVES.values() if DataKind.PREFERENCE in o.data_kinds]
         raise UserError(
             f"objective: columns {', '.join(columns)} hold preference pairs, which objective: {objective.name} cannot "
             f"learn from; set objective: {', '.join(learners[:-1])} or {learners[-1]}",
@@ -85,7 +85,7 @@ def _detect_classification(columns: list[str], config: TrainConfig) -> DataForma
     pair = config.text_pair_column or first(TEXT_PAIR_NAMES, cols - {text})
     if pair:
         found["text_pair"] = pair
-    return DataFormat("classification", found)
+    return DataFormat(DataKind.CLASSIFICATION, found)
 
 
 def _detect_preference(columns: list[str], config: TrainConfig) -> DataFormat:
@@ -99,12 +99,12 @@ def _detect_preference(columns: list[str], config: TrainConfig) -> DataFormat:
             raise UserError(
                 f"prompt_column: no prompt column found among {', '.join(columns)}; set prompt_column", "prompt_column"
             )
-        return DataFormat("preference", {"prompt": prompt, "chosen": chosen, "rejected": rejected})
-    if objectives.of(config).data_kind == "unpaired":
+        return DataFormat(DataKind.PREFERENCE, {"prompt": prompt, "chosen": chosen, "rejected": rejected})
+    if DataKind.UNPAIRED in objectives.of(config).data_kinds:
         completion = config.completion_column or first(KTO_COMPLETION_NAMES, cols)
         label = config.label_column or first(LABEL_NAMES, cols)
         if prompt and completion and label:
-            return DataFormat("unpaired", {"prompt": prompt, "completion": completion, "label": label})
+            return DataFormat(DataKind.UNPAIRED, {"prompt": prompt, "completion": completion, "label": label})
     if chosen or rejected:  # one side named or found: say which column is missing
         key, what = ("rejected_column", "worse") if chosen else ("chosen_column", "preferred")
         raise UserError(
@@ -122,14 +122,14 @@ def _detect_prompts(columns: list[str], config: TrainConfig) -> DataFormat:
             "answers to prompts: name the column with prompt_column (text or chat messages)",
             field="prompt_column",
         )
-    return DataFormat(PROMPTS_KIND, {"prompt": prompt})
+    return DataFormat(DataKind.PROMPTS, {"prompt": prompt})
 
 
 def _not_preference_data(columns: list[str], config: TrainConfig) -> str:
     """Why data without pairs cannot train a preference objective, and what to use instead."""
     objective = objectives.of(config)
     needs = "prompt, chosen and rejected columns"
-    if objective.data_kind == "unpaired":
+    if DataKind.UNPAIRED in objective.data_kinds:
         needs += " (or prompt, completion and a true/false label)"
     advice = "set chosen_column and rejected_column if they have other names"
     if config.dataset.startswith("bundled:") and objective.bundled_data not in ("", config.dataset):

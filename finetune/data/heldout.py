@@ -8,7 +8,7 @@ from finetune import objectives
 from finetune.config import TrainConfig
 from finetune.data.checks import as_conversation, text_value
 from finetune.data.detection import detect_format
-from finetune.data.kinds import TRL_KINDS
+from finetune.data.kinds import DataKind
 from finetune.data.loading import BUNDLED_DIR, load_raw
 from finetune.data.masking import to_messages
 from finetune.data.trl_rows import reference_answer
@@ -40,12 +40,12 @@ def heldout_samples(config: TrainConfig, limit: int = 5) -> list[tuple[str, str 
     fmt = detect_format(list(source.column_names), config)
     samples: list[tuple[str, str | None]] = []
     for row in source.select(range(min(limit, len(source)))):
-        if fmt.kind in TRL_KINDS:
+        if fmt.kind in (DataKind.PREFERENCE, DataKind.UNPAIRED, DataKind.PROMPTS):
             users = [m["content"] for m in as_conversation(row[fmt.columns["prompt"]], "prompt") if m["role"] == "user"]
             samples += [(user, reference_answer(row, fmt)) for user in users[-1:]]
-        elif fmt.kind == "prompt_completion":
+        elif fmt.kind is DataKind.PROMPT_COMPLETION:
             samples.append((str(row[fmt.columns["prompt"]]), text_value(row[fmt.columns["completion"]])))
-        elif fmt.kind == "messages":
+        elif fmt.kind is DataKind.MESSAGES:
             messages = to_messages(row, fmt)
             first = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
             if first is not None:

@@ -1,21 +1,34 @@
-"""The kinds of training data and what is known once a kind is detected: the format (the kind and the columns it
-reads) and the prepared train / eval sets."""
+"""The kinds of training data (`DataKind`) and what is known once a kind is detected: the format (the kind and the
+columns it reads) and the prepared train / eval sets.
+
+Light on purpose (no project imports): the objectives registry names the kinds each objective learns from, and
+`finetune.config` imports the registry.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
-PREFERENCE_KINDS = ("preference", "unpaired")  # prompt/chosen/rejected pairs; prompt/completion/label (kto)
-PROMPTS_KIND = "prompts"  # prompts alone (learning from rewards): every other column goes to the reward functions
-TRL_KINDS = (*PREFERENCE_KINDS, PROMPTS_KIND)  # rows TRL's trainers read in their own shape
+
+class DataKind(StrEnum):
+    """What a data set's rows are; its value is how the run log and the preview name it."""
+
+    MESSAGES = "messages"  # chat: a list of {role, content} messages per row
+    PROMPT_COMPLETION = "prompt_completion"  # a prompt and its answer (the loss on the answer only)
+    TEXT = "text"  # plain text, all of it trained
+    CLASSIFICATION = "classification"  # a text (and a second one) with a class label
+    PREFERENCE = "preference"  # prompt/chosen/rejected pairs (dpo, orpo; kto splits them)
+    UNPAIRED = "unpaired"  # prompt/completion/true-false label rows (kto)
+    PROMPTS = "prompts"  # prompts alone (learning from rewards): every other column goes to the reward functions
 
 
 @dataclass
 class DataFormat:
     """How rows are read: the kind and the columns it uses."""
 
-    kind: str  # messages | prompt_completion | text | classification | preference | unpaired
+    kind: DataKind
     columns: dict[str, str]
 
     def describe(self) -> str:

@@ -12,7 +12,7 @@ from finetune.config import BUNDLED_DATASET, TrainConfig
 from finetune.data.checks import Table, check_messages, check_text, kind_text
 from finetune.data.classification import check_labels
 from finetune.data.detection import detect_format
-from finetune.data.kinds import TRL_KINDS, DataFormat
+from finetune.data.kinds import DataFormat, DataKind
 from finetune.data.trl_rows import check_table
 from finetune.errors import UserError
 from finetune.paths import BUNDLED
@@ -262,7 +262,7 @@ def _arrow_uniform(values: list[Any]) -> bool:
 
 def _check_columns(tables: list[Table], fmt: DataFormat, config: TrainConfig) -> list[dict[str, list[Any]]]:
     """Every row of every used column checked; returns the normalised columns of each table."""
-    if fmt.kind in TRL_KINDS:
+    if fmt.kind in (DataKind.PREFERENCE, DataKind.UNPAIRED, DataKind.PROMPTS):
         return [check_table(table, fmt) for table in tables]
     out: list[dict[str, list[Any]]] = [{} for _ in tables]
     for role, column in fmt.columns.items():

@@ -11,7 +11,7 @@ from typing import Any
 
 from finetune.config import TrainConfig
 from finetune.data.checks import Bad, message_list, text_value
-from finetune.data.kinds import DataFormat, PreparedData
+from finetune.data.kinds import DataFormat, DataKind, PreparedData
 from finetune.errors import UserError
 
 IGNORE = -100
@@ -19,7 +19,7 @@ IGNORE = -100
 
 def to_messages(row: dict[str, Any], fmt: DataFormat) -> list[dict[str, str]]:
     """A row as chat messages (role/content), for the chat-template path."""
-    if fmt.kind == "prompt_completion":
+    if fmt.kind is DataKind.PROMPT_COMPLETION:
         return [
             {"role": "user", "content": text_value(row[fmt.columns["prompt"]])},
             {"role": "assistant", "content": text_value(row[fmt.columns["completion"]])},
@@ -33,9 +33,9 @@ def to_messages(row: dict[str, Any], fmt: DataFormat) -> list[dict[str, str]]:
 def render_segments(row: dict[str, Any], fmt: DataFormat, tokenizer: Any) -> list[tuple[str, bool]]:
     """The example as text pieces, each flagged True when the model is trained on it."""
     eos = tokenizer.eos_token or ""
-    if fmt.kind == "text":
+    if fmt.kind is DataKind.TEXT:
         return [(text_value(row[fmt.columns["text"]]) + eos, True)]
-    if fmt.kind == "prompt_completion" and not tokenizer.chat_template:
+    if fmt.kind is DataKind.PROMPT_COMPLETION and not tokenizer.chat_template:
         prompt = text_value(row[fmt.columns["prompt"]]).rstrip() + "\n"
         return [(prompt, False), (text_value(row[fmt.columns["completion"]]) + eos, True)]
     if not tokenizer.chat_template:

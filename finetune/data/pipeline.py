@@ -8,7 +8,7 @@ from finetune import objectives
 from finetune.config import TrainConfig
 from finetune.data import classification, masking, preference, prompts
 from finetune.data.detection import detect_format
-from finetune.data.kinds import PREFERENCE_KINDS, PROMPTS_KIND, PreparedData
+from finetune.data.kinds import DataKind, PreparedData
 from finetune.data.loading import load_raw
 from finetune.errors import UserError
 
@@ -17,12 +17,12 @@ def prepare(config: TrainConfig, tokenizer: Any) -> PreparedData:
     """Load, detect and tokenise the train and eval sets (one example per row; the collator lays out batches)."""
     train_raw, eval_raw = load_raw(config)
     fmt = detect_format(list(train_raw.column_names), config)
-    if fmt.kind in PREFERENCE_KINDS:
+    if fmt.kind in (DataKind.PREFERENCE, DataKind.UNPAIRED):
         return preference.prepare(config, tokenizer, train_raw, eval_raw, fmt)
-    if fmt.kind == PROMPTS_KIND:
+    if fmt.kind is DataKind.PROMPTS:
         return prompts.prepare(config, tokenizer, train_raw, eval_raw, fmt)
-    if not objectives.of(config).is_classifier and fmt.kind == "classification":
+    if not objectives.of(config).is_classifier and fmt.kind is DataKind.CLASSIFICATION:
         raise UserError("task: this data has labels; set task: sequence_classification", field="task")
-    if fmt.kind == "classification":
+    if fmt.kind is DataKind.CLASSIFICATION:
         return classification.prepare(config, tokenizer, train_raw, eval_raw, fmt)
     return masking.prepare(config, tokenizer, train_raw, eval_raw, fmt)

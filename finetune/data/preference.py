@@ -7,7 +7,7 @@ from typing import Any
 
 from finetune import objectives
 from finetune.config import TrainConfig
-from finetune.data.kinds import DataFormat, PreparedData
+from finetune.data.kinds import DataFormat, DataKind, PreparedData
 from finetune.data.trl_rows import trl_row
 
 
@@ -22,8 +22,8 @@ def prepare(config: TrainConfig, tokenizer: Any, train_raw: Any, eval_raw: Any, 
     notes = []
     train = shaped(train_raw, "train")
     evaluation = shaped(eval_raw, "eval") if eval_raw is not None else None
-    if objectives.of(config).data_kind == "unpaired":
-        if fmt.kind == "preference":
+    if DataKind.UNPAIRED in objectives.of(config).data_kinds:
+        if fmt.kind is DataKind.PREFERENCE:
             notes.append("kto: each pair gives two rows, the chosen answer marked good and the rejected one bad")
             train = _unpaired(train)
             evaluation = _unpaired(evaluation) if evaluation is not None else None

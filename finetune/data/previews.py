@@ -6,7 +6,7 @@ from typing import Any
 
 from finetune.config import TrainConfig
 from finetune.data.detection import detect_format
-from finetune.data.kinds import PROMPTS_KIND, TRL_KINDS
+from finetune.data.kinds import DataKind
 from finetune.data.loading import load_raw
 from finetune.data.masking import IGNORE, render_segments, tokenize_segments
 from finetune.data.prompts import PREVIEW_COLUMNS
@@ -19,14 +19,14 @@ def preview(config: TrainConfig, tokenizer: Any, n: int = 3) -> dict[str, Any]:
     fmt = detect_format(list(train_raw.column_names), config)
     examples = []
     for row in train_raw.select(range(min(n, len(train_raw)))):
-        if fmt.kind in TRL_KINDS:
+        if fmt.kind in (DataKind.PREFERENCE, DataKind.UNPAIRED, DataKind.PROMPTS):
             example = preview_example(row, fmt, tokenizer)
-            if fmt.kind == PROMPTS_KIND:  # what the rewards read besides the prompt
+            if fmt.kind is DataKind.PROMPTS:  # what the rewards read besides the prompt
                 others = [(k, v) for k, v in row.items() if k not in fmt.columns.values()]
                 example["columns"] = {k: str(v)[:80] for k, v in others[:PREVIEW_COLUMNS]}
             examples.append(example)
             continue
-        if fmt.kind == "classification":
+        if fmt.kind is DataKind.CLASSIFICATION:
             pair = row.get(fmt.columns.get("text_pair", ""), "")
             text = f"{row[fmt.columns['text']]}" + (f" [SEP] {pair}" if pair else "")
             tokens = len(tokenizer(text)["input_ids"])

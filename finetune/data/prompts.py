@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from finetune.config import TrainConfig
-from finetune.data.kinds import PROMPTS_KIND, DataFormat, PreparedData
+from finetune.data.kinds import DataFormat, DataKind, PreparedData
 from finetune.data.trl_rows import render_preference, trl_row
 from finetune.errors import UserError
 
@@ -24,7 +24,7 @@ def prepare(config: TrainConfig, tokenizer: Any, train_raw: Any, eval_raw: Any, 
 
     def shaped(raw: Any, name: str) -> Any:
         def one(row: dict[str, Any], index: int) -> dict[str, Any]:
-            prompt = trl_row({"prompt": row[column]}, DataFormat(PROMPTS_KIND, {"prompt": "prompt"}), tokenizer)
+            prompt = trl_row({"prompt": row[column]}, DataFormat(DataKind.PROMPTS, {"prompt": "prompt"}), tokenizer)
             return {**{k: v for k, v in row.items() if k != column}, **prompt, ROW_COLUMN: index + 1}
 
         rows = raw.map(one, with_indices=True, remove_columns=[column], desc=f"shaping {name} prompts")

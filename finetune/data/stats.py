@@ -2,7 +2,7 @@
 that fit `max_seq_length`, and what cutting to a shorter length would lose. The advice prices truncation with it
 (cutting to 512 tokens is free when every row is shorter) and the first screen shows it beside the data preview.
 
-Reads the data through `finetune.data`'s public helpers (the same rendering training uses), so the counts are the
+Reads the data through `finetune.data`'s own loading and rendering (the same training uses), so the counts are the
 tokens a step will see. Large datasets are sampled evenly (SAMPLE_ROWS rows), which the result says.
 """
 
@@ -15,12 +15,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from finetune.config import TrainConfig
+from finetune.data.checks import as_conversation, message_list, text_value
+from finetune.data.detection import detect_format
+from finetune.data.kinds import DataFormat, DataKind
+from finetune.data.loading import load_raw
+from finetune.data.masking import render_segments
 from finetune.errors import UserError
 
 SAMPLE_ROWS = 2000  # rows tokenised at most: percentiles are stable well before this, and it takes about a second
 CHARS_PER_TOKEN = 4  # English text in a BPE vocabulary: the stand-in when no tokenizer can be loaded
 TEMPLATE_TOKENS = 4  # role markers and separators a chat template adds per message (ChatML: 4-5)
-RENDERED_KINDS = ("text", "prompt_completion", "messages", "classification")  # what data.render_segments renders
+RENDERED_KINDS = (DataKind.TEXT, DataKind.PROMPT_COMPLETION, DataKind.MESSAGES, DataKind.CLASSIFICATION)  # rendered
 _CACHE: OrderedDict[tuple, DataStats] = OrderedDict()
 _CACHE_SIZE = 16
 _LOCK = threading.Lock()
@@ -196,35 +201,30 @@ def _tokenizer_for(config: TrainConfig, notes: list[str]) -> tuple[Any, str]:
 
 def _measure(config: TrainConfig, tokenizer: Any, name: str, notes: list[str]) -> DataStats:
     """Render and tokenise (a sample of) the training rows as training does, and sort the lengths."""
-    from finetune import data
-
-    train_raw, _ = data.load_raw(config)
-    fmt = data.detect_format(list(train_raw.column_names), config)
+    train_raw, _ = load_raw(config)
+    fmt = detect_format(list(train_raw.column_names), config)
     rows = len(train_raw)
     picked = range(rows) if rows <= SAMPLE_ROWS else [i * rows // SAMPLE_ROWS for i in range(SAMPLE_ROWS)]
     lengths = sorted(_row_length(row, fmt, tokenizer) for row in train_raw.select(picked))
     return DataStats(rows, lengths, config.max_seq_length, name, notes)
 
 
-def _row_length(row: dict[str, Any], fmt: Any, tokenizer: Any) -> int:
+def _row_length(row: dict[str, Any], fmt: DataFormat, tokenizer: Any) -> int:
     """Tokens in one row, uncut: the chat template or prompt/completion rendering training uses."""
-    from finetune import data
-
     if tokenizer is None:
         return _estimated_length(row, fmt)
-    if fmt.kind == "classification":
-        pair = data.text_value(row[fmt.columns["text_pair"]]) if "text_pair" in fmt.columns else None
-        return len(tokenizer(data.text_value(row[fmt.columns["text"]]), pair)["input_ids"])
+    if fmt.kind is DataKind.CLASSIFICATION:
+        pair = text_value(row[fmt.columns["text_pair"]]) if "text_pair" in fmt.columns else None
+        return len(tokenizer(text_value(row[fmt.columns["text"]]), pair)["input_ids"])
     if fmt.kind not in RENDERED_KINDS:  # preference pairs: the prompt with its longer answer is what a step holds
         return _estimated_length(row, fmt, tokenizer)
-    segments = data.render_segments(row, fmt, tokenizer)
+    segments = render_segments(row, fmt, tokenizer)
     return sum(len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text, _ in segments)
 
 
-def _estimated_length(row: dict[str, Any], fmt: Any, tokenizer: Any = None) -> int:
+def _estimated_length(row: dict[str, Any], fmt: DataFormat, tokenizer: Any = None) -> int:
     """Tokens of a row from its text alone: counted with `tokenizer`, else characters / CHARS_PER_TOKEN, plus a few
     tokens of template per message; preference rows count the prompt and the longer answer."""
-    from finetune import data
 
     def tokens(text: str) -> int:
         if tokenizer is not None:
@@ -237,11 +237,11 @@ def _estimated_length(row: dict[str, Any], fmt: Any, tokenizer: Any = None) -> i
         if role == "label" or value is None:
             continue
         if role == "messages" or isinstance(value, list):  # a conversation (a prompt may be one too)
-            messages = data.message_list(value) if role == "messages" else data.as_conversation(value, role)
+            messages = message_list(value) if role == "messages" else as_conversation(value, role)
             pieces.append(sum(tokens(m["content"]) + TEMPLATE_TOKENS for m in messages))
         else:
-            pieces.append(tokens(data.text_value(value)) + TEMPLATE_TOKENS)
-    if fmt.kind in ("preference",) and {"chosen", "rejected"} <= set(fmt.columns):
-        answers = [tokens(data.text_value(row[fmt.columns[k]])) for k in ("chosen", "rejected")]
+            pieces.append(tokens(text_value(value)) + TEMPLATE_TOKENS)
+    if fmt.kind is DataKind.PREFERENCE and {"chosen", "rejected"} <= set(fmt.columns):
+        answers = [tokens(text_value(row[fmt.columns[k]])) for k in ("chosen", "rejected")]
         return sum(pieces) - sum(answers) + max(answers)
     return sum(pieces)

@@ -20,7 +20,7 @@ from finetune.data.checks import (
     refuse_numbers_among_text,
     text_value,
 )
-from finetune.data.kinds import PROMPTS_KIND, DataFormat
+from finetune.data.kinds import DataFormat, DataKind
 from finetune.errors import UserError
 
 
@@ -35,7 +35,7 @@ def check_table(table: Table, fmt: DataFormat) -> dict[str, list[Any]]:
         else:
             out[column] = [_checked_side(table, index, column, value, role) for index, value in enumerate(values)]
             refuse_numbers_among_text(table, column, values)
-    if fmt.kind == "preference":
+    if fmt.kind is DataKind.PREFERENCE:
         chosen, rejected = fmt.columns["chosen"], fmt.columns["rejected"]
         for index, (better, worse) in enumerate(zip(out[chosen], out[rejected], strict=True)):
             if _answer_text(better) == _answer_text(worse):
@@ -125,7 +125,7 @@ def preview_example(row: dict[str, Any], fmt: DataFormat, tokenizer: Any) -> dic
 def reference_answer(row: dict[str, Any], fmt: DataFormat) -> str | None:
     """The answer a TRL-shaped row holds up as right, as text: the chosen one, a kto answer marked good (None if bad),
     or a prompt's `answer` column, which the built-in rewards compare with (None when the data has none)."""
-    if fmt.kind == PROMPTS_KIND:
+    if fmt.kind is DataKind.PROMPTS:
         from finetune.objectives.rewards import ANSWER_COLUMN
 
         value = row.get(ANSWER_COLUMN)
@@ -135,7 +135,7 @@ def reference_answer(row: dict[str, Any], fmt: DataFormat) -> str | None:
             return text_value(value)
         except Bad:  # neither text nor a number: nothing an answer can be compared with
             return None
-    if fmt.kind == "unpaired":
+    if fmt.kind is DataKind.UNPAIRED:
         if not kto_label(row[fmt.columns["label"]]):
             return None
         value = row[fmt.columns["completion"]]

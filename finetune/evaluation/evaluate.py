@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from finetune.data.kinds import DataKind
 from finetune.errors import UserError
 from finetune.evaluation import generation, harness, judge, metrics, rows, store
 from finetune.objectives import Objective
@@ -326,7 +327,7 @@ def assemble(
     answers = not objective.is_classifier
     notes = [weights.note] if weights.note else []
     notes += selection.notes
-    if answers and selection.rows and not selection.has_references and selection.kind != "text":
+    if answers and selection.rows and not selection.has_references and selection.kind != DataKind.TEXT:
         notes.append("no reference answers: the answers are shown side by side, without scores")
     result: dict[str, Any] = {
         "format": FORMAT,

@@ -13,13 +13,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from finetune import data, objectives
+from finetune import objectives
 from finetune.config import TrainConfig
+from finetune.data.checks import as_conversation, kto_label, label_value, text_value
+from finetune.data.detection import detect_format
+from finetune.data.heldout import heldout_samples
+from finetune.data.kinds import DataFormat, DataKind
+from finetune.data.loading import FILE_TYPES, load_raw
+from finetune.data.masking import render_segments, to_messages
+from finetune.data.trl_rows import reference_answer, render_preference, trl_row
 from finetune.errors import UserError
 
 Segments = list[tuple[str, bool]]  # text pieces, each flagged True when training counts it in the loss
 HELDOUT = "heldout"  # the kind of a selection of held-out prompts
-PAIR_FORMAT = data.DataFormat("prompt_completion", {"prompt": "prompt", "completion": "completion"})  # held-out
+PAIR_FORMAT = DataFormat(DataKind.PROMPT_COMPLETION, {"prompt": "prompt", "completion": "completion"})  # held-out
 
 
 @dataclass
@@ -42,7 +49,7 @@ class Selection:
 
     rows: list[EvalRow]
     source: str  # in words: "bundled:pirate [validation]", "my-eval.jsonl", "the 5 held-out prompts of ..."
-    kind: str  # the data format (finetune.data.DataFormat.kind), or HELDOUT for a run's held-out prompts
+    kind: str  # the data's kind (a DataKind), or HELDOUT for a run's held-out prompts
     notes: list[str] = field(default_factory=list)
     label_names: list[str] = field(default_factory=list)
 
@@ -63,22 +70,22 @@ def select(
     if dataset or split:
         source_config, source = _other_data(config, dataset, split)
         try:
-            raw, _ = data.load_raw(source_config)
+            raw, _ = load_raw(source_config)
         except UserError as exc:  # the loader names training's fields: here they are --data and --split
             field = {"dataset": "data", "dataset_split": "split"}.get(exc.field or "", exc.field or "data")
             raise UserError(f"{field}: {str(exc).split(': ', 1)[-1]}", field=field) from None
     else:
         source_config = config
-        raw, evaluation = data.load_raw(config)
+        raw, evaluation = load_raw(config)
         if evaluation is None:
             return _heldout(config, tokenizer, limit)
         raw, source = evaluation, _eval_split_name(config)
     if limit:
         raw = raw.select(range(min(limit, len(raw))))
-    fmt = data.detect_format(list(raw.column_names), source_config)
+    fmt = detect_format(list(raw.column_names), source_config)
     rows = [_row(row, fmt, tokenizer, label_names or []) for row in raw]
     selection = Selection(rows, source, fmt.kind, label_names=list(label_names or []))
-    if fmt.kind == "text":
+    if fmt.kind is DataKind.TEXT:
         selection.notes.append(
             "only loss and perplexity: the data is plain text, with no prompt and reference answer to score a "
             "generated answer against"
@@ -103,7 +110,7 @@ def _other_data(config: TrainConfig, dataset: str, split: str) -> tuple[TrainCon
 def _eval_split_name(config: TrainConfig) -> str:
     """The run's evaluation split as results name it: a file by its name, else "data [split]"."""
     split = config.eval_split
-    if split.lower().endswith(data.FILE_TYPES) or "/" in split or "\\" in split:
+    if split.lower().endswith(FILE_TYPES) or "/" in split or "\\" in split:
         return _data_name(split)
     return f"{_data_name(config.dataset)} [{split}]"
 
@@ -111,7 +118,7 @@ def _eval_split_name(config: TrainConfig) -> str:
 def _is_hub(name: str) -> bool:
     from finetune.model import catalogue
 
-    return catalogue.is_hub_id(name) and not name.lower().endswith(data.FILE_TYPES)
+    return catalogue.is_hub_id(name) and not name.lower().endswith(FILE_TYPES)
 
 
 def _data_name(name: str) -> str:
@@ -130,7 +137,7 @@ def _heldout(config: TrainConfig, tokenizer: Any, limit: int | None) -> Selectio
             "data: this classification run has no evaluation split; give --data FILE with text and label columns",
             field="data",
         )
-    samples = data.heldout_samples(config, limit=limit or 5)
+    samples = heldout_samples(config, limit=limit or 5)
     if not samples:
         raise UserError("data: this run has no evaluation split and no held-out prompts; give --data FILE", "data")
     rows = []
@@ -138,7 +145,7 @@ def _heldout(config: TrainConfig, tokenizer: Any, limit: int | None) -> Selectio
         conversation = [{"role": "user", "content": prompt}]
         scored = None
         if reference is not None:
-            scored = data.render_segments({"prompt": prompt, "completion": reference}, PAIR_FORMAT, tokenizer)
+            scored = render_segments({"prompt": prompt, "completion": reference}, PAIR_FORMAT, tokenizer)
         rows.append(EvalRow(prompt=conversation, reference=reference, scored=scored))
     note = (
         f"this run has no evaluation split: scored on its {len(rows)} held-out prompts; give --data FILE (or "
@@ -147,68 +154,66 @@ def _heldout(config: TrainConfig, tokenizer: Any, limit: int | None) -> Selectio
     return Selection(rows, f"the held-out prompts of {_data_name(config.dataset)}", HELDOUT, notes=[note])
 
 
-def _row(row: dict[str, Any], fmt: data.DataFormat, tokenizer: Any, label_names: list[str]) -> EvalRow:
+def _row(row: dict[str, Any], fmt: DataFormat, tokenizer: Any, label_names: list[str]) -> EvalRow:
     """One data row as an `EvalRow` for its format."""
-    if fmt.kind == "classification":
+    if fmt.kind is DataKind.CLASSIFICATION:
         return _classification_row(row, fmt, label_names)
-    if fmt.kind in data.PREFERENCE_KINDS:
+    if fmt.kind in (DataKind.PREFERENCE, DataKind.UNPAIRED):
         return _preference_row(row, fmt, tokenizer)
-    if fmt.kind == data.PROMPTS_KIND:
+    if fmt.kind is DataKind.PROMPTS:
         return _prompts_row(row, fmt, tokenizer)
-    scored = data.render_segments(row, fmt, tokenizer)
-    if fmt.kind == "text":
+    scored = render_segments(row, fmt, tokenizer)
+    if fmt.kind is DataKind.TEXT:
         return EvalRow(scored=scored)
-    messages = data.to_messages(row, fmt)
+    messages = to_messages(row, fmt)
     last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
     return EvalRow(prompt=messages[:last], reference=messages[last]["content"], scored=scored)
 
 
-def _preference_row(row: dict[str, Any], fmt: data.DataFormat, tokenizer: Any) -> EvalRow:
+def _preference_row(row: dict[str, Any], fmt: DataFormat, tokenizer: Any) -> EvalRow:
     """A pair (or a kto answer): each side as TRL reads it, after the same prompt."""
-    rendered = data.render_preference(data.trl_row(row, fmt, tokenizer), tokenizer)
-    prompt = data.as_conversation(row[fmt.columns["prompt"]], "prompt")
+    rendered = render_preference(trl_row(row, fmt, tokenizer), tokenizer)
+    prompt = as_conversation(row[fmt.columns["prompt"]], "prompt")
     head = (rendered["prompt"], False)
-    if fmt.kind == "unpaired":
-        good = data.kto_label(row[fmt.columns["label"]])
+    if fmt.kind is DataKind.UNPAIRED:
+        good = kto_label(row[fmt.columns["label"]])
         return EvalRow(
             prompt=prompt,
-            reference=data.reference_answer(row, fmt),
+            reference=reference_answer(row, fmt),
             scored=[head, (rendered["completion"], True)],
             good=good,
         )
     return EvalRow(
         prompt=prompt,
-        reference=data.reference_answer(row, fmt),
+        reference=reference_answer(row, fmt),
         scored=[head, (rendered["chosen"], True)],
         rejected=[head, (rendered["rejected"], True)],
     )
 
 
-def _prompts_row(row: dict[str, Any], fmt: data.DataFormat, tokenizer: Any) -> EvalRow:
+def _prompts_row(row: dict[str, Any], fmt: DataFormat, tokenizer: Any) -> EvalRow:
     """A prompt for learning from rewards, with its `answer` column as the reference where the data has one; the loss
     is then that answer's likelihood after the prompt, rendered as TRL renders the prompt."""
     prompt = row[fmt.columns["prompt"]]
-    reference = data.reference_answer(row, fmt)
+    reference = reference_answer(row, fmt)
     if reference is None:
-        return EvalRow(prompt=data.as_conversation(prompt, "prompt"))
-    pair = data.DataFormat(data.PROMPTS_KIND, {"prompt": "prompt", "completion": "completion"})
-    rendered = data.render_preference(
-        data.trl_row({"prompt": prompt, "completion": reference}, pair, tokenizer), tokenizer
-    )
+        return EvalRow(prompt=as_conversation(prompt, "prompt"))
+    pair = DataFormat(DataKind.PROMPTS, {"prompt": "prompt", "completion": "completion"})
+    rendered = render_preference(trl_row({"prompt": prompt, "completion": reference}, pair, tokenizer), tokenizer)
     return EvalRow(
-        prompt=data.as_conversation(prompt, "prompt"),
+        prompt=as_conversation(prompt, "prompt"),
         reference=reference,
         scored=[(rendered["prompt"], False), (rendered["completion"], True)],
     )
 
 
-def _classification_row(row: dict[str, Any], fmt: data.DataFormat, names: list[str]) -> EvalRow:
-    label = str(data.label_value(row[fmt.columns["label"]]))
+def _classification_row(row: dict[str, Any], fmt: DataFormat, names: list[str]) -> EvalRow:
+    label = str(label_value(row[fmt.columns["label"]]))
     if label not in names:
         raise UserError(
             f"data: label {label!r} is not one of the run's labels ({', '.join(names)}); evaluate on data with the "
             "labels the run was trained on",
             field="data",
         )
-    pair = data.text_value(row[fmt.columns["text_pair"]]) if "text_pair" in fmt.columns else ""
-    return EvalRow(label=names.index(label), text=data.text_value(row[fmt.columns["text"]]), text_pair=pair)
+    pair = text_value(row[fmt.columns["text_pair"]]) if "text_pair" in fmt.columns else ""
+    return EvalRow(label=names.index(label), text=text_value(row[fmt.columns["text"]]), text_pair=pair)

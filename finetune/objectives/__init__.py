@@ -16,6 +16,7 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any
 
+from finetune.data.kinds import DataKind
 from finetune.errors import UserError
 
 CAUSAL_LM = "causal_lm"
@@ -51,8 +52,7 @@ class Objective:
     card_phrase: str  # how the card's first line says it was trained ("" for the plain objectives)
     goal: str  # the Start tab's goal this objective belongs to (orpo and kto are preferences, like dpo)
     goal_label: str  # the Start tab's words for that goal (on the record that stands for it)
-    data_kind: str  # what its rows are: lm (chat, prompt/completion, text) | preference | unpaired | prompts |
-    # classification
+    data_kinds: tuple[DataKind, ...]  # the kinds of data it learns from, in the order detection tries them
     columns: tuple[str, ...]  # the data roles it reads
     engine: str = "hf_trainer"  # the module under finetune/engines/ that runs it (hf_trainer | preference | grpo)
     trainer: str = "transformers:Trainer"  # "module:Class" of the trainer
@@ -183,7 +183,7 @@ class Objective:
                 out.append(("loss_type", f"{loss!r} is not a {name} loss; choose one of: {', '.join(self.loss_types)}"))
             else:
                 out.append(("loss_type", f"applies to objective: {_with_loss_choice()}; leave it empty for {name}"))
-        if self.data_kind == "prompts":
+        if DataKind.PROMPTS in self.data_kinds:
             out += _reward_problems(config)
         if self.reference_kind(config) == "adapter-off" and config.init_lora_weights in ("pissa", "olora"):
             out.append(
@@ -293,7 +293,7 @@ _RECORDS = (
         card_phrase="",
         goal="sft",
         goal_label="Style or instructions: answer like the examples (SFT)",
-        data_kind="lm",
+        data_kinds=(DataKind.MESSAGES, DataKind.PROMPT_COMPLETION, DataKind.TEXT),
         columns=("messages", "prompt", "completion", "text"),
         unpacked_because="",
         liger=True,
@@ -309,7 +309,7 @@ _RECORDS = (
         card_name="DPO (direct preference optimisation)",
         card_tag="dpo",
         card_phrase="preference-tuned with DPO",
-        data_kind="preference",
+        data_kinds=(DataKind.PREFERENCE,),
         columns=("prompt", "chosen", "rejected"),
         unpacked_because="TRL 1.16's DPO trainer has padding-free batches switched off (it pads them)",
         trainer="trl:DPOTrainer",
@@ -334,7 +334,7 @@ _RECORDS = (
         card_name="ORPO (odds-ratio preference optimisation, no reference model)",
         card_tag="orpo",
         card_phrase="preference-tuned with ORPO",
-        data_kind="preference",
+        data_kinds=(DataKind.PREFERENCE,),
         columns=("prompt", "chosen", "rejected"),
         unpacked_because="TRL 1.16's ORPO trainer has no padding-free path",
         trainer="trl.experimental.orpo:ORPOTrainer",
@@ -354,7 +354,7 @@ _RECORDS = (
         card_name="KTO (Kahneman-Tversky optimisation, answers marked good or bad)",
         card_tag="kto",
         card_phrase="preference-tuned with KTO",
-        data_kind="unpaired",
+        data_kinds=(DataKind.PREFERENCE, DataKind.UNPAIRED),  # pairs are split into good and bad rows
         columns=("prompt", "completion", "label"),
         unpacked_because="TRL 1.16's KTO trainer has no padding-free path",
         trainer="trl:KTOTrainer",
@@ -380,7 +380,7 @@ _RECORDS = (
         goal="grpo",
         goal_label="Rewards: answers you can check (GRPO)",
         goal_defaults=(("rewards", "number_match"), ("max_completion_length", 32)),
-        data_kind="prompts",
+        data_kinds=(DataKind.PROMPTS,),
         columns=("prompt",),
         unpacked_because="TRL 1.16's GRPO trainer has no padding-free path (it pads prompts and sampled answers)",
         engine="grpo",
@@ -439,7 +439,7 @@ _RECORDS = (
         card_phrase="",
         goal="classification",
         goal_label="Classification: predict a label for a text",
-        data_kind="classification",
+        data_kinds=(DataKind.CLASSIFICATION,),
         columns=("text", "text_pair", "label"),
         unpacked_because="classification reads one label per padded row, from its last token",
         fields=("num_labels", "text_pair_column", "label_column"),

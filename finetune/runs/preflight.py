@@ -35,10 +35,10 @@ RESUME_FIXED = (
 
 def preflight(config: TrainConfig) -> None:
     """Cheap checks before a run directory exists: the model and data can be found, the options suit the machine."""
-    from finetune import data, plan
+    from finetune import plan
     from finetune.model import loading
     from finetune.config import EMBEDDED_MODEL
-    from finetune.data import FILE_TYPES
+    from finetune.data.loading import FILE_TYPES, load_raw
 
     if config.model == EMBEDDED_MODEL:
         loading.embedded_gguf_path()
@@ -47,7 +47,7 @@ def preflight(config: TrainConfig) -> None:
     path = Path(config.dataset).expanduser()
     if config.dataset.startswith("bundled:") or path.suffix.lower() in FILE_TYPES or path.exists():
         # Local data is small enough to read now: a bad file is refused before any run directory exists.
-        train_raw, _ = data.load_raw(config)
+        train_raw, _ = load_raw(config)
         columns_ready(config, list(train_raw.column_names))
     else:
         hub_dataset_ready(config)
@@ -69,10 +69,11 @@ def preflight(config: TrainConfig) -> None:
 def columns_ready(config: TrainConfig, columns: list[str]) -> None:
     """The data's columns suit the objective (its format is detected); prompts for rewards also have the columns the
     rewards read."""
-    from finetune import data
+    from finetune.data.detection import detect_format
+    from finetune.data.kinds import DataKind
 
-    fmt = data.detect_format(columns, config)
-    if fmt.kind == data.PROMPTS_KIND:
+    fmt = detect_format(columns, config)
+    if fmt.kind is DataKind.PROMPTS:
         rewards_ready(config, columns)
 
 
@@ -90,9 +91,9 @@ def hub_dataset_ready(config: TrainConfig) -> None:
     """A Hub dataset is loaded as Start will load it (downloaded once into the Hub cache, which the run then reads):
     its splits and columns checked. Offline, only a copy already on this machine can be used; without one the answer
     is one plain line at once, instead of the Hub client's error when the run starts."""
-    from finetune import data
     from finetune.model import catalogue
     from finetune.config import BUNDLED_DATASET
+    from finetune.data.loading import load_raw
 
     if not catalogue.hub_reachable() and not _hub_copy_here(config.dataset):
         raise ConfigError(
@@ -100,7 +101,7 @@ def hub_dataset_ready(config: TrainConfig) -> None:
             f"and has no copy of it; use a local file or {BUNDLED_DATASET}, or connect and check again",
             "dataset",
         )
-    train_raw, _ = data.load_raw(config)
+    train_raw, _ = load_raw(config)
     columns_ready(config, list(train_raw.column_names))
 
 
