@@ -142,3 +142,15 @@ def test_the_package_offers_its_public_names_from_the_modules_that_define_them()
         assert getattr(package, name) is getattr(importlib.import_module(module), name)
     with pytest.raises(AttributeError):
         package.load_raws  # noqa: B018 (a misspelt name is an AttributeError, as in any module)
+
+
+def test_every_kind_has_its_handler_and_every_objective_reads_registered_kinds():
+    """A kind added to DataKind without its module's handler in the registry (or named by an objective without one)
+    would fail the first run on such data; here it fails at once."""
+    from finetune import objectives
+    from finetune.data.kinds import DataKind
+    from finetune.data.registry import HANDLERS
+
+    assert set(HANDLERS) == set(DataKind)
+    for record in objectives.OBJECTIVES.values():
+        assert record.data_kinds and set(record.data_kinds) <= set(HANDLERS), record.name

@@ -8,18 +8,37 @@ conversational shapes); TRL tokenises them, this package checks, normalises and 
 Labels are masked by position (prompt vs answer), never by token id: SmolLM2's pad token is also its EOS, and masking
 by id would teach the model never to stop.
 
-Modules, by job:
-    loading         bundled sets, local files, Hub datasets; one clear line for each way a file can be wrong
-    checks          value and row checks, and what is made uniform
-    detection       which format the columns hold
-    masking         render as text pieces (trained or not) and tokenise with labels masked by position
-    trl_rows        rows TRL's trainers read in their own shape
-    preference, prompts, classification    each kind's own preparation
-    pipeline        prepare: load, detect, prepare
-    previews        what the UI shows of the data
-    heldout         the held-out prompts (and reference answers) a run answers while it trains
-    collation       how a micro batch is laid out
-    stats           token lengths of the data, for the estimate and the advice
+Each kind of data is a `DataKind` (`kinds.py`) and one module that knows its rows: how its columns are detected and
+checked, how a row is rendered and masked (or shaped for TRL), how the train and eval sets are prepared, how a row
+looks in the preview, and which held-out prompts (with reference answers) it gives. The module says so in one
+`KindHandler` (`handler.py`); `registry.py` lists them, and the shared pipeline asks the registry what to do with a
+kind's rows.
+
+    chat                messages: a conversation per row, through the chat template, assistant messages trained
+    prompt_completion   a prompt and its answer, the answer trained
+    text                plain text, all of it trained
+    classification      a text (and a second one) with a class label
+    preference          prompt/chosen/rejected pairs (dpo, orpo, kto) and kto's prompt/completion/label rows
+    prompts             prompts for learning from rewards (grpo); the other columns go to the reward functions
+
+The shared pipeline, by job:
+
+    loading      bundled sets, local files, Hub datasets; one clear line for each way a file can be wrong
+    checks       value and row checks, and what is made uniform (numbers as text, "3" as the class 3, ...)
+    names        the column names each role is found under
+    detection    which kind the columns hold, trying the kinds the objective learns from in its order
+    masking      text pieces (trained or not) tokenised with labels masked by position; the chat template's pieces
+    trl_rows     rows TRL's trainers read in their own shape (preference, kto, prompts): checked, shaped, rendered
+    pipeline     prepare: load, detect, then the kind's own preparation
+    previews     what the UI shows of the data
+    heldout      the held-out prompts (and reference answers) a run answers while it trains
+    collation    how a micro batch is laid out (padded, or packed)
+    stats        token lengths of the data, for the estimate and the advice
+
+Adding a kind (images for vision-language models are next): write its module with its `KindHandler` (see `chat.py`;
+`masking.masked_kind` builds one for a kind whose masking is ours), add its member to `DataKind` and its handler to
+`registry.HANDLERS`, then name it in the `data_kinds` of each objective that learns from it (`finetune/objectives/`),
+in the order detection should try it.
 
 The names below are the package's public face (`from finetune import data; data.prepare(...)`); code inside the
 package imports each from its own module. They load on first use, not with the package: Python runs this file before

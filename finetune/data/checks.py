@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from finetune.data.kinds import DataFormat
 from finetune.errors import UserError
 
 ROLE_ALIASES = {"human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant"}
@@ -99,6 +100,21 @@ def refuse_numbers_among_text(table: Table, column: str, values: list[Any]) -> N
         else f": {value!r} is text but the other rows hold numbers"
     )
     raise table.error(odd[0], column, problem)
+
+
+def check_roles(tables: list[Table], fmt: DataFormat, config: Any = None) -> list[dict[str, list[Any]]]:
+    """Every row of each used column but the label checked, `messages` as conversations and the rest as text; returns
+    the normalised columns of each table (`config`: the signature every kind's check has)."""
+    out: list[dict[str, list[Any]]] = [{} for _ in tables]
+    for role, column in fmt.columns.items():
+        if role == "label":
+            continue
+        for table, normalised in zip(tables, out, strict=True):
+            values = table.columns[column]
+            normalised[column] = (
+                check_messages(table, column, values) if role == "messages" else check_text(table, column, values)
+            )
+    return out
 
 
 def message_list(value: Any) -> list[dict[str, str]]:

@@ -4,10 +4,40 @@ from __future__ import annotations
 
 from typing import Any
 
+from finetune import objectives
 from finetune.config import TrainConfig
-from finetune.data.checks import Bad, Table, is_empty, label_names, label_value, text_value
-from finetune.data.kinds import DataFormat, PreparedData
+from finetune.data.checks import Bad, Table, check_roles, is_empty, label_names, label_value, text_value
+from finetune.data.handler import KindHandler, Row, no_samples
+from finetune.data.kinds import DataFormat, DataKind, PreparedData
+from finetune.data.names import LABEL_NAMES, TEXT_NAMES, TEXT_PAIR_NAMES, first
 from finetune.errors import UserError
+
+
+def detect(columns: list[str], config: TrainConfig) -> DataFormat:
+    """A text column, a label column and (when there is one) a second text; refused when either is missing."""
+    cols = set(columns)
+    text = config.text_column or first(TEXT_NAMES + ("question", "prompt"), cols)
+    label = config.label_column or first(LABEL_NAMES, cols)
+    if not text:
+        raise UserError(f"text_column: no text column found among {', '.join(columns)}; set text_column", "text_column")
+    if not label:
+        raise UserError(
+            f"label_column: no label column found among {', '.join(columns)}; set label_column", "label_column"
+        )
+    found = {"text": text, "label": label}
+    pair = config.text_pair_column or first(TEXT_PAIR_NAMES, cols - {text})
+    if pair:
+        found["text_pair"] = pair
+    return DataFormat(DataKind.CLASSIFICATION, found)
+
+
+def check(tables: list[Table], fmt: DataFormat, config: TrainConfig) -> list[dict[str, list[Any]]]:
+    """The texts checked as text, the labels as classes (`check_labels`); the normalised columns of each table."""
+    out = check_roles(tables, fmt)
+    column = fmt.columns["label"]
+    for normalised, values in zip(out, check_labels(tables, column, config), strict=True):
+        normalised[column] = values
+    return out
 
 
 def check_labels(tables: list[Table], column: str, config: TrainConfig) -> list[list[int | str]]:
@@ -52,6 +82,9 @@ def check_labels(tables: list[Table], column: str, config: TrainConfig) -> list[
 
 
 def prepare(config: TrainConfig, tokenizer: Any, train_raw: Any, eval_raw: Any, fmt: DataFormat) -> PreparedData:
+    """The texts tokenised (a pair as the tokenizer joins two texts) and each label as its class index."""
+    if not objectives.of(config).is_classifier:
+        raise UserError("task: this data has labels; set task: sequence_classification", field="task")
     # load_raw checked the labels (one kind, at least two classes, no more than num_labels).
     label_col = fmt.columns["label"]
     raw_labels = list(train_raw[label_col]) + (list(eval_raw[label_col]) if eval_raw is not None else [])
@@ -76,3 +109,16 @@ def prepare(config: TrainConfig, tokenizer: Any, train_raw: Any, eval_raw: Any, 
 
     evaluation = encode_all(eval_raw) if eval_raw is not None else None
     return PreparedData(encode_all(train_raw), evaluation, fmt, label_names=names)
+
+
+def example(row: Row, fmt: DataFormat, tokenizer: Any, config: TrainConfig) -> dict[str, Any]:
+    """A row for the preview: the text (a pair joined by [SEP]), its label and its token count."""
+    pair = row.get(fmt.columns.get("text_pair", ""), "")
+    text = f"{row[fmt.columns['text']]}" + (f" [SEP] {pair}" if pair else "")
+    tokens = len(tokenizer(text)["input_ids"])
+    return {"segments": [(text, False)], "label": row[fmt.columns["label"]], "tokens": tokens}
+
+
+HANDLER = KindHandler(
+    DataKind.CLASSIFICATION, detect=detect, check=check, prepare=prepare, example=example, samples=no_samples
+)

@@ -6,12 +6,9 @@ import json
 
 from finetune import objectives
 from finetune.config import TrainConfig
-from finetune.data.checks import as_conversation, text_value
 from finetune.data.detection import detect_format
-from finetune.data.kinds import DataKind
 from finetune.data.loading import BUNDLED_DIR, load_raw
-from finetune.data.masking import to_messages
-from finetune.data.trl_rows import reference_answer
+from finetune.data.registry import handler
 from finetune.errors import UserError
 
 
@@ -39,16 +36,7 @@ def heldout_samples(config: TrainConfig, limit: int = 5) -> list[tuple[str, str 
     source = eval_raw if eval_raw is not None else train_raw
     fmt = detect_format(list(source.column_names), config)
     samples: list[tuple[str, str | None]] = []
+    from_row = handler(fmt.kind).samples
     for row in source.select(range(min(limit, len(source)))):
-        if fmt.kind in (DataKind.PREFERENCE, DataKind.UNPAIRED, DataKind.PROMPTS):
-            users = [m["content"] for m in as_conversation(row[fmt.columns["prompt"]], "prompt") if m["role"] == "user"]
-            samples += [(user, reference_answer(row, fmt)) for user in users[-1:]]
-        elif fmt.kind is DataKind.PROMPT_COMPLETION:
-            samples.append((str(row[fmt.columns["prompt"]]), text_value(row[fmt.columns["completion"]])))
-        elif fmt.kind is DataKind.MESSAGES:
-            messages = to_messages(row, fmt)
-            first = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
-            if first is not None:
-                reply = next((m["content"] for m in messages[first + 1 :] if m["role"] == "assistant"), None)
-                samples.append((messages[first]["content"], reply))
+        samples += from_row(row, fmt)
     return samples[: min(limit, 3)]

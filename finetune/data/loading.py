@@ -1,5 +1,5 @@
 """Loading: bundled sets, local files (JSON lines, JSON, CSV, Parquet) and Hub datasets, each file refused with one
-clear line for every way it can be wrong, then checked row by row (`finetune.data.checks`) and built as
+clear line for every way it can be wrong, then detected, checked row by row by its kind's own check and built as
 `datasets.Dataset`s."""
 
 from __future__ import annotations
@@ -9,11 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from finetune.config import BUNDLED_DATASET, TrainConfig
-from finetune.data.checks import Table, check_messages, check_text, kind_text
-from finetune.data.classification import check_labels
+from finetune.data.checks import Table, kind_text
 from finetune.data.detection import detect_format
-from finetune.data.kinds import DataFormat, DataKind
-from finetune.data.trl_rows import check_table
+from finetune.data.kinds import DataFormat
+from finetune.data.registry import handler
 from finetune.errors import UserError
 from finetune.paths import BUNDLED
 
@@ -61,7 +60,7 @@ def load_raw(config: TrainConfig) -> tuple[Any, Any | None]:
         _require_columns(list(eval_ds.column_names), fmt, f"{name} [{config.eval_split}]", "eval_split")
         columns = {c: eval_ds[c] for c in fmt.columns.values()}
         tables.append(Table(f"{name} [{config.eval_split}]", "eval_split", columns))
-    _check_columns(tables, fmt, config)  # Hub data is typed: checked, and rendered through the same functions
+    handler(fmt.kind).check(tables, fmt, config)  # Hub data is typed: checked, and rendered through the same functions
     return train_ds, eval_ds
 
 
@@ -233,7 +232,7 @@ def _checked_tables(train: Table, evaluation: Table | None, config: TrainConfig)
     if evaluation is not None:
         _require_columns(list(evaluation.columns), fmt, evaluation.name, evaluation.key)
         tables.append(evaluation)
-    for table, columns in zip(tables, _check_columns(tables, fmt, config), strict=True):
+    for table, columns in zip(tables, handler(fmt.kind).check(tables, fmt, config), strict=True):
         table.columns.update(columns)
     datasets = [_dataset(table, set(fmt.columns.values())) for table in tables]
     return datasets[0], (datasets[1] if evaluation is not None else None)
@@ -258,27 +257,6 @@ def _dataset(table: Table, used: set[str]) -> Any:
 def _arrow_uniform(values: list[Any]) -> bool:
     kinds = {kind_text(v) for v in values if v is not None}
     return len(kinds) <= 1 and kinds <= {"text", "a number", "true/false"}
-
-
-def _check_columns(tables: list[Table], fmt: DataFormat, config: TrainConfig) -> list[dict[str, list[Any]]]:
-    """Every row of every used column checked; returns the normalised columns of each table."""
-    if fmt.kind in (DataKind.PREFERENCE, DataKind.UNPAIRED, DataKind.PROMPTS):
-        return [check_table(table, fmt) for table in tables]
-    out: list[dict[str, list[Any]]] = [{} for _ in tables]
-    for role, column in fmt.columns.items():
-        if role == "label":
-            continue
-        for table, normalised in zip(tables, out, strict=True):
-            values = table.columns[column]
-            normalised[column] = (
-                check_messages(table, column, values) if role == "messages" else check_text(table, column, values)
-            )
-    if "label" in fmt.columns:
-        column = fmt.columns["label"]
-        labels = check_labels(tables, column, config)
-        for normalised, values in zip(out, labels, strict=True):
-            normalised[column] = values
-    return out
 
 
 def fingerprint(config: TrainConfig, train_raw: Any = None) -> dict[str, str]:

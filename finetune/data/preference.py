@@ -3,12 +3,50 @@ shaped as TRL's trainers read them (TRL tokenises them)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from finetune import objectives
 from finetune.config import TrainConfig
+from finetune.data.checks import kto_label
+from finetune.data.handler import KindHandler, Row, Sample
 from finetune.data.kinds import DataFormat, DataKind, PreparedData
-from finetune.data.trl_rows import trl_row
+from finetune.data.names import (
+    CHOSEN_NAMES,
+    KTO_COMPLETION_NAMES,
+    LABEL_NAMES,
+    PREFERENCE_PROMPT_NAMES,
+    REJECTED_NAMES,
+    first,
+)
+from finetune.data.trl_rows import answer_content, check, last_user_prompt, preview_example, trl_row
+from finetune.errors import UserError
+
+
+def detect_pairs(columns: list[str], config: TrainConfig) -> DataFormat | None:
+    """A chosen and a rejected column (named or found), with the prompt column they answer."""
+    cols = set(columns)
+    chosen = config.chosen_column or first(CHOSEN_NAMES, cols)
+    rejected = config.rejected_column or first(REJECTED_NAMES, cols)
+    if not (chosen and rejected):
+        return None
+    prompt = config.prompt_column or first(PREFERENCE_PROMPT_NAMES, cols)
+    if not prompt:
+        raise UserError(
+            f"prompt_column: no prompt column found among {', '.join(columns)}; set prompt_column", "prompt_column"
+        )
+    return DataFormat(DataKind.PREFERENCE, {"prompt": prompt, "chosen": chosen, "rejected": rejected})
+
+
+def detect_unpaired(columns: list[str], config: TrainConfig) -> DataFormat | None:
+    """kto rows: a prompt, a completion and a true/false label saying whether the completion is good."""
+    cols = set(columns)
+    prompt = config.prompt_column or first(PREFERENCE_PROMPT_NAMES, cols)
+    completion = config.completion_column or first(KTO_COMPLETION_NAMES, cols)
+    label = config.label_column or first(LABEL_NAMES, cols)
+    if prompt and completion and label:
+        return DataFormat(DataKind.UNPAIRED, {"prompt": prompt, "completion": completion, "label": label})
+    return None
 
 
 def prepare(config: TrainConfig, tokenizer: Any, train_raw: Any, eval_raw: Any, fmt: DataFormat) -> PreparedData:
@@ -45,3 +83,25 @@ def _unpaired(pairs: Any) -> Any:
         }
 
     return pairs.map(split, batched=True, remove_columns=pairs.column_names, desc="unpairing")
+
+
+def reference_answer(row: Row, fmt: DataFormat) -> str | None:
+    """The answer a row holds up as right, as text: the chosen one, or a kto answer marked good (None if bad)."""
+    if fmt.kind is DataKind.UNPAIRED:
+        if not kto_label(row[fmt.columns["label"]]):
+            return None
+        value = row[fmt.columns["completion"]]
+    else:
+        value = row[fmt.columns["chosen"]]
+    return answer_content(value, "chosen")
+
+
+def samples(row: Row, fmt: DataFormat) -> list[Sample]:
+    """The prompt's last user message, with the chosen (or good) answer as the reference."""
+    return [(user, reference_answer(row, fmt)) for user in last_user_prompt(row, fmt)]
+
+
+PAIRS = KindHandler(
+    DataKind.PREFERENCE, detect=detect_pairs, check=check, prepare=prepare, example=preview_example, samples=samples
+)
+UNPAIRED = replace(PAIRS, kind=DataKind.UNPAIRED, detect=detect_unpaired)  # kto rows: the same functions serve them

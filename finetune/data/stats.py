@@ -19,13 +19,12 @@ from finetune.data.checks import as_conversation, message_list, text_value
 from finetune.data.detection import detect_format
 from finetune.data.kinds import DataFormat, DataKind
 from finetune.data.loading import load_raw
-from finetune.data.masking import render_segments
+from finetune.data.registry import handler, render_segments
 from finetune.errors import UserError
 
 SAMPLE_ROWS = 2000  # rows tokenised at most: percentiles are stable well before this, and it takes about a second
 CHARS_PER_TOKEN = 4  # English text in a BPE vocabulary: the stand-in when no tokenizer can be loaded
 TEMPLATE_TOKENS = 4  # role markers and separators a chat template adds per message (ChatML: 4-5)
-RENDERED_KINDS = (DataKind.TEXT, DataKind.PROMPT_COMPLETION, DataKind.MESSAGES, DataKind.CLASSIFICATION)  # rendered
 _CACHE: OrderedDict[tuple, DataStats] = OrderedDict()
 _CACHE_SIZE = 16
 _LOCK = threading.Lock()
@@ -216,7 +215,7 @@ def _row_length(row: dict[str, Any], fmt: DataFormat, tokenizer: Any) -> int:
     if fmt.kind is DataKind.CLASSIFICATION:
         pair = text_value(row[fmt.columns["text_pair"]]) if "text_pair" in fmt.columns else None
         return len(tokenizer(text_value(row[fmt.columns["text"]]), pair)["input_ids"])
-    if fmt.kind not in RENDERED_KINDS:  # preference pairs: the prompt with its longer answer is what a step holds
+    if handler(fmt.kind).render is None:  # preference pairs: the prompt with its longer answer is what a step holds
         return _estimated_length(row, fmt, tokenizer)
     segments = render_segments(row, fmt, tokenizer)
     return sum(len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text, _ in segments)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from finetune.config import TrainConfig
 from finetune.data.checks import (
     Bad,
     Table,
@@ -24,7 +25,12 @@ from finetune.data.kinds import DataFormat, DataKind
 from finetune.errors import UserError
 
 
-def check_table(table: Table, fmt: DataFormat) -> dict[str, list[Any]]:
+def check(tables: list[Table], fmt: DataFormat, config: TrainConfig) -> list[dict[str, list[Any]]]:
+    """Every row of each table checked (`_check_table`); the normalised columns of each table."""
+    return [_check_table(table, fmt) for table in tables]
+
+
+def _check_table(table: Table, fmt: DataFormat) -> dict[str, list[Any]]:
     """Every side of every row checked (text or a conversation, not empty; chosen differs from rejected; kto labels
     true or false); returns the columns normalised, all sides as conversations when any row holds one."""
     out: dict[str, list[Any]] = {}
@@ -109,7 +115,7 @@ def render_preference(row: dict[str, Any], tokenizer: Any) -> dict[str, str]:
     return out
 
 
-def preview_example(row: dict[str, Any], fmt: DataFormat, tokenizer: Any) -> dict[str, Any]:
+def preview_example(row: dict[str, Any], fmt: DataFormat, tokenizer: Any, config: TrainConfig) -> dict[str, Any]:
     """A preference row for the preview: each side as the model reads it, with its token count."""
     shaped = trl_row(row, fmt, tokenizer)
     sides = [
@@ -122,26 +128,9 @@ def preview_example(row: dict[str, Any], fmt: DataFormat, tokenizer: Any) -> dic
     return example
 
 
-def reference_answer(row: dict[str, Any], fmt: DataFormat) -> str | None:
-    """The answer a TRL-shaped row holds up as right, as text: the chosen one, a kto answer marked good (None if bad),
-    or a prompt's `answer` column, which the built-in rewards compare with (None when the data has none)."""
-    if fmt.kind is DataKind.PROMPTS:
-        from finetune.objectives.rewards import ANSWER_COLUMN
-
-        value = row.get(ANSWER_COLUMN)
-        if is_empty(value):
-            return None
-        try:
-            return text_value(value)
-        except Bad:  # neither text nor a number: nothing an answer can be compared with
-            return None
-    if fmt.kind is DataKind.UNPAIRED:
-        if not kto_label(row[fmt.columns["label"]]):
-            return None
-        value = row[fmt.columns["completion"]]
-    else:
-        value = row[fmt.columns["chosen"]]
-    return answer_content(value, "chosen")
+def last_user_prompt(row: dict[str, Any], fmt: DataFormat) -> list[str]:
+    """The prompt's last user message (none when it has no user message), as held-out samples ask it."""
+    return [m["content"] for m in as_conversation(row[fmt.columns["prompt"]], "prompt") if m["role"] == "user"][-1:]
 
 
 def answer_content(value: Any, role: str) -> str:

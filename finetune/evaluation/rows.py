@@ -15,13 +15,14 @@ from typing import Any
 
 from finetune import objectives
 from finetune.config import TrainConfig
+from finetune.data import preference, prompts
 from finetune.data.checks import as_conversation, kto_label, label_value, text_value
 from finetune.data.detection import detect_format
 from finetune.data.heldout import heldout_samples
 from finetune.data.kinds import DataFormat, DataKind
 from finetune.data.loading import FILE_TYPES, load_raw
-from finetune.data.masking import render_segments, to_messages
-from finetune.data.trl_rows import reference_answer, render_preference, trl_row
+from finetune.data.registry import render_segments, to_messages
+from finetune.data.trl_rows import render_preference, trl_row
 from finetune.errors import UserError
 
 Segments = list[tuple[str, bool]]  # text pieces, each flagged True when training counts it in the loss
@@ -179,13 +180,13 @@ def _preference_row(row: dict[str, Any], fmt: DataFormat, tokenizer: Any) -> Eva
         good = kto_label(row[fmt.columns["label"]])
         return EvalRow(
             prompt=prompt,
-            reference=reference_answer(row, fmt),
+            reference=preference.reference_answer(row, fmt),
             scored=[head, (rendered["completion"], True)],
             good=good,
         )
     return EvalRow(
         prompt=prompt,
-        reference=reference_answer(row, fmt),
+        reference=preference.reference_answer(row, fmt),
         scored=[head, (rendered["chosen"], True)],
         rejected=[head, (rendered["rejected"], True)],
     )
@@ -195,7 +196,7 @@ def _prompts_row(row: dict[str, Any], fmt: DataFormat, tokenizer: Any) -> EvalRo
     """A prompt for learning from rewards, with its `answer` column as the reference where the data has one; the loss
     is then that answer's likelihood after the prompt, rendered as TRL renders the prompt."""
     prompt = row[fmt.columns["prompt"]]
-    reference = reference_answer(row, fmt)
+    reference = prompts.reference_answer(row, fmt)
     if reference is None:
         return EvalRow(prompt=as_conversation(prompt, "prompt"))
     pair = DataFormat(DataKind.PROMPTS, {"prompt": "prompt", "completion": "completion"})
