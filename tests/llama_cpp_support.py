@@ -179,14 +179,20 @@ def default_run_exports(home: Path, samples: bool = True, **overrides: Any) -> D
 
     from finetune.config import TrainConfig
     from finetune.runs.manager import RunManager
+    from finetune.runs.rundir import RunDir
 
     with studio_home(home):
         started = time.time()
+        # The engine asks `finetune.data.heldout_samples` (engines/common.py) for the prompts it answers.
         no_samples = mock.patch("finetune.data.heldout_samples", lambda *args, **kwargs: [])
         with no_samples if not samples else contextlib.nullcontext():
             state = RunManager().start(TrainConfig(**overrides), owner="tests", background=False)
         if state.status != "completed":
             raise RuntimeError(f"the default run failed: {state.status}: {state.error}")
+        if not samples and RunDir(Path(state.run_dir)).read_events(("samples",)):
+            raise RuntimeError(
+                "the default run answered its held-out prompts: patch heldout_samples where the engine looks it up"
+            )
     return export_all(Path(state.run_dir), {"train": time.time() - started})
 
 
