@@ -1,6 +1,6 @@
-"""Print the configuration reference (one row per TrainConfig field) as Markdown, for README.md.
+"""Print the configuration reference (one row per TrainConfig field) as Markdown, for docs/configure.md.
 
-Run: python scripts/config_reference.py   (tests/test_readme.py checks that README.md holds exactly this table)
+Run: python scripts/config_reference.py   (tests/test_readme.py checks that docs/configure.md holds exactly this table)
 """
 
 from __future__ import annotations
