@@ -135,7 +135,7 @@ def test_sigterm_to_the_group_and_stop_both_raise_the_stop_flag(tiny_model_dir, 
 
 
 FOLLOW = (
-    "import sys; from pathlib import Path; from finetune.runs.launch import follow_group; "
+    "import sys; from pathlib import Path; from finetune.cli.launch import follow_group; "
     "from finetune.runs.rundir import RunDir; sys.exit(follow_group(RunDir(Path(sys.argv[1]))))"
 )
 
