@@ -109,12 +109,6 @@ def command_line() -> str:
     return " ".join(shlex.quote(a) for a in [".venv/bin/python", *sys.argv])
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # ----------------------------------------------------------------------------- the test model and data
 def embedded_tokenizer_dir() -> Path:
     """The embedded SmolLM2 directory (tokenizer + weights), converted from the shipped GGUF once."""

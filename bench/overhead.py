@@ -13,6 +13,7 @@ Figures per run: whole-process wall time (spawn → exit); in-loop tokens/s from
 (ours: events.jsonl "log" lines; plain: a timing callback), skipping the first `--skip` steps; and a phase breakdown:
 start-up (imports, data, model) → step-0 sample answers (ours only) → first step → loop → after the loop (save, exit).
 The ratios are medians of the per-round ratios (ours / plain in the same round). The last line is the headline.
+bench/overhead_preference.py runs the same comparison (this file's shared part) on a DPO job.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import json
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,30 @@ from bench.common import (  # noqa: E402
 PY = sys.executable
 PROCESS_GOAL = 1.05  # whole-process time, ours / plain: at most
 LOOP_GOAL = 0.99  # in-loop tokens/s, ours / plain: at least
+LEARNING_RATE = 5e-4
+
+
+# ----------------------------------------------------------------------------- shared with bench/overhead_preference.py
+def common_args() -> argparse.ArgumentParser:
+    """The flags of both overhead benches (each adds its job's --steps, --batch, --seq and --out)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--repeats", type=int, default=3, help="rounds; each runs ours and the plain script once")
+    parser.add_argument("--skip", type=int, default=2, help="steps left out of in-loop tokens/s (warm-up)")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--tokenizer", choices=("embedded", "tiny"), default="embedded")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="OMP/MKL threads for both processes (0 = torch's default). 1 by default: on a shared, oversubscribed "
+        "machine OpenMP teams spin and stall, and more so on the main thread (the plain script) than on a worker "
+        "thread (ours trains in one), which would measure the scheduler instead of our code",
+    )
+    parser.add_argument(
+        "--env", action="append", metavar="KEY=VALUE", help="extra environment for both processes (repeatable)"
+    )
+    return parser
 
 
 def env(args: argparse.Namespace) -> dict[str, str]:
@@ -55,13 +81,13 @@ def env(args: argparse.Namespace) -> dict[str, str]:
     return child_env(**extra)
 
 
-def ours_config(args: argparse.Namespace, model: Path, data: Path, out: Path) -> str:
+def ours_config(args: argparse.Namespace, model: Path, data: Path, out: Path, **job: Any) -> str:
+    """Our run.yaml: the LoRA job both sides train, plus the job's own settings (`job`: the objective's)."""
     values = {
         "model": str(model),
         "dataset": str(data),
         "eval_split": "",
         "max_seq_length": args.seq,
-        "packing": False,
         "method": "lora",
         "lora_r": 8,
         "lora_alpha": 16,
@@ -69,7 +95,7 @@ def ours_config(args: argparse.Namespace, model: Path, data: Path, out: Path) ->
         "lora_target_modules": "all-linear",
         "per_device_train_batch_size": args.batch,
         "gradient_accumulation_steps": 1,
-        "learning_rate": 5e-4,
+        "learning_rate": LEARNING_RATE,
         "lr_scheduler_type": "cosine",
         "warmup_steps": 2,
         "max_steps": args.steps,
@@ -77,16 +103,18 @@ def ours_config(args: argparse.Namespace, model: Path, data: Path, out: Path) ->
         "save_steps": args.steps + 1000,  # no intermediate checkpoint: the plain script saves none either
         "seed": 42,
         "output_dir": str(out),
+        **job,
     }
     import yaml
 
     return yaml.safe_dump(values, sort_keys=False)
 
 
-def run_ours(args: argparse.Namespace, work: Path, model: Path, data: Path, i: int) -> dict[str, Any]:
+def run_ours(args: argparse.Namespace, work: Path, model: Path, data: Path, i: int, **job: Any) -> dict[str, Any]:
+    """`python -m finetune train` on the job, timed from its process and its events.jsonl."""
     out = work / f"ours-{i}"
     cfg = work / f"ours-{i}.yaml"
-    cfg.write_text(ours_config(args, model, data, out), encoding="utf-8")
+    cfg.write_text(ours_config(args, model, data, out, **job), encoding="utf-8")
     cmd = [PY, "-m", "finetune", "train", "--config", str(cfg), "--no-progress"]
     proc = Measured(cmd, env(args))
     t0, t1 = proc.t0, proc.t1
@@ -118,15 +146,8 @@ def run_ours(args: argparse.Namespace, work: Path, model: Path, data: Path, i: i
     }
 
 
-def run_plain(args: argparse.Namespace, work: Path, model: Path, data: Path, i: int) -> dict[str, Any]:
-    out = work / f"plain-{i}"
-    timing = work / f"plain-{i}.json"
-    cmd = [
-        PY, str(ROOT / "bench" / "plain_trainer.py"),
-        "--model", str(model), "--data", str(data), "--output-dir", str(out),
-        "--max-seq-length", str(args.seq), "--batch-size", str(args.batch), "--max-steps", str(args.steps),
-        "--timing", str(timing),
-    ]  # fmt: skip
+def run_plain(args: argparse.Namespace, cmd: list[str], out: Path, timing: Path) -> dict[str, Any]:
+    """The plain script's command `cmd` (writing its model to `out` and its step times to `timing`), timed."""
     proc = Measured(cmd, env(args))
     t0, t1 = proc.t0, proc.t1
     if proc.returncode != 0:
@@ -174,27 +195,89 @@ def phases(run: dict[str, Any], cpu: bool = False) -> dict[str, float]:
     return out
 
 
+def alternate(
+    args: argparse.Namespace, ours: Callable[[int], dict], plain: Callable[[int], dict], tokens_per_step: int
+) -> tuple[list[dict], list[dict]]:
+    """`--repeats` rounds of ours and plain (round i), alternating which goes first; one line per run."""
+    ours_runs, plain_runs = [], []
+    for i in range(args.repeats):
+        for which in ("ours", "plain") if i % 2 == 0 else ("plain", "ours"):
+            runs, run = (ours_runs, ours) if which == "ours" else (plain_runs, plain)
+            runs.append(run(i))
+            r = runs[-1]
+            print(
+                f"  round {i + 1} {which:5s}: wall {r['wall']:.1f}s, in-loop "
+                f"{loop_tps(r, args.skip, tokens_per_step):.0f} tok/s, load {loadavg()[0]}",
+                flush=True,
+            )
+    return ours_runs, plain_runs
+
+
+def print_comparison(
+    report: Report, ours_runs: list[dict], plain_runs: list[dict], skip: int, tokens_per_step: int
+) -> dict[str, float]:
+    """Print the per-round wall and CPU tables and the phase medians; returns the medians of the per-round ratios
+    (wall, tps, cpu, cpu_tps) and the largest per-step loss difference (loss_diff)."""
+    rows_out, cpu_rows = [], []
+    for i, (o, p) in enumerate(zip(ours_runs, plain_runs, strict=True)):
+        to, tp = loop_tps(o, skip, tokens_per_step), loop_tps(p, skip, tokens_per_step)
+        rows_out.append([i + 1, o["wall"], p["wall"], o["wall"] / p["wall"], to, tp, to / tp])
+        co, cp = loop_tps(o, skip, tokens_per_step, True), loop_tps(p, skip, tokens_per_step, True)
+        oc, pc = o["proc"].cpu, p["proc"].cpu
+        cpu_rows.append([i + 1, oc, pc, oc / pc, co, cp, co / cp])
+    report.print()
+    report.print("wall clock:")
+    report.print(
+        table(
+            ["round", "ours wall s", "plain wall s", "wall ratio", "ours tok/s", "plain tok/s", "tok/s ratio"],
+            rows_out,
+        )
+    )
+    report.print()
+    report.print("CPU time of each process (all its threads; steadier than wall time on a shared machine):")
+    report.print(
+        table(
+            ["round", "ours CPU s", "plain CPU s", "CPU ratio", "ours tok/CPU-s", "plain tok/CPU-s", "ratio"],
+            cpu_rows,
+        )
+    )
+    for cpu in (False, True):
+        po = [phases(r, cpu) for r in ours_runs]
+        pp = [phases(r, cpu) for r in plain_runs]
+        rows = [[k, median([x[k] for x in po]), median([x[k] for x in pp])] for k in po[0]]
+        report.print()
+        report.print(f"phase medians ({'CPU' if cpu else 'wall'} seconds):")
+        report.print(table(["phase", "ours", "plain", "ours - plain"], [[k, a, b, a - b] for k, a, b in rows]))
+    loss_diff = max(
+        abs(a[2] - b[2])
+        for o, p in zip(ours_runs, plain_runs, strict=True)
+        for a, b in zip(o["steps"], p["steps"], strict=False)
+    )
+    return {
+        "wall": median([r[3] for r in rows_out]),
+        "tps": median([r[6] for r in rows_out]),
+        "cpu": median([r[3] for r in cpu_rows]),
+        "cpu_tps": median([r[6] for r in cpu_rows]),
+        "loss_diff": loss_diff,
+    }
+
+
+# ----------------------------------------------------------------------------- the SFT job
+def plain_command(args: argparse.Namespace, model: Path, data: Path, out: Path, timing: Path) -> list[str]:
+    """bench/plain_trainer.py on the same job."""
+    return [
+        PY, str(ROOT / "bench" / "plain_trainer.py"),
+        "--model", str(model), "--data", str(data), "--output-dir", str(out),
+        "--max-seq-length", str(args.seq), "--batch-size", str(args.batch), "--max-steps", str(args.steps),
+        "--timing", str(timing),
+    ]  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[common_args()])
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps per run")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=128, help="tokens per row (every row is cut at this length)")
-    parser.add_argument("--repeats", type=int, default=3, help="rounds; each runs ours and the plain script once")
-    parser.add_argument("--skip", type=int, default=2, help="steps left out of in-loop tokens/s (warm-up)")
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--tokenizer", choices=("embedded", "tiny"), default="embedded")
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="OMP/MKL threads for both processes (0 = torch's default). 1 by default: on a shared, oversubscribed "
-        "machine OpenMP teams spin and stall, and more so on the main thread (the plain script) than on a worker "
-        "thread (ours trains in one), which would measure the scheduler instead of our code",
-    )
-    parser.add_argument(
-        "--env", action="append", metavar="KEY=VALUE", help="extra environment for both processes (repeatable)"
-    )
     parser.add_argument("--out", default=str(RESULTS), help="results folder or .md file; '' = do not save")
     args = parser.parse_args(argv)
 
@@ -214,80 +297,23 @@ def main(argv: list[str] | None = None) -> str:
             + (f", env {' '.join(args.env)}" if args.env else "")
         )
         report.print(f"load average before: {loadavg()}")
-        ours_runs, plain_runs = [], []
-        for i in range(args.repeats):
-            order = ("ours", "plain") if i % 2 == 0 else ("plain", "ours")
-            for which in order:
-                if which == "ours":
-                    ours_runs.append(run_ours(args, work, model, data, i))
-                else:
-                    plain_runs.append(run_plain(args, work, model, data, i))
-                r = (ours_runs if which == "ours" else plain_runs)[-1]
-                print(
-                    f"  round {i + 1} {which:5s}: wall {r['wall']:.1f}s, in-loop "
-                    f"{loop_tps(r, args.skip, tokens_per_step):.0f} tok/s, load {loadavg()[0]}",
-                    flush=True,
-                )
 
+        def plain(i: int) -> dict[str, Any]:
+            out, timing = work / f"plain-{i}", work / f"plain-{i}.json"
+            return run_plain(args, plain_command(args, model, data, out, timing), out, timing)
+
+        ours_runs, plain_runs = alternate(
+            args, lambda i: run_ours(args, work, model, data, i, packing=False), plain, tokens_per_step
+        )
         # The same rows: ours counts the non-padding tokens it saw; every row must be exactly args.seq tokens.
         seen = ours_runs[0]["tokens_seen"]
         if seen is not None and seen != args.steps * tokens_per_step:
             report.print(f"WARNING: ours saw {seen} tokens, expected {args.steps * tokens_per_step}")
-        loss_diff = max(
-            abs(a[2] - b[2])
-            for o, p in zip(ours_runs, plain_runs, strict=False)
-            for a, b in zip(o["steps"], p["steps"], strict=False)
-        )
-
-        rows_out, cpu_rows = [], []
-        for i, (o, p) in enumerate(zip(ours_runs, plain_runs, strict=False)):
-            to, tp = loop_tps(o, args.skip, tokens_per_step), loop_tps(p, args.skip, tokens_per_step)
-            rows_out.append([i + 1, o["wall"], p["wall"], o["wall"] / p["wall"], to, tp, to / tp])
-            co, cp = loop_tps(o, args.skip, tokens_per_step, True), loop_tps(p, args.skip, tokens_per_step, True)
-            oc, pc = o["proc"].cpu, p["proc"].cpu
-            cpu_rows.append([i + 1, oc, pc, oc / pc, co, cp, co / cp])
-        report.print()
-        report.print("wall clock:")
-        report.print(
-            table(
-                ["round", "ours wall s", "plain wall s", "wall ratio", "ours tok/s", "plain tok/s", "tok/s ratio"],
-                rows_out,
-            )
-        )
-        report.print()
-        report.print("CPU time of each process (all its threads; steadier than wall time on a shared machine):")
-        report.print(
-            table(
-                ["round", "ours CPU s", "plain CPU s", "CPU ratio", "ours tok/CPU-s", "plain tok/CPU-s", "ratio"],
-                cpu_rows,
-            )
-        )
-        for cpu in (False, True):
-            po = [phases(r, cpu) for r in ours_runs]
-            pp = [phases(r, cpu) for r in plain_runs]
-            report.print()
-            report.print(f"phase medians ({'CPU' if cpu else 'wall'} seconds):")
-            report.print(
-                table(
-                    ["phase", "ours", "plain", "ours - plain"],
-                    [
-                        [
-                            k,
-                            median([x[k] for x in po]),
-                            median([x[k] for x in pp]),
-                            median([x[k] for x in po]) - median([x[k] for x in pp]),
-                        ]
-                        for k in po[0]
-                    ],
-                )  # fmt: skip
-            )
-        wall_ratio = median([r[3] for r in rows_out])
-        tps_ratio = median([r[6] for r in rows_out])
-        cpu_ratio = median([r[3] for r in cpu_rows])
-        cpu_tps_ratio = median([r[6] for r in cpu_rows])
+        ratios = print_comparison(report, ours_runs, plain_runs, args.skip, tokens_per_step)
+        wall_ratio, tps_ratio, cpu_ratio, cpu_tps_ratio = (ratios[k] for k in ("wall", "tps", "cpu", "cpu_tps"))
         report.print()
         report.print(
-            f"per-step loss, ours vs plain: largest difference {loss_diff:.2e} "
+            f"per-step loss, ours vs plain: largest difference {ratios['loss_diff']:.2e} "
             "(same rows, order and seed; LoRA init may differ)"
         )
         report.print(f"load average after: {loadavg()}")

@@ -6,7 +6,8 @@ steps, LoRA r=8 on all linear layers, beta 0.1, the sigmoid loss, the same learn
 every step; the reference is the base with the adapter off on both sides. Ours is `python -m finetune train --config
 run.yaml` with `objective: dpo`; the baseline is this file's `plain` mode, a DPO script as a user writes it with TRL
 (`DPOConfig` + `DPOTrainer` + `peft_config`), with gradient checkpointing and bf16 off as in ours. They run
-alternately (ours, plain, plain, ours, ...), each in a fresh process, as `bench/overhead.py` does for SFT.
+alternately (ours, plain, plain, ours, ...), each in a fresh process, through `bench/overhead.py`'s shared part (its
+runs, tables and phases), as that script does for SFT.
 
     .venv/bin/python bench/overhead_preference.py                   # 12 steps x 3 rounds
     .venv/bin/python bench/overhead_preference.py --steps 3 --repeats 1 --tokenizer tiny --hidden 64 --layers 2 --out ''
@@ -29,23 +30,19 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import (  # noqa: E402
-    RESULTS,
-    Measured,
-    Report,
-    build_llama,
-    load_tokenizer,
-    loadavg,
-    median,
-    parameter_count,
-    table,
-    write_rows,
+from bench.common import RESULTS, Report, build_llama, load_tokenizer, loadavg, parameter_count, write_rows  # noqa: E402
+from bench.overhead import (  # noqa: E402
+    LEARNING_RATE,
+    PROCESS_GOAL,
+    alternate,
+    common_args,
+    print_comparison,
+    run_ours,
+    run_plain,
 )
-from bench.overhead import PROCESS_GOAL, env, loop_tps, phases  # noqa: E402
 
 PY = sys.executable
 BETA = 0.1
-LEARNING_RATE = 5e-4
 
 
 # ----------------------------------------------------------------------------- the baseline, as a user writes it
@@ -135,84 +132,13 @@ def write_pairs(path: Path, n: int, words: int) -> Path:
     return path
 
 
-def ours_config(args: argparse.Namespace, model: Path, data: Path, out: Path) -> str:
-    import yaml
-
-    values = {
-        "model": str(model),
-        "dataset": str(data),
-        "eval_split": "",
-        "objective": "dpo",
-        "beta": BETA,
-        "loss_type": "sigmoid",
-        "max_seq_length": args.seq,
-        "method": "lora",
-        "lora_r": 8,
-        "lora_alpha": 16,
-        "lora_dropout": 0.05,
-        "lora_target_modules": "all-linear",
-        "per_device_train_batch_size": args.batch,
-        "gradient_accumulation_steps": 1,
-        "learning_rate": LEARNING_RATE,
-        "lr_scheduler_type": "cosine",
-        "warmup_steps": 2,
-        "max_steps": args.steps,
-        "logging_steps": 1,
-        "save_steps": args.steps + 1000,  # no intermediate checkpoint: the plain script saves none either
-        "seed": 42,
-        "output_dir": str(out),
-    }
-    return yaml.safe_dump(values, sort_keys=False)
-
-
-def run_ours(args: argparse.Namespace, work: Path, model: Path, data: Path, i: int) -> dict[str, Any]:
-    out = work / f"ours-{i}"
-    cfg = work / f"ours-{i}.yaml"
-    cfg.write_text(ours_config(args, model, data, out), encoding="utf-8")
-    proc = Measured([PY, "-m", "finetune", "train", "--config", str(cfg), "--no-progress"], env(args))
-    if proc.returncode != 0:
-        raise RuntimeError(f"ours failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    events = [json.loads(line) for line in (out / "events.jsonl").read_text(encoding="utf-8").splitlines()]
-    steps = [(e["step"], e["time"], e["loss"]) for e in events if e["type"] == "log"]
-    when: dict[str, float] = {}
-    for e in events:
-        if e["type"] == "status":
-            when.setdefault(e["status"], e["time"])
-        elif e["type"] in ("samples", "saved"):
-            when.setdefault(e["type"], e["time"])
-    shutil.rmtree(out, ignore_errors=True)
-    return {
-        "wall": proc.t1 - proc.t0,
-        "t0": proc.t0,
-        "train_begin": when["running"],
-        "loop_begin": when.get("samples", when["running"]),  # the step-0 sample answers come before the first step
-        "steps": steps,
-        "exit": proc.t1,
-        "proc": proc,
-    }
-
-
-def run_plain(args: argparse.Namespace, work: Path, model: Path, data: Path, i: int) -> dict[str, Any]:
-    out, timing = work / f"plain-{i}", work / f"plain-{i}.json"
-    cmd = [
+def plain_command(args: argparse.Namespace, model: Path, data: Path, out: Path, timing: Path) -> list[str]:
+    """This file's `plain` mode on the same job."""
+    return [
         PY, str(Path(__file__).resolve()), "plain", "--model", str(model), "--data", str(data),
         "--output-dir", str(out), "--max-seq-length", str(args.seq), "--batch-size", str(args.batch),
         "--max-steps", str(args.steps), "--timing", str(timing),
     ]  # fmt: skip
-    proc = Measured(cmd, env(args))
-    if proc.returncode != 0:
-        raise RuntimeError(f"plain failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    t = json.loads(timing.read_text(encoding="utf-8"))
-    shutil.rmtree(out, ignore_errors=True)
-    return {
-        "wall": proc.t1 - proc.t0,
-        "t0": proc.t0,
-        "train_begin": t["train_begin"],
-        "loop_begin": t["train_begin"],
-        "steps": [tuple(s) for s in t["steps"]],
-        "exit": proc.t1,
-        "proc": proc,
-    }
 
 
 # ----------------------------------------------------------------------------- the comparison
@@ -222,17 +148,10 @@ def main(argv: list[str] | None = None) -> str | None:
     if argv[:1] == ["plain"]:
         plain_main(argv[1:])
         return None
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[common_args()])
     parser.add_argument("--steps", type=int, default=12, help="optimizer steps per run")
     parser.add_argument("--batch", type=int, default=4, help="pairs per step (each pair is two sequences)")
     parser.add_argument("--seq", type=int, default=128, help="tokens per sequence (every answer is cut at this)")
-    parser.add_argument("--repeats", type=int, default=3, help="rounds; each runs ours and the plain script once")
-    parser.add_argument("--skip", type=int, default=2, help="steps left out of in-loop tokens/s (warm-up)")
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--tokenizer", choices=("embedded", "tiny"), default="embedded")
-    parser.add_argument("--threads", type=int, default=1, help="OMP/MKL threads per process (see bench/overhead.py)")
-    parser.add_argument("--env", action="append", metavar="KEY=VALUE", help="extra environment for both processes")
     parser.add_argument("--out", default=str(RESULTS / "overhead-preference.md"), help="results .md; '' = do not save")
     args = parser.parse_args(argv)
 
@@ -251,41 +170,21 @@ def main(argv: list[str] | None = None) -> str | None:
             f"{args.threads or 'torch default'}"
         )
         report.print(f"load average before: {loadavg()}")
-        ours_runs, plain_runs = [], []
-        for i in range(args.repeats):
-            for which in ("ours", "plain") if i % 2 == 0 else ("plain", "ours"):
-                runs, run = (ours_runs, run_ours) if which == "ours" else (plain_runs, run_plain)
-                runs.append(run(args, work, model, data, i))
-                r = runs[-1]
-                print(
-                    f"  round {i + 1} {which:5s}: wall {r['wall']:.1f}s, in-loop "
-                    f"{loop_tps(r, args.skip, tokens_per_step):.0f} tok/s, load {loadavg()[0]}",
-                    flush=True,
-                )
-        wall_rows, cpu_rows = [], []
-        for i, (o, p) in enumerate(zip(ours_runs, plain_runs, strict=True)):
-            to, tp = loop_tps(o, args.skip, tokens_per_step), loop_tps(p, args.skip, tokens_per_step)
-            wall_rows.append([i + 1, o["wall"], p["wall"], o["wall"] / p["wall"], to, tp, to / tp])
-            co, cp = (loop_tps(r, args.skip, tokens_per_step, cpu=True) for r in (o, p))
-            cpu_rows.append([i + 1, o["proc"].cpu, p["proc"].cpu, o["proc"].cpu / p["proc"].cpu, co, cp, co / cp])
-        headers = ["round", "ours s", "plain s", "ratio", "ours tok/s", "plain tok/s", "tok/s ratio"]
-        report.print("\nwall clock:\n" + table(headers, wall_rows))
-        report.print("\nCPU time of each process (all its threads):\n" + table(headers, cpu_rows))
-        for cpu in (False, True):
-            po, pp = [phases(r, cpu) for r in ours_runs], [phases(r, cpu) for r in plain_runs]
-            rows = [[k, median([x[k] for x in po]), median([x[k] for x in pp])] for k in po[0]]
-            rows = [[k, a, b, a - b] for k, a, b in rows]
-            report.print(f"\nphase medians ({'CPU' if cpu else 'wall'} seconds):")
-            report.print(table(["phase", "ours", "plain", "ours - plain"], rows))
-        loss_diff = max(
-            abs(a[2] - b[2])
-            for o, p in zip(ours_runs, plain_runs, strict=True)
-            for a, b in zip(o["steps"], p["steps"], strict=False)
+        dpo = {"objective": "dpo", "beta": BETA, "loss_type": "sigmoid"}
+
+        def plain(i: int) -> dict[str, Any]:
+            out, timing = work / f"plain-{i}", work / f"plain-{i}.json"
+            return run_plain(args, plain_command(args, model, data, out, timing), out, timing)
+
+        ours_runs, plain_runs = alternate(
+            args, lambda i: run_ours(args, work, model, data, i, **dpo), plain, tokens_per_step
         )
-        report.print(f"\nper-step DPO loss, ours vs plain: largest difference {loss_diff:.2e} (LoRA init may differ)")
+        ratios = print_comparison(report, ours_runs, plain_runs, args.skip, tokens_per_step)
+        wall, tps, cpu, cpu_tps = (ratios[k] for k in ("wall", "tps", "cpu", "cpu_tps"))
+        report.print(
+            f"\nper-step DPO loss, ours vs plain: largest difference {ratios['loss_diff']:.2e} (LoRA init may differ)"
+        )
         report.print(f"load average after: {loadavg()}")
-        wall, tps = median([r[3] for r in wall_rows]), median([r[6] for r in wall_rows])
-        cpu, cpu_tps = median([r[3] for r in cpu_rows]), median([r[6] for r in cpu_rows])
         verdict = "meets" if wall <= PROCESS_GOAL else "MISSES"
         cpu_verdict = "meets" if cpu <= PROCESS_GOAL else "MISSES"
         headline = (

@@ -29,13 +29,13 @@ from bench.common import (  # noqa: E402
     ROOT,
     Report,
     child_env,
-    free_port,
     loadavg,
     median,
     stop_process,
     table,
     wait_http,
 )
+from finetune.engines.world import free_port  # noqa: E402
 
 PY = sys.executable
 HEAVY = ("torch", "transformers", "peft", "datasets", "accelerate", "deepspeed", "bitsandbytes", "pandas", "gradio")

@@ -39,7 +39,6 @@ from bench.common import (  # noqa: E402
     Report,
     build_llama,
     child_env,
-    free_port,
     load_tokenizer,
     loadavg,
     median,
@@ -49,6 +48,7 @@ from bench.common import (  # noqa: E402
     wait_http,
     write_rows,
 )
+from finetune.engines.world import free_port  # noqa: E402
 
 
 def form_values(args: argparse.Namespace, model: Path, data: Path) -> dict[str, Any]:

@@ -1,9 +1,10 @@
-"""Helpers shared by the backend tests: tiny configs, data files, reading losses from a run."""
+"""Helpers shared by the tests: tiny configs, data files, training and reading losses from a run, child processes."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,34 @@ from typing import Any
 from finetune.config import TrainConfig
 from finetune.runs.manager import RunManager
 from finetune.runs.rundir import RunDir
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def child_env(home: Path | None = None) -> dict[str, str]:
+    """The environment of a child process (`python -m finetune ...`): this repository importable first, and the
+    test's studio home when given."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    if home:
+        env["FINETUNE_STUDIO_HOME"] = str(home)
+    return env
+
+
+def cli(*args: str, home: Path | None = None, timeout: float = 400) -> Any:
+    """`python -m finetune ARGS` in a child process, as a user types it (a subprocess.CompletedProcess, text output).
+    The timeout is a ceiling for a hung child on a busy 2-core machine (a 2-process launch may build DeepSpeed's op
+    once), never a measurement."""
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "finetune", *args],
+        capture_output=True,
+        text=True,
+        env=child_env(home),
+        timeout=timeout,
+        cwd=ROOT,
+    )
 
 
 def mini_dataset() -> Path:

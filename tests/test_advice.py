@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from finetune import memory
+from finetune.cli import memory as cli_memory
 from finetune.config import FIELDS, TrainConfig
 from finetune.data.stats import data_stats
 from finetune.memory.search import cut_words, whole_length
@@ -155,7 +156,7 @@ def test_8b_qlora_on_a_24gb_card_keeps_2048_tokens_and_batch_8(llama_8b_qlora, c
 
     # `estimate --json` gives the same ranked list.
     parser = argparse.ArgumentParser(prog="finetune")
-    memory.register_cli(parser.add_subparsers(dest="command", required=True))
+    cli_memory.register(parser.add_subparsers(dest="command", required=True))
     sets = [a for k in ("model", "dataset", "method", "per_device_train_batch_size", "max_seq_length")
             for a in ("--set", f"{k}={getattr(llama_8b_qlora, k)}")]  # fmt: skip
     args = parser.parse_args(["estimate", *sets, "--set", "gradient_accumulation_steps=1", "--gpu-gib", "l4", "--json"])

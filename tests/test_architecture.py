@@ -148,8 +148,35 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_import_graph_has_no_cycle_function_local_imports_included():
     graph = import_graph()
-    assert "finetune.runs.launch" in graph["finetune.cli"]  # the graph sees function-local imports (cli's are)
+    assert "finetune.cli.launch" in graph["finetune.cli"]  # the graph sees function-local imports (cli's are)
     assert not cycles(graph), cycles(graph)
+
+
+def command_line_reached(graph: dict[str, set[str]], paths: list[Path]) -> list[str]:
+    """Where a backend module (finetune/ outside cli/ and `python -m finetune`'s entry) imports the command line, or
+    parses arguments itself with argparse."""
+    backend = {
+        module_name(path): path
+        for path in paths
+        if module_name(path).partition(".")[0] == "finetune"
+        and not module_name(path).startswith(("finetune.cli", "finetune.__main__"))
+    }
+    found = [f"{name} -> {target}" for name in backend for target in graph[name] if target.startswith("finetune.cli")]
+    for name, path in backend.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            imported = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            imported += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{name} -> argparse" for module in imported if module.partition(".")[0] == "argparse"]
+    return sorted(found)
+
+
+def test_argument_parsing_lives_only_in_the_cli_package():
+    """The backend offers functions; finetune/cli/ parses the flags, prints and picks exit codes. A backend module
+    that registers a sub-command or imports the CLI's helpers brings the two back together (and an import circle)."""
+    graph = import_graph()
+    assert "finetune.runs.launch" in graph["finetune.cli.launch"]  # (the check sees the CLI calling the backend)
+    reached = command_line_reached(graph, sources())
+    assert not reached, "command-line parsing outside finetune/cli/:\n" + "\n".join(reached)
 
 
 UI_DOORS = {"finetune.studio", "finetune.config", "finetune.errors"}  # the studio, the config schema, the errors

@@ -15,28 +15,17 @@ import pytest
 from finetune.cli import main
 from finetune.plan import plan_for
 from finetune.runs.rundir import RunDir, list_runs
-from tests.helpers import assert_resumed_exactly, events_size, tiny_config, wait_for_file, write_jsonl
+from tests.helpers import (
+    assert_resumed_exactly,
+    child_env,
+    cli,
+    events_size,
+    tiny_config,
+    wait_for_file,
+    write_jsonl,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def child_env(env_home: Path | None = None) -> dict[str, str]:
-    """The environment of a child process: this repository importable first, the test's studio home."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    if env_home:
-        env["FINETUNE_STUDIO_HOME"] = str(env_home)
-    return env
-
-
-def cli(*args: str, env_home: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "finetune", *args],
-        capture_output=True,
-        text=True,
-        env=child_env(env_home),
-        timeout=timeout,
-        cwd=ROOT,
-    )
 
 
 def held_train(args: list[str], step: int, marker: Path, env_home: Path) -> subprocess.Popen:
@@ -55,7 +44,7 @@ def held_train(args: list[str], step: int, marker: Path, env_home: Path) -> subp
 def test_train_from_yaml_prints_a_summary_line(tiny_model_dir, tmp_path, studio_home):
     config = tiny_config(tiny_model_dir, max_steps=4)
     config.save(tmp_path / "run.yaml")
-    done = cli("train", "--config", str(tmp_path / "run.yaml"), "--set", "lora_r=4", env_home=studio_home)
+    done = cli("train", "--config", str(tmp_path / "run.yaml"), "--set", "lora_r=4", home=studio_home)
     assert done.returncode == 0, done.stderr[-2000:]
     last = done.stdout.strip().splitlines()[-1]
     assert last.startswith("completed: step 4/4") and "loss" in last
@@ -87,7 +76,7 @@ def test_kill_9_then_resume_continues_from_the_last_checkpoint(tiny_model_dir, t
     assert run.last_checkpoint() == killed_at
 
     mark = events_size(out)
-    done = cli("train", "--resume", str(out), "--no-progress", env_home=studio_home)
+    done = cli("train", "--resume", str(out), "--no-progress", home=studio_home)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1].startswith("completed: step 10/10")
     before, after = assert_resumed_exactly(out, mark, checkpoint_step=6, max_steps=10)
@@ -136,7 +125,7 @@ def test_chat_answers_a_prompt_with_the_runs_adapter(tiny_model_dir, studio_home
 
     state = RunManager().start(tiny_config(tiny_model_dir, max_steps=10), background=False)
     assert state.status == "completed", state.error
-    tuned = cli("chat", state.run_dir, "--prompt", "Question 99?", "--max-new-tokens", "12", env_home=studio_home)
+    tuned = cli("chat", state.run_dir, "--prompt", "Question 99?", "--max-new-tokens", "12", home=studio_home)
     assert tuned.returncode == 0, tuned.stderr[-2000:]
     assert tuned.stdout.strip().startswith("Arr, matey!"), tuned.stdout
     from finetune.model.inference import generate_answers, load_for_chat
@@ -239,7 +228,7 @@ def test_bad_launch_flags_get_one_line_errors_and_start_nothing(tiny_model_dir, 
 
 @pytest.mark.parametrize("args", [["train", "--set", "lora_rr=1"], ["train", "--resume", "/nonexistent/run"]])
 def test_the_real_entry_point_exits_non_zero_with_one_line(args, studio_home):
-    done = cli(*args, env_home=studio_home, timeout=120)
+    done = cli(*args, home=studio_home, timeout=120)
     assert done.returncode == 2
     lines = [line for line in done.stderr.strip().splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "Traceback" not in done.stderr

@@ -8,7 +8,6 @@ Marked `slow` (about a minute on 2 CPU cores: the conversion, the 135M model's s
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 
 from finetune.config import EMBEDDED_MODEL
 from finetune.runs.rundir import list_runs
+from tests.helpers import child_env
 
 pytestmark = pytest.mark.slow
 
@@ -26,14 +26,12 @@ SHORT = ["max_steps=2", "per_device_train_batch_size=1", "max_seq_length=64", "e
 
 def test_the_default_run_converts_the_embedded_model_once_and_trains_on_the_bundled_data(studio_home):
     assert not (studio_home / "models").exists()  # a first run: nothing converted yet
-    env = {**os.environ, "FINETUNE_STUDIO_HOME": str(studio_home)}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     args = [arg for item in SHORT for arg in ("--set", item)]
     done = subprocess.run(
         [sys.executable, "-m", "finetune", "train", *args, "--no-progress"],
         capture_output=True,
         text=True,
-        env=env,
+        env=child_env(studio_home),
         cwd=ROOT,
         timeout=480,
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import logging
@@ -15,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from finetune.cli import main
 from finetune.config import EMBEDDED_MODEL, TrainConfig
 from finetune.errors import ConfigError, UserError
 from finetune.publish import hub as hubmod
-from finetune.publish.hub import build_model_card, push_run, register_cli
+from finetune.publish.hub import build_model_card, push_run
 from finetune.publish.public import public_config
 from finetune.runs.rundir import RunDir
 from tests.hub_standin import HubStandin
@@ -418,10 +418,8 @@ def test_token_in_a_staged_file_blocks_the_push(hub, run_dir):
 
 
 def _cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="finetune")
-    register_cli(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
+    """`python -m finetune ARGV` in this process: its exit code."""
+    return main(argv)
 
 
 def test_cli_push_prints_the_url(hub, run_dir, monkeypatch, capsys):

@@ -20,28 +20,10 @@ from finetune.cli import main
 from finetune.runs.device_lock import DeviceLock
 from finetune.runs.process_group import STOP_FILE, group_alive, read_group
 from finetune.runs.rundir import RunDir
-from tests.helpers import events_size, raw_events, tiny_config
+from tests.helpers import child_env, cli, events_size, raw_events, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUP_TIMEOUT_S = 400  # a 2-process start on a busy 2-core machine (DeepSpeed may JIT-build its op once)
-
-
-def child_env(home: Path) -> dict[str, str]:
-    """This repository importable, the test's studio home."""
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "PYTHONPATH": path, "FINETUNE_STUDIO_HOME": str(home)}
-
-
-def cli(*args: str, home: Path, timeout: int = GROUP_TIMEOUT_S) -> subprocess.CompletedProcess:
-    """`python -m finetune ARGS` in a child process, as a user types it."""
-    return subprocess.run(
-        [sys.executable, "-m", "finetune", *args],
-        capture_output=True,
-        text=True,
-        env=child_env(home),
-        timeout=timeout,
-        cwd=ROOT,
-    )
 
 
 def wait_for(condition, what: str, timeout: float = GROUP_TIMEOUT_S) -> float:
@@ -135,7 +117,7 @@ def test_sigterm_to_the_group_and_stop_both_raise_the_stop_flag(tiny_model_dir, 
 
 
 FOLLOW = (
-    "import sys; from pathlib import Path; from finetune.runs.launch import follow_group; "
+    "import sys; from pathlib import Path; from finetune.cli.launch import follow_group; "
     "from finetune.runs.rundir import RunDir; sys.exit(follow_group(RunDir(Path(sys.argv[1]))))"
 )
 

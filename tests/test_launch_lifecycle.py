@@ -33,8 +33,8 @@ from finetune.runs.process_group import (
     request_stop,
 )
 from finetune.runs.rundir import COMPLETE_MARKER, RunDir
-from tests.helpers import tiny_config
-from tests.test_launch_group import child_env, cli, status, wait_for
+from tests.helpers import child_env, cli, tiny_config
+from tests.test_launch_group import status, wait_for
 
 AN_HOUR = 3600.0
 

@@ -4,7 +4,6 @@ with plain PEFT (a PiSSA adapter on the unchanged base)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,17 +14,10 @@ from transformers import AutoModelForCausalLM
 from finetune.engines.common import INITIAL_ADAPTER
 from finetune.model import loading
 from finetune.plan import plan_for
-from finetune.runs.manager import RunManager
 from finetune.runs.rundir import RunDir
-from tests.helpers import tiny_config
+from tests.helpers import tiny_config, train
 
 INPUT = torch.tensor([[1, 5, 9, 14, 3, 7, 2, 11]])
-
-
-def train(config) -> RunDir:
-    state = RunManager().start(config, background=False)
-    assert state.status == "completed", state.error
-    return RunDir(Path(state.run_dir))
 
 
 def adapter_config(run: RunDir) -> dict:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from finetune import memory
+from finetune.cli import memory as cli_memory
 from finetune.config import TrainConfig
 from finetune.errors import UserError
 from finetune.memory import analytic as ma
@@ -311,9 +312,9 @@ def test_bad_arguments_are_user_errors_naming_the_argument(tiny, kwargs, message
 
 
 def run(argv: list[str]) -> int:
-    """Parse like `python -m finetune` does, with only the estimate sub-command."""
+    """Parse like `python -m finetune` does, with only the memory sub-commands (propose, estimate)."""
     parser = argparse.ArgumentParser(prog="finetune")
-    memory.register_cli(parser.add_subparsers(dest="command", required=True))
+    cli_memory.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return args.func(args)
 

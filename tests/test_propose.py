@@ -213,7 +213,7 @@ def test_an_offline_hub_dataset_fails_check_and_start_in_one_line(studio_home):
 
 def test_the_api_proposes_as_the_cli_and_the_start_tab_do(proposals, data, studio_home, tiny_model_dir):
     """/propose (ui/api.py) gives the same settings; through gradio_client, the real client, on a served app."""
-    from tests.test_ui_browser import free_port
+    from finetune.engines.world import free_port
     from tests.test_ui_support import api_client
     from ui.api import StudioAPI
     from ui.app import build_app, launch

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from finetune.cli import load_config
+from finetune.cli.args import load_config
 from finetune.config import TrainConfig
 from finetune.errors import UserError
 from finetune.publish import hub as hubmod

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import pytest
 import finetune.publish.hub as hubmod
 from finetune.access.policy import REFUSED, AccessPolicy
 from finetune.config import BUNDLED_DATASET, EMBEDDED_MODEL, FIELD_NAMES
+from finetune.engines.world import free_port
 from finetune.errors import ConfigError, UserError
 from finetune.runs.rundir import RunDir
 from finetune.studio import Studio
@@ -61,12 +61,6 @@ def data_file(folder: Path, name: str = "tiny.jsonl", n: int = 12) -> Path:
     rows = [{"prompt": f"Question {i}?", "completion": "Arr, matey!"} for i in range(n)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

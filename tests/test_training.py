@@ -17,21 +17,16 @@ from tests.helpers import (
     hold_at_step,
     raw_events,
     tiny_config,
+    train,
     write_jsonl,
 )
-
-
-def train(config, **kwargs):
-    state = RunManager().start(config, background=False, **kwargs)
-    assert state.status == "completed", (state.status, state.error)
-    return RunDir(Path(state.run_dir)), state
 
 
 def test_lora_trains_saves_an_adapter_that_reloads_with_the_same_logits(tiny_model_dir):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    run, state = train(tiny_config(tiny_model_dir, max_steps=10))
+    run = train(tiny_config(tiny_model_dir, max_steps=10))
     assert_loss_falls(run.path)
     assert (run.path / "adapter_config.json").is_file() and (run.path / "adapter_model.safetensors").is_file()
     assert (run.path / "tokenizer.json").is_file() and run.config_path.is_file()
@@ -51,7 +46,7 @@ def test_lora_trains_saves_an_adapter_that_reloads_with_the_same_logits(tiny_mod
 
 
 def test_full_fine_tuning_saves_a_full_model(tiny_model_dir):
-    run, _ = train(tiny_config(tiny_model_dir, method="full", max_steps=10))
+    run = train(tiny_config(tiny_model_dir, method="full", max_steps=10))
     assert_loss_falls(run.path)
     assert (run.path / "model.safetensors").is_file() and not (run.path / "adapter_config.json").exists()
 
@@ -96,7 +91,7 @@ def test_qlora_trains_linear4bit_layers_nf4_double_quant_with_a_paged_8bit_optim
     monkeypatch.setattr(loading, "load_model", load_model)
     monkeypatch.setattr(Trainer, "training_step", training_step)
     config = tiny_config(tiny_model_dir, method="qlora", optim="paged_adamw_8bit", max_steps=10)
-    run, _ = train(config)
+    run = train(config)
     assert_loss_falls(run.path)
     assert len(trained) == 10
     step = trained[0]
@@ -121,20 +116,20 @@ def test_sequence_classification_trains(tiny_model_dir, tmp_path):
     config = tiny_config(
         tiny_model_dir, dataset=str(f), task="sequence_classification", max_steps=12, learning_rate=1e-2, lora_r=4
     )
-    run, _ = train(config)
+    run = train(config)
     assert_loss_falls(run.path, k=3)
     assert (run.path / "adapter_model.safetensors").is_file()
 
 
 def test_fp16_on_a_cpu_falls_back_to_fp32_and_says_so(tiny_model_dir):
-    run, _ = train(tiny_config(tiny_model_dir, precision="fp16", max_steps=2))
+    run = train(tiny_config(tiny_model_dir, precision="fp16", max_steps=2))
     messages = [e["text"] for e in run.read_events(("message",))]
     assert any("fp16 needs a GPU" in m and "uses fp32" in m for m in messages)
 
 
 def test_trust_remote_code_puts_a_warning_in_the_run_log(tiny_model_dir):
     """README (Security): turning trust_remote_code on puts a warning in the run log."""
-    run, _ = train(tiny_config(tiny_model_dir, trust_remote_code=True, max_steps=1))
+    run = train(tiny_config(tiny_model_dir, trust_remote_code=True, max_steps=1))
     messages = [e["text"] for e in run.read_events(("message",))]
     assert any(m.startswith("warning: trust_remote_code is on") and "runs on this machine" in m for m in messages)
 
@@ -146,9 +141,9 @@ def test_the_same_config_trains_the_same_adapter(tiny_model_dir):
 
     config = tiny_config(tiny_model_dir, max_steps=3)
     torch.manual_seed(1)  # whatever the process did before
-    first, _ = train(config)
+    first = train(config)
     torch.manual_seed(2)
-    second, _ = train(config)
+    second = train(config)
     a, b = (load_file(run.path / "adapter_model.safetensors") for run in (first, second))
     for name, tensor in a.items():
         torch.testing.assert_close(tensor, b[name], rtol=0, atol=0, msg=name)
@@ -162,7 +157,7 @@ def test_stop_saves_a_checkpoint_and_resume_continues_exactly(tiny_model_dir, mo
 
     config = tiny_config(tiny_model_dir, max_steps=12, save_steps=100, lr_scheduler_type="linear", warmup_steps=2)
     torch.manual_seed(config.seed)  # the adapter's initialisation is not seeded by the run itself (see below)
-    reference, _ = train(config)
+    reference = train(config)
     expected = {e["step"]: e for e in raw_events(reference.path)}
 
     manager = RunManager()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,17 +16,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.test_ui_support import APP_READY_S, CHROMIUM, CHROMIUM_ARGS, STATE_S, browser_expect, open_app, wait_for
+from finetune.engines.world import free_port
+from tests.test_ui_support import APP_READY_S, CHROMIUM, STATE_S, app_page, browser_expect, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 USER, PASSWORD = "ann", "pw-" + secrets.token_hex(6)
 REFUSED = "Not authenticated"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _listening(url: str) -> bool:
@@ -99,25 +93,19 @@ def test_the_right_login_opens_the_app_and_its_api(app):
 @pytest.mark.browser
 @pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is missing (apt-get install chromium)")
 def test_the_browser_shows_the_login_page_and_then_the_app(app):
-    sync_api = pytest.importorskip("playwright.sync_api", reason="pip package playwright is not installed")
+    pytest.importorskip("playwright.sync_api", reason="pip package playwright is not installed")
     expect = browser_expect()
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page()
-            open_app(page, app["url"], ready_text="log in with the user and password you were given")
-            expect(page.get_by_role("tab", name="Train", exact=True)).to_have_count(0)
-            password = page.locator("input[type=password]")
-            expect(password).to_have_count(1)
-            page.get_by_role("textbox", name="username").fill(USER)
-            password.fill(PASSWORD + "x")
-            page.get_by_role("button", name="Login").click()
-            expect(page.get_by_text("Incorrect Credentials")).to_be_visible()
-            expect(page.get_by_role("tab", name="Train", exact=True)).to_have_count(0)
-            page.get_by_role("textbox", name="username").fill(USER)  # the failed attempt emptied the form
-            password.fill(PASSWORD)
-            page.get_by_role("button", name="Login").click()
-            expect(page.get_by_role("tab", name="Train", exact=True)).to_be_visible(timeout=APP_READY_S * 1000)
-            expect(page.locator("#fs-header")).to_contain_text("How it works")
-        finally:
-            browser.close()
+    with app_page(app["url"], ready_text="log in with the user and password you were given") as page:
+        expect(page.get_by_role("tab", name="Train", exact=True)).to_have_count(0)
+        password = page.locator("input[type=password]")
+        expect(password).to_have_count(1)
+        page.get_by_role("textbox", name="username").fill(USER)
+        password.fill(PASSWORD + "x")
+        page.get_by_role("button", name="Login").click()
+        expect(page.get_by_text("Incorrect Credentials")).to_be_visible()
+        expect(page.get_by_role("tab", name="Train", exact=True)).to_have_count(0)
+        page.get_by_role("textbox", name="username").fill(USER)  # the failed attempt emptied the form
+        password.fill(PASSWORD)
+        page.get_by_role("button", name="Login").click()
+        expect(page.get_by_role("tab", name="Train", exact=True)).to_be_visible(timeout=APP_READY_S * 1000)
+        expect(page.locator("#fs-header")).to_contain_text("How it works")

@@ -21,25 +21,26 @@ import json
 import os
 import queue
 import re
-import socket
 import threading
 from pathlib import Path
 
 import pytest
 
+from finetune.engines.world import free_port
 from finetune.studio import BASE_OF
 from tests.test_ui_support import (
     CHROMIUM,
-    CHROMIUM_ARGS,
     GOOD_TOKEN,
     STATE_S,
     RunGate,
+    app_page,
     browser_expect,
     greedy_reply,
     human,
     letters,
     open_app,
     pushed_files_hold_no_secret,
+    record_chat_replies,
     set_reply_tokens,
     standin_hub,
 )
@@ -56,12 +57,6 @@ pytestmark = [
 ]
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip package playwright is not installed")
 expect = browser_expect()  # Playwright's expect, with a generous default ceiling instead of 5 s
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -93,17 +88,7 @@ def server(tmp_path_factory):
 
     home = tmp_path_factory.mktemp("ui-home")
     studio = Studio(home / "runs")
-    replies: queue.Queue = queue.Queue()
-    real_chat = studio.chat
-
-    def chat(source, messages, settings, *args, **kwargs):
-        """The real chat, passed through; when its generation has ended, the reply is recorded."""
-        text = None
-        for text in real_chat(source, messages, settings, *args, **kwargs):
-            yield text
-        replies.put({"source": source, "prompt": messages[-1]["content"], "text": text})
-
-    studio.chat = chat
+    replies = record_chat_replies(studio)
     real_pair = studio.chat_pair
 
     def chat_pair(source, messages, base_messages, settings):
@@ -143,12 +128,8 @@ def page(server):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     for old in ARTIFACTS.glob("*.png"):  # only this run's screenshots
         old.unlink()
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        open_app(page, server["url"])
+    with app_page(server["url"], viewport={"width": 1280, "height": 900}) as page:
         yield page
-        browser.close()
 
 
 def shot(page, name: str) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
 from pathlib import Path
 
@@ -26,11 +25,11 @@ import pytest
 
 from tests.test_ui_support import (
     CHROMIUM,
-    CHROMIUM_ARGS,
+    app_page,
     browser_expect,
     greedy_reply,
     letters,
-    open_app,
+    record_chat_replies,
     set_reply_tokens,
 )
 
@@ -57,8 +56,8 @@ def data_file(tmp_path_factory) -> Path:
 def server(tmp_path_factory):
     """The app on a free port, served from this process (the tiny model is on its disk), in an empty home; chat
     replies are recorded when their generation ends."""
+    from finetune.engines.world import free_port
     from finetune.studio import Studio
-    from tests.test_ui_browser import free_port
     from ui.app import build_app, launch
 
     home = tmp_path_factory.mktemp("first-screen-home")
@@ -67,16 +66,7 @@ def server(tmp_path_factory):
     patch = pytest.MonkeyPatch()
     patch.setenv("FINETUNE_STUDIO_HOME", str(home))
     studio = Studio(home / "runs")
-    replies: queue.Queue = queue.Queue()
-    real_chat = studio.chat
-
-    def chat(source, messages, settings, *args, **kwargs):
-        text = None
-        for text in real_chat(source, messages, settings, *args, **kwargs):
-            yield text
-        replies.put({"source": source, "prompt": messages[-1]["content"], "text": text})
-
-    studio.chat = chat
+    replies = record_chat_replies(studio)
     demo = build_app(studio)
     port = free_port()
     launch(demo, port=port, block=False, quiet=True)
@@ -91,14 +81,10 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def page(server):
-    sync_api = pytest.importorskip("playwright.sync_api", reason="pip package playwright is not installed")
+    pytest.importorskip("playwright.sync_api", reason="pip package playwright is not installed")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_api.sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = chromium.new_page(viewport={"width": 1280, "height": 900})
-        open_app(page, server["url"])
+    with app_page(server["url"], viewport={"width": 1280, "height": 900}) as page:
         yield page
-        chromium.close()
 
 
 def expect(locator):

@@ -8,11 +8,14 @@
 - `standin_hub`: the stand-in Hugging Face Hub (tests/hub_standin.py) with HF_ENDPOINT pointing at it.
 - `wait_for`: a condition polled until a deadline, then asserted.
 - `open_app` / `browser_expect` / `api_client`: the app's own readiness, waited for with generous ceilings on a
-  machine under load (Playwright's default is 5 s, httpx's too): every browser and API test goes through them.
+  machine under load (Playwright's default is 5 s, httpx's too): every browser and API test goes through them;
+  `app_page`: a chromium page with the app open.
+- `record_chat_replies`: each chat reply the studio gives, put on a queue once its generation has ended.
 """
 
 from __future__ import annotations
 
+import queue
 import re
 import secrets
 import threading
@@ -119,6 +122,38 @@ def open_app(page: Any, url: str | None = None, ready_text: str | None = None) -
         return
     expect(page.locator("#fs-header")).to_contain_text("How it works", timeout=ceiling)
     expect(page.get_by_role("tab", name=TAB_NAMES[0], exact=True)).to_be_visible(timeout=ceiling)
+
+
+@contextmanager
+def app_page(url: str, ready_text: str | None = None, viewport: dict[str, int] | None = None) -> Iterator[Any]:
+    """A page of Debian's chromium (CHROMIUM, CHROMIUM_ARGS) with the app at `url` loaded and ready (`open_app`);
+    the browser closes when the block ends. `viewport`: {"width": ..., "height": ...}, else Playwright's default."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport=viewport) if viewport else browser.new_page()
+            open_app(page, url, ready_text=ready_text)
+            yield page
+        finally:
+            browser.close()
+
+
+def record_chat_replies(studio: Any) -> queue.Queue:
+    """Pass the studio's chat through unchanged, and put each reply on the returned queue once its generation has
+    ended ({"source", "prompt", "text"}): a test waits for the queue, not for the page's text to stop changing."""
+    replies: queue.Queue = queue.Queue()
+    real_chat = studio.chat
+
+    def chat(source, messages, settings, *args, **kwargs):
+        text = None
+        for text in real_chat(source, messages, settings, *args, **kwargs):
+            yield text
+        replies.put({"source": source, "prompt": messages[-1]["content"], "text": text})
+
+    studio.chat = chat
+    return replies
 
 
 def set_reply_tokens(page: Any, tokens: int) -> None:

@@ -26,13 +26,14 @@ import pytest
 
 from finetune.access.policy import ANONYMOUS, AccessPolicy
 from finetune.access.uploads import MB, UploadLimits
+from finetune.engines.world import free_port
 from finetune.runs.progress import TrainingState
 from finetune.runs.rundir import RunDir
 from finetune.studio import Studio
 from tests.helpers import hold_at_step, tiny_config
 from tests.hub_standin import HubStandin
 from tests.run_fixtures import build_run
-from tests.test_space_mode import data_file, free_port
+from tests.test_space_mode import data_file
 from tests.test_ui_support import api_client
 from ui.app import build_app, launch
 

@@ -1,5 +1,5 @@
-"""Following a run in the terminal: the progress bar, Ctrl-C as a clean stop, and the closing summary line. Shared by
-`train` (finetune/cli/) and `launch --follow` (finetune/runs/launch.py), below both."""
+"""The terminal side of the sub-commands: following a run (the progress bar, Ctrl-C as a clean stop, the closing
+summary line), shared by `train` and `launch --follow`; the progress line of `eval`; stage messages on stderr."""
 
 from __future__ import annotations
 
@@ -77,3 +77,30 @@ def summary_line(state: Any, manager: Any) -> str:
     losses = f", loss {state.loss:.4f}" if state.loss is not None else ""
     evals = f", eval loss {state.eval_loss:.4f}" if state.eval_loss is not None else ""
     return f"{state.status}: step {state.step}/{state.max_steps} in {took:.0f}s{losses}{evals} → {state.run_dir}"
+
+
+def to_stderr(message: str) -> None:
+    """A stage message on stderr, at once (stdout keeps the command's result: a path, a URL)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+class ProgressLine:
+    """A plain progress line on stderr: rewritten in place on a terminal, one line per stage elsewhere."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.shown = ""
+
+    def __call__(self, fraction: float, text: str) -> None:
+        line = f"[{fraction:4.0%}] {text}"
+        if self.tty:
+            sys.stderr.write("\r" + line.ljust(len(self.shown)))
+            sys.stderr.flush()
+        elif text.endswith(" 0/" + text.rsplit("/", 1)[-1]) or text == "done":
+            print(line, file=sys.stderr, flush=True)
+        self.shown = line
+
+    def close(self) -> None:
+        if self.tty and self.shown:
+            sys.stderr.write("\n")
+            sys.stderr.flush()

@@ -10,7 +10,8 @@ scikit-learn);
 - harness.py: EleutherAI's lm-evaluation-harness through its Python API;
 - judge.py: an optional judge model, pairwise, both orders, with a confidence interval;
 - evaluate.py: one evaluation end to end; store.py: eval/<timestamp>.json in the run folder;
-- compare.py: runs side by side; report.py: results as tables and plain words; command.py: `eval` and `compare`.
+- compare.py: runs side by side; report.py: results as tables and plain words. The `eval` and `compare` commands are
+finetune/cli/evaluate.py.
 """
 
 from finetune.evaluation.evaluate import EvalOptions, evaluate_run

@@ -15,10 +15,6 @@ to import: torch and transformers are imported only when an estimate is computed
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
-from finetune.errors import UserError
 from finetune.memory.advice import Proposal, advice_text, propose
 from finetune.memory.estimator import (
     ALLOCATOR_SLACK,
@@ -42,42 +38,5 @@ from finetune.model.catalogue import GPU_CARDS
 __all__ = [
     "ALLOCATOR_SLACK", "CALIBRATED_SOURCE", "COMPONENT_ORDER", "CUDA_CONTEXT", "CUDA_KERNELS", "GPU_CARDS", "KINDS",
     "PHASE_NAMES", "Advice", "GiB", "MemoryEstimate", "MiB", "Needed", "Proposal", "advice_text",
-    "context_from_readings", "estimate", "measured_cuda_overhead", "model_config_of", "propose", "register_cli",
+    "context_from_readings", "estimate", "measured_cuda_overhead", "model_config_of", "propose",
 ]  # fmt: skip
-
-
-# ----------------------------------------------------------------------------- command line
-
-
-def register_cli(subparsers: Any) -> None:
-    """Add `estimate` to the `python -m finetune` sub-commands."""
-    from finetune.cli.args import add_config_args
-
-    p = subparsers.add_parser(
-        "estimate",
-        help="estimate peak memory of a run, check it against a GPU, and suggest changes",
-        description="Peak memory per device of one training step (replayed on fake tensors: no download of "
-        "weights), with a breakdown, a fit verdict for --gpu-gib and ranked suggestions.",
-    )
-    add_config_args(p)
-    p.add_argument("--device", default="cuda", help="cuda (default: a GPU run, bf16 unless fp32) or cpu (fp32)")
-    p.add_argument("--gpus", default="1", help="GPUs per node (DDP replicas, or ZeRO shards)")
-    p.add_argument("--gpu-gib", default=None, help=f"GPU memory in GiB, or a card: {', '.join(GPU_CARDS)}")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    p.set_defaults(func=run_cli)
-
-
-def run_cli(args: Any) -> int:
-    """Handle `python -m finetune estimate`; returns the exit code (bad input raises UserError)."""
-    from finetune.cli.args import load_config, parse_count, parse_gib
-    from finetune.plan import plan_for
-
-    config = load_config(getattr(args, "config", None), getattr(args, "set", None))
-    device = str(getattr(args, "device", "cuda") or "cuda").lower()
-    gpus = parse_count(getattr(args, "gpus", 1), "--gpus")
-    gib = parse_gib(getattr(args, "gpu_gib", None))
-    if device not in ("cpu", "cuda"):
-        raise UserError(f"--device: {device!r} is not allowed; choose cpu or cuda", field="device")
-    est = estimate(plan_for(config, device=device, world_size=gpus), gpu_gib=gib)
-    print(json.dumps(est.to_dict(), indent=2) if getattr(args, "json", False) else est.render_text())
-    return 0

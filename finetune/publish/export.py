@@ -2,7 +2,7 @@
 or the LoRA adapter alone as a llama.cpp LoRA GGUF.
 
     export_run(run_dir, "merged" | "gguf" | "gguf-lora", quant="f16" | "q8_0", out=None, progress=None) -> ExportResult
-    python -m finetune export RUN_DIR --format merged|gguf|gguf-lora [--quant f16|q8_0] [--out PATH]
+    python -m finetune export RUN_DIR --format merged|gguf|gguf-lora [...]  # finetune/cli/export.py
 
 LoRA adapters are merged onto the base in its saved precision; a QLoRA adapter is merged onto the full-precision base
 (never 4-bit), with a warning that this is not exactly the model training evaluated. A full fine-tune's run directory
@@ -17,11 +17,9 @@ torch / transformers / peft / gguf are imported inside the functions.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -405,43 +403,3 @@ def _drop_local_name(path: Path) -> None:
     if isinstance(data.get("_name_or_path"), str) and looks_like_path(data["_name_or_path"]):
         data.pop("_name_or_path")
         path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-
-
-# ------------------------------------------------------------------------------------------------------ CLI
-
-
-def register_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add `export RUN_DIR --format merged|gguf|gguf-lora [--quant f16|q8_0] [--out PATH]` to the CLI."""
-    parser = subparsers.add_parser(
-        "export",
-        help="export a finished run as a merged model, a GGUF file with an Ollama Modelfile, or a LoRA GGUF",
-        description=(
-            "Export a finished run to run outside Python: --format merged writes a standalone Transformers model "
-            "(adapter merged in); --format gguf writes one .gguf file (weights, tokenizer, chat template) for "
-            "llama.cpp, Ollama and LM Studio, with an Ollama Modelfile beside it; --format gguf-lora writes the LoRA "
-            "adapter alone as a llama.cpp LoRA GGUF (llama-cli -m BASE.gguf --lora FILE). Written under --out, or "
-            f"under the run's {EXPORTS_FOLDER}/ folder."
-        ),
-    )
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="run directory, or the name of a run under the runs root")
-    parser.add_argument("--format", default="merged", metavar="FORMAT", help="merged (default), gguf or gguf-lora")
-    parser.add_argument("--quant", metavar="QUANT", help="gguf / gguf-lora weight type: f16 (default) or q8_0")
-    parser.add_argument(
-        "--out",
-        metavar="PATH",
-        help=f"folder to create (default: RUN_DIR/{EXPORTS_FOLDER}/merged, gguf-QUANT or gguf-lora-QUANT)",
-    )
-    parser.set_defaults(func=_cli_export)
-    return parser
-
-
-def _cli_export(args: argparse.Namespace) -> int:
-    result = export_run(
-        args.run_dir,
-        args.format,
-        quant=args.quant,
-        out=args.out,
-        progress=lambda message: print(message, file=sys.stderr, flush=True),
-    )
-    print(result.main)
-    return 0

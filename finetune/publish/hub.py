@@ -1,7 +1,7 @@
 """Publish a finished run to the Hugging Face Hub: the adapter (or the merged model) with a model card, in one commit.
 
     push_run(run_dir, "owner/name", token=..., private=False, merged=False, allow_env_token=True) -> repo URL
-    python -m finetune push RUN_DIR --repo-id OWNER/NAME [--private] [--merged] [--token-env NAME] [-v]
+    python -m finetune push RUN_DIR --repo-id OWNER/NAME [--private] [--merged] [...]  # finetune/cli/hub.py
 
 What is pushed is staged in a temporary folder first, so only these files can reach the Hub: the adapter
 (adapter_config.json + adapter_model.safetensors) or the full model, the tokenizer, config.yaml, README.md
@@ -24,14 +24,12 @@ torch / transformers / peft are imported only inside the `--merged` path.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import logging
 import os
 import re
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -172,51 +170,6 @@ def push_run(
     return str(url)
 
 
-def register_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add `push RUN_DIR --repo-id OWNER/NAME [--private] [--merged] [--token-env NAME]` to the CLI."""
-    parser = subparsers.add_parser(
-        "push",
-        help="publish a finished run (adapter + model card) to the Hugging Face Hub",
-        description=(
-            "Publish a finished run to the Hugging Face Hub in one commit: the LoRA adapter (or, with --merged, "
-            "the base model with the adapter merged in), the tokenizer, config.yaml, a model card and the loss "
-            f"curve. The token is read from an environment variable (default {TOKEN_ENV}), never from the "
-            "command line."
-        ),
-    )
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="run directory, or the name of a run under the runs root")
-    parser.add_argument("--repo-id", required=True, metavar="OWNER/NAME", help="Hub repository to create or update")
-    parser.add_argument("--private", action="store_true", help="create the repository as private")
-    parser.add_argument(
-        "--merged",
-        action="store_true",
-        help="merge the LoRA adapter into the base model and push the full model (not for qlora runs)",
-    )
-    parser.add_argument(
-        "--gguf",
-        choices=("f16", "q8_0"),
-        help="also push the run exported as one .gguf file (f16 or q8_0) with an Ollama Modelfile",
-    )
-    parser.add_argument(
-        "--token-env",
-        default=TOKEN_ENV,
-        metavar="NAME",
-        help=f"environment variable that holds a Hub write token (default {TOKEN_ENV})",
-    )
-    parser.add_argument(
-        "-v",
-        "--verbose",
-        action="store_true",
-        help="print each stage on stderr (the default on a terminal; otherwise only the URL or one error line)",
-    )
-    parser.set_defaults(func=_cli_push)
-    return parser
-
-
-def _cli_progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 def _stage_gguf(run: RunDir, quant: str, stage: Path, say: Any) -> str:
     """Export the run as GGUF beside the staged files (the .gguf and its Modelfile); returns the .gguf's name."""
     from finetune.publish.export import export_run
@@ -227,29 +180,6 @@ def _stage_gguf(run: RunDir, quant: str, stage: Path, say: Any) -> str:
             if item.is_file():
                 shutil.copy2(item, stage / item.name)
         return result.main.name
-
-
-def _cli_push(args: argparse.Namespace) -> int:
-    try:
-        token = None
-        if args.token_env != TOKEN_ENV:
-            token = os.environ.get(args.token_env, "").strip()
-            if not token:
-                raise UserError(f"--token-env: the environment variable {args.token_env} is not set or empty")
-        url = push_run(
-            args.run_dir,
-            args.repo_id,
-            token=token,
-            private=args.private,
-            merged=args.merged,
-            gguf=args.gguf,
-            progress=_cli_progress if (args.verbose or sys.stderr.isatty()) else None,
-        )
-    except UserError as exc:  # a user error: one line and exit 2, as every other command (finetune.cli.main)
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(url)
-    return 0
 
 
 # ------------------------------------------------------------------------------------------------- checks

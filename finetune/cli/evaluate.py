@@ -1,18 +1,18 @@
-"""`python -m finetune eval RUN [...]` and `python -m finetune compare RUN RUN ...`: the evaluation on the command
-line (bad input: one `error:` line and exit code 2, from finetune.cli)."""
+"""`python -m finetune eval RUN [...]` and `python -m finetune compare RUN RUN ...`: the evaluation
+(finetune/evaluation/) on the command line."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
+from finetune.cli.terminal import ProgressLine
 from finetune.errors import UserError
 
 
-def register_cli(subparsers: Any) -> None:
-    """Add `eval` and `compare` to the CLI."""
+def register(subparsers: Any) -> None:
+    """Add `eval` and `compare`."""
     run_eval = subparsers.add_parser("eval", help="score a run against its base model on held-out data")
     run_eval.add_argument("run", metavar="RUN", help="run directory or run name (under the runs folder)")
     run_eval.add_argument("--checkpoint", type=int, metavar="STEP", help="evaluate this checkpoint (default: final)")
@@ -41,6 +41,7 @@ def register_cli(subparsers: Any) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    """Handle `eval`: score the run, print the report (or JSON); a progress line on stderr meanwhile."""
     from finetune.evaluation import report
     from finetune.evaluation.evaluate import EvalOptions, evaluate_run
 
@@ -67,6 +68,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    """Handle `compare`: the runs' latest evaluations side by side (text, or JSON with --json)."""
     from dataclasses import asdict
 
     from finetune.evaluation.compare import compare_runs, render_text
@@ -84,25 +86,3 @@ def _run(value: str) -> Any:
         return find_run(value, runs_root(), field="run")
     except UserError:
         raise UserError(f"run: {value} is not a run (a run directory, or a run's name under {runs_root()})") from None
-
-
-class ProgressLine:
-    """A plain progress line on stderr: rewritten in place on a terminal, one line per stage elsewhere."""
-
-    def __init__(self) -> None:
-        self.tty = sys.stderr.isatty()
-        self.shown = ""
-
-    def __call__(self, fraction: float, text: str) -> None:
-        line = f"[{fraction:4.0%}] {text}"
-        if self.tty:
-            sys.stderr.write("\r" + line.ljust(len(self.shown)))
-            sys.stderr.flush()
-        elif text.endswith(" 0/" + text.rsplit("/", 1)[-1]) or text == "done":
-            print(line, file=sys.stderr, flush=True)
-        self.shown = line
-
-    def close(self) -> None:
-        if self.tty and self.shown:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
