@@ -78,6 +78,22 @@ def test_variants_that_cannot_apply_are_refused_naming_the_field(values, field):
     assert info.value.field == field and str(info.value).startswith(f"{field}: ")
 
 
+def test_the_plan_names_the_engine_that_runs_the_step():
+    from finetune.plan import RunPlan
+
+    def engine(**values):
+        return plan_for(TrainConfig(**values), device="cpu").engine
+
+    assert engine() == engine(task="sequence_classification") == engine(zero_stage=2) == "hf_trainer"
+    assert engine(objective="dpo") == engine(objective="kto") == "preference"
+    assert engine(objective="grpo", rewards="number_match") == "grpo"
+    assert engine(backend="deepspeed") == "deepspeed_engine"
+    # A plan.json written before the plan named its engine reads back with the engine its config runs on.
+    config = TrainConfig(backend="deepspeed")
+    old = {k: v for k, v in plan_for(config, device="cpu").to_dict().items() if k != "engine"}
+    assert RunPlan.from_dict(old, config).engine == "deepspeed_engine"
+
+
 def test_bf16_on_a_gpu_without_it_is_refused(monkeypatch):
     import finetune.plan as plan_module
 

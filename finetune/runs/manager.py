@@ -318,6 +318,7 @@ class RunManager:
 
     def _fail(self, plan: RunPlan, progress: Progress, exc: BaseException, launch: Launch) -> None:
         run = RunDir(progress.run.path)
+        plan = _as_recorded(run, plan)  # the engine records what it changed at run time (packing vetoed)
         disk = disk_error(exc, run.path)
         if disk is not None and disk.errno in DISK_FULL and progress.write_files:
             run.remove_torn_checkpoints()  # the save that filled the disk: room again for the status that says so
@@ -384,6 +385,14 @@ def state_from_files(run: RunDir) -> TrainingState:
         effective = "interrupted" if effective in ACTIVE else effective  # every process of it is gone
     state.status = effective
     return state
+
+
+def _as_recorded(run: RunDir, plan: RunPlan) -> RunPlan:
+    """The plan the run recorded in plan.json (what ran), else the one it started with."""
+    try:
+        return run.load_plan()
+    except (UserError, OSError):
+        return plan
 
 
 def _read_text(path: Path) -> str | None:
