@@ -1,8 +1,10 @@
 """The run plan: every decision about how a `TrainConfig` runs on a machine, made once.
 
-The engines, the memory estimator, launch commands, chat, export and the model card read a `RunPlan`; none of them
-re-derives "which dtype", "which LoRA targets", "uses DeepSpeed" or "which model class" from the config. A new method
-variant (DoRA, rsLoRA, PiSSA) is a field here plus its config key, nothing else.
+The engines, the DeepSpeed config, preflight, the memory estimator, launch commands, chat, export and the model card
+read a `RunPlan`; none of them re-derives "which device", "which dtype", "which LoRA targets", "uses DeepSpeed",
+"which engine" or "which model class" from the config. The one decision made later, at run time, is packing's veto
+by the loaded model (`without_packing`): the run records that plan as its plan.json. A new method variant (DoRA,
+rsLoRA, PiSSA) is a field here plus its config key, nothing else.
 
 Light on purpose: building a plan imports torch only to ask whether a GPU is there (and only when the caller did not
 say which device), never transformers or peft; `lora_config()` / `quantization_config()` import those when called.
@@ -334,7 +336,7 @@ def uses_liger(config: TrainConfig, device: str | None = None, strict: bool = Fa
 
 def liger_model_type(model: str) -> str | None:
     """The model family (config.json's model_type) of a local model or a Hub model whose config is in the local
-    cache (preflight fetched it), without loading anything; None when it is not known here."""
+    cache (`runs.preflight.model_ready` fetched it), without loading anything; None when it is not known here."""
     import json
     from pathlib import Path
 
