@@ -8,8 +8,8 @@ Llama-shaped model built from a config (nothing is downloaded), through the app'
 What is measured, per configuration, each in a fresh process (`--one NAME`) so that peaks and DeepSpeed's
 process-wide state never leak from one configuration into the next:
   - the model: LlamaForCausalLM(LlamaConfig(TinyLlama-1.1B shape)) with random weights, full fine-tuning, bf16;
-  - the DeepSpeed config: `finetune.engines.deepspeed_config.deepspeed_config(TrainConfig(...))`, the generator the app
-  uses, and the one-process world of `finetune.engines.world.distributed_world()`;
+  - the DeepSpeed config: `finetune.engines.deepspeed_config.deepspeed_config(plan_for(TrainConfig(...)))`, the
+  generator the app uses, and the one-process world of `finetune.engines.world.distributed_world(device)`;
   - the loop: `loss = engine(input_ids=ids, labels=ids).loss; engine.backward(loss); engine.step()` on one fixed
     batch of random tokens (so the loss must fall: a check that the optimizer really steps);
   - figures: GPU memory allocated after `deepspeed.initialize`, peak allocated and peak reserved over the steps
@@ -110,6 +110,7 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
     from finetune.config import TrainConfig
     from finetune.engines.deepspeed_config import deepspeed_config, use_torch_adam
     from finetune.engines.world import distributed_world
+    from finetune.plan import plan_for
 
     cuda = torch.cuda.is_available()
     shape = SHAPES[args.shape]
@@ -128,7 +129,8 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
         gradient_checkpointing=args.activation_checkpointing,
         **CONFIGS[name],
     )
-    with distributed_world() as world:
+    plan = plan_for(config, device="cuda" if cuda else "cpu")  # world size: the launcher's WORLD_SIZE
+    with distributed_world(plan.device) as world:
         torch.manual_seed(0)
         model = LlamaForCausalLM(
             LlamaConfig(
@@ -145,14 +147,8 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
         parameters = sum(p.numel() for p in model.parameters())
         if args.activation_checkpointing:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        ds = deepspeed_config(
-            config,
-            world_size=world.size,
-            precision=config.precision,
-            total_steps=config.max_steps,
-            hidden_size=shape["hidden"],
-            torch_adam=True if args.torch_adam else None,
-        )
+        torch_adam = True if args.torch_adam else None
+        ds = deepspeed_config(plan, total_steps=config.max_steps, hidden_size=shape["hidden"], torch_adam=torch_adam)
         engine, optimizer, _, _ = deepspeed.initialize(
             model=model, config=ds, model_parameters=[p for p in model.parameters() if p.requires_grad]
         )
@@ -183,7 +179,7 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
             "world_size": world.size,
             "precision": config.precision,
             "optimizer": type(inner).__name__,
-            "torch_adam": bool(args.torch_adam) or use_torch_adam(config, cuda),
+            "torch_adam": bool(args.torch_adam) or use_torch_adam(plan),
             "gpu_after_init_gib": after_init / GIB if cuda else None,
             "gpu_peak_allocated_gib": torch.cuda.max_memory_allocated() / GIB if cuda else None,
             "gpu_peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB if cuda else None,

@@ -1,8 +1,10 @@
 """The run plan: every decision about how a `TrainConfig` runs on a machine, made once.
 
-The engines, the memory estimator, launch commands, chat, export and the model card read a `RunPlan`; none of them
-re-derives "which dtype", "which LoRA targets", "uses DeepSpeed" or "which model class" from the config. A new method
-variant (DoRA, rsLoRA, PiSSA) is a field here plus its config key, nothing else.
+The engines, the DeepSpeed config, preflight, the memory estimator, launch commands, chat, export and the model card
+read a `RunPlan`; none of them re-derives "which device", "which dtype", "which LoRA targets", "uses DeepSpeed",
+"which engine" or "which model class" from the config. The one decision made later, at run time, is packing's veto
+by the loaded model (`without_packing`): the run records that plan as its plan.json. A new method variant (DoRA,
+rsLoRA, PiSSA) is a field here plus its config key, nothing else.
 
 Light on purpose: building a plan imports torch only to ask whether a GPU is there (and only when the caller did not
 say which device), never transformers or peft; `lora_config()` / `quantization_config()` import those when called.
@@ -92,6 +94,7 @@ class RunPlan:
     quantization: QuantPlan | None
     lora: LoraPlan | None
     deepspeed: bool  # DeepSpeed runs the step (its engine loop, or the Trainer with a ds config)
+    engine: str  # the module under finetune/engines/ that runs the step (`engine_for`)
     optimizer: str  # our optimizer name (config.optim); `trainer_optim` maps it
     effective_batch: int  # examples per optimizer step over the whole world
     objective: Objective = objectives.OBJECTIVES[objectives.DEFAULT]  # the objectives registry's record
@@ -100,7 +103,7 @@ class RunPlan:
     beta: float = 0.1  # the objective's KL / preference weight (the config's, else the objective's default)
     loss_type: str = ""  # the objective's loss (the config's, else the objective's default; "" without a choice)
     packing: bool = False  # micro batches without padding, attention confined per example (finetune/model/packing.py)
-    packing_note: str = ""  # why packing is on or off for this run, in a few words
+    packing_note: str = ""  # why packing is on or off for this run, in a few words (a run-time veto's reason too)
 
     @property
     def trainer_optim(self) -> str:
@@ -116,6 +119,11 @@ class RunPlan:
     def is_classifier(self) -> bool:
         """The run trains a classification head (its objective's record says)."""
         return self.objective.is_classifier
+
+    def without_packing(self, why: str) -> RunPlan:
+        """This plan with packing vetoed at run time (the loaded model cannot keep packed examples apart): padded
+        micro batches, `why` as its note. The run records this plan, and its log line is its `packing_line`."""
+        return replace(self, packing=False, packing_note=f"{why}; this run pads its micro batches instead")
 
     def torch_dtype(self, name: str | None = None) -> Any:
         """A torch dtype by our name (default: the weight dtype)."""
@@ -155,6 +163,7 @@ class RunPlan:
         known = {f.name for f in fields(cls)} - {"config"}
         data = {k: v for k, v in values.items() if k in known}
         data["objective"] = objectives.OBJECTIVES.get(data.get("objective", ""), objectives.of(config))
+        data.setdefault("engine", engine_for(config))  # plan.json of a run from before the plan named its engine
         if data.get("lora") is not None:
             lora = dict(data["lora"])
             targets = lora["target_modules"]
@@ -234,6 +243,7 @@ def plan_for(config: TrainConfig, device: str | None = None, world_size: int | N
         quantization=_quant_plan(config, half) if config.method == "qlora" else None,
         lora=lora_plan(config) if config.method in ("lora", "qlora") else None,
         deepspeed=uses_deepspeed(config),
+        engine=engine_for(config),
         optimizer=config.optim,
         effective_batch=config.per_device_train_batch_size * config.gradient_accumulation_steps * max(1, world_size),
         objective=objective,
@@ -266,6 +276,18 @@ def model_class_for(objective: Objective) -> str:
 def uses_deepspeed(config: TrainConfig) -> bool:
     """DeepSpeed runs the step: its own engine loop, or the Trainer with a ZeRO config."""
     return config.backend == "deepspeed" or config.zero_stage > 0
+
+
+def engine_for(config: TrainConfig) -> str:
+    """The module under finetune/engines/ that runs the step: the explicit DeepSpeed loop for `backend: deepspeed`
+    (the config allows it only for objectives that loop can run), else the one the objective's record names."""
+    return "deepspeed_engine" if config.backend == "deepspeed" else objectives.of(config).engine
+
+
+def launch_plan(config: TrainConfig, world_size: int) -> RunPlan:
+    """The plan of `config` launched on `world_size` GPUs (`launch-command`): this machine's when it has a GPU, else
+    a GPU elsewhere (the precision as asked, `auto` as bf16: the hardware there is not known here)."""
+    return plan_for(config, device=None if _cuda_available() else "cuda", world_size=world_size)
 
 
 def packing_for(config: TrainConfig) -> tuple[bool, str]:
@@ -314,7 +336,7 @@ def uses_liger(config: TrainConfig, device: str | None = None, strict: bool = Fa
 
 def liger_model_type(model: str) -> str | None:
     """The model family (config.json's model_type) of a local model or a Hub model whose config is in the local
-    cache (preflight fetched it), without loading anything; None when it is not known here."""
+    cache (`runs.preflight.model_ready` fetched it), without loading anything; None when it is not known here."""
     import json
     from pathlib import Path
 

@@ -6,6 +6,7 @@ shapes are in tests/test_propose.py."""
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
 from pathlib import Path
@@ -16,7 +17,8 @@ from finetune import memory
 from finetune.cli import memory as cli_memory
 from finetune.config import FIELDS, TrainConfig
 from finetune.data.stats import data_stats
-from finetune.memory.search import cut_words, whole_length
+from finetune.errors import ConfigError
+from finetune.memory.search import allowed, combinations, cut_words, whole_length
 from finetune.plan import plan_for
 from finetune.studio import Studio
 from tests.helpers import tiny_config, write_jsonl
@@ -213,3 +215,74 @@ def test_fits_means_headroom_is_left_and_inside_the_margin_is_tight(tiny_model_d
     assert est.advice and est.advice[0].fits and not est.advice[0].tight
     assert est.advice[0].headroom_bytes >= est.margin_bytes  # the option shown first leaves the headroom
     assert "TIGHT" in est.render_text() and "a fit keeps" in est.render_text()
+
+
+# ----------------------------------------------------------------------------- the config's rules are the search's
+LIGHTER = {"full": ("full", "lora", "qlora"), "lora": ("lora", "qlora"), "qlora": ("qlora",)}  # the method lever
+EIGHT_BIT = ("adamw_8bit", "paged_adamw_8bit")  # the optimizer lever, from adamw_torch
+
+
+def rules_allow(config: TrainConfig, changes: dict) -> bool:
+    """`TrainConfig`'s own validation of a changed config."""
+    try:
+        config.replace(**changes)
+    except ConfigError:
+        return False
+    return True
+
+
+def settings(start: dict, changes: dict) -> tuple:
+    """(method, ZeRO stage, optimizer offload, optimizer) of a starting config after `changes`."""
+    merged = {**start, "offload_optimizer": "none", **changes}
+    return merged["method"], merged["zero_stage"], merged["offload_optimizer"], merged["optim"]
+
+
+def test_the_search_weighs_every_combination_the_configs_rules_allow_and_prices_no_other():
+    """On 2 GPUs, from every starting method, ZeRO stage, backend and optimizer: the (method, ZeRO stage, optimizer
+    offload, optimizer) settings the search weighs and may price are exactly those its levers reach that
+    `TrainConfig` accepts (ZeRO-1/2 with QLoRA included; QLoRA under ZeRO-3 or the DeepSpeed engine loop not)."""
+    pinned = ("max_seq_length", "per_device_train_batch_size", "gradient_checkpointing", "packing")
+    base = TrainConfig(model="m", dataset="d.jsonl")
+    checked = 0
+    for method, zero, backend, optim in itertools.product(
+        LIGHTER, (0, 1, 2), ("trainer", "deepspeed"), ("adamw_torch", "adamw_8bit")
+    ):
+        start = {"method": method, "zero_stage": zero, "backend": backend, "optim": optim}
+        if not rules_allow(base, start):
+            continue
+        config = TrainConfig(model="m", dataset="d.jsonl", **start)
+        plan = plan_for(config, device="cuda", world_size=2)
+        weighed = set()
+        for combo in combinations(plan, pinned=pinned):
+            ok = rules_allow(config, combo.changes)
+            assert (allowed(plan, combo.changes) is not None) == ok, (start, combo.changes)  # priced iff allowed
+            if ok:
+                weighed.add(settings(start, combo.changes))
+        # The sharding lever: a higher ZeRO stage over the 2 GPUs, or optimizer states in CPU RAM (ZeRO-2 at least).
+        sharding = [(zero, "none"), *((s, "none") for s in (2, 3) if s > zero), (max(2, zero), "cpu")]
+        optims = (optim, *EIGHT_BIT) if optim == "adamw_torch" else (optim,)
+        reachable = set()
+        for m, (s, offload), o in itertools.product(LIGHTER[method], sharding, optims):
+            changes = {"method": m, "zero_stage": s, "offload_optimizer": offload, "optim": o}
+            if settings(start, changes) != settings(start, {}) and rules_allow(config, changes):
+                reachable.add(settings(start, changes))
+        assert weighed == reachable, (start, reachable - weighed, weighed - reachable)
+        checked += 1
+    assert checked >= 20
+
+
+def test_lora_under_zero_2_is_offered_qlora_which_the_rules_allow():
+    """An 8B LoRA run sharded with ZeRO-2 over two 20 GiB GPUs (checkpointing, batch 1, a paged 8-bit optimizer
+    already on) does not fit: the options are ZeRO-3, then QLoRA with ZeRO-2 kept, which `TrainConfig` allows (the
+    search once offered QLoRA only without ZeRO). The data's lengths are unknown (a Hub dataset, offline)."""
+    config = TrainConfig(
+        model="meta-llama/Llama-3.1-8B", dataset="someone/chats", method="lora", zero_stage=2,
+        gradient_checkpointing=True, per_device_train_batch_size=1, gradient_accumulation_steps=8,
+        optim="paged_adamw_8bit", max_seq_length=2048,
+    )  # fmt: skip
+    est = memory.estimate(plan_for(config, "cuda", world_size=2), gpu_gib=20.0)
+    assert est.fits is False
+    assert [(a.changes, a.fits) for a in est.advice] == [({"zero_stage": 3}, True), ({"method": "qlora"}, True)]
+    chosen = config.replace(**est.advice[1].changes)
+    assert (chosen.method, chosen.zero_stage, chosen.backend) == ("qlora", 2, "trainer")
+    assert est.advice[1].title == "QLoRA: a 4-bit base model"

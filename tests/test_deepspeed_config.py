@@ -24,18 +24,24 @@ def cfg(**values) -> TrainConfig:
     return TrainConfig(model="m", dataset="d.jsonl", **values)
 
 
+def plan(device: str = "cpu", world: int = 1, **values):
+    """The plan of `cfg(**values)` on `device` with `world` processes: what the DeepSpeed config is built from."""
+    return plan_for(cfg(**values), device=device, world_size=world)
+
+
 @pytest.mark.parametrize("micro, accumulation, world", [(1, 1, 1), (4, 2, 1), (2, 3, 4), (8, 1, 16)])
 def test_train_batch_size_is_micro_times_accumulation_times_world(micro, accumulation, world):
-    c = cfg(zero_stage=2, per_device_train_batch_size=micro, gradient_accumulation_steps=accumulation)
-    ds = deepspeed_config(c, world_size=world, precision="fp32", cuda=False)
+    ds = deepspeed_config(
+        plan(world=world, zero_stage=2, per_device_train_batch_size=micro, gradient_accumulation_steps=accumulation)
+    )
     assert ds["train_batch_size"] == micro * accumulation * world
     assert ds["train_micro_batch_size_per_gpu"] == micro
     assert ds["gradient_accumulation_steps"] == accumulation
 
 
 def test_optimizer_clipping_and_precision_sections():
-    c = cfg(zero_stage=1, learning_rate=2e-4, weight_decay=0.1, max_grad_norm=0.5)
-    ds = deepspeed_config(c, precision="fp16", cuda=True, torch_adam=False)
+    values = {"zero_stage": 1, "learning_rate": 2e-4, "weight_decay": 0.1, "max_grad_norm": 0.5}
+    ds = deepspeed_config(plan("cuda", precision="fp16", **values), torch_adam=False)
     assert ds["optimizer"] == {
         "type": "AdamW",
         "params": {"lr": 2e-4, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.1},
@@ -51,12 +57,13 @@ def test_optimizer_clipping_and_precision_sections():
         "min_loss_scale": 1,
     }
     assert "bf16" not in ds
-    bf16 = deepspeed_config(c, precision="bf16", cuda=True, torch_adam=False)
+    bf16 = deepspeed_config(plan("cuda", precision="bf16", **values), torch_adam=False)
     assert bf16["bf16"] == {"enabled": True} and "fp16" not in bf16
-    fp32 = deepspeed_config(c, precision="fp32", cuda=False)
+    cpu = plan("cpu", precision="bf16", **values)  # a CPU plan is fp32 whatever the config asks
+    fp32 = deepspeed_config(cpu)
     assert "fp16" not in fp32 and "bf16" not in fp32
-    # On a CPU machine DeepSpeed steps torch's AdamW instead of compiling its C++ Adam.
-    assert fp32["optimizer"]["params"]["torch_adam"] is True and use_torch_adam(c, cuda=False)
+    # On the CPU DeepSpeed steps torch's AdamW instead of compiling its C++ Adam.
+    assert fp32["optimizer"]["params"]["torch_adam"] is True and use_torch_adam(cpu)
 
 
 def test_fp16_and_bf16_together_cannot_be_expressed():
@@ -68,7 +75,7 @@ def test_fp16_and_bf16_together_cannot_be_expressed():
         assert refused.value.field == field and str(refused.value).startswith(f"{field}: ")
         assert "\n" not in str(refused.value)
     for precision, sections in (("fp32", set()), ("fp16", {"fp16"}), ("bf16", {"bf16"})):
-        ds = deepspeed_config(cfg(zero_stage=2), precision=precision, cuda=True, torch_adam=False)
+        ds = deepspeed_config(plan("cuda", zero_stage=2, precision=precision), torch_adam=False)
         assert {k for k in ("fp16", "bf16") if ds.get(k, {}).get("enabled")} == sections, (precision, ds)
 
 
@@ -83,26 +90,26 @@ def test_fp16_and_bf16_together_cannot_be_expressed():
     ],
 )
 def test_scheduler_follows_lr_scheduler_type(scheduler, kind, warmup, expected):
-    c = cfg(backend="deepspeed", lr_scheduler_type=scheduler, warmup_steps=warmup, learning_rate=1e-3, max_steps=50)
-    section = deepspeed_config(c, precision="fp32", cuda=False)["scheduler"]
+    values = {"lr_scheduler_type": scheduler, "warmup_steps": warmup, "learning_rate": 1e-3, "max_steps": 50}
+    section = deepspeed_config(plan(backend="deepspeed", **values))["scheduler"]
     assert section["type"] == kind and section["params"]["warmup_type"] == "linear"
     assert expected.items() <= section["params"].items()
 
 
 def test_zero_sections_by_stage_with_offload_and_buckets():
-    z0 = deepspeed_config(cfg(backend="deepspeed"), precision="fp32", cuda=False)["zero_optimization"]
+    z0 = deepspeed_config(plan(backend="deepspeed"))["zero_optimization"]
     assert z0 == {"stage": 0}
 
-    z2 = deepspeed_config(
-        cfg(zero_stage=2, offload_optimizer="cpu"), precision="bf16", hidden_size=1024, cuda=True, torch_adam=False
-    )["zero_optimization"]
+    z2 = deepspeed_config(plan("cuda", zero_stage=2, offload_optimizer="cpu"), hidden_size=1024, torch_adam=False)[
+        "zero_optimization"
+    ]
     assert z2["stage"] == 2 and z2["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
     assert z2["overlap_comm"] is True and z2["contiguous_gradients"] is True
     assert z2["reduce_bucket_size"] == 1024 * 1024 and z2["allgather_bucket_size"] == 1024 * 1024
     assert "offload_param" not in z2 and "stage3_gather_16bit_weights_on_model_save" not in z2
 
-    c3 = cfg(zero_stage=3, offload_optimizer="nvme", offload_param="nvme", nvme_path="/local_nvme")
-    ds3 = deepspeed_config(c3, precision="bf16", hidden_size=1024, cuda=True, torch_adam=False)
+    c3 = {"zero_stage": 3, "offload_optimizer": "nvme", "offload_param": "nvme", "nvme_path": "/local_nvme"}
+    ds3 = deepspeed_config(plan("cuda", **c3), hidden_size=1024, torch_adam=False)
     z3 = ds3["zero_optimization"]
     assert z3["offload_optimizer"] == {"device": "nvme", "pin_memory": True, "nvme_path": "/local_nvme"}
     assert z3["offload_param"] == {"device": "nvme", "pin_memory": True, "nvme_path": "/local_nvme"}
@@ -112,22 +119,45 @@ def test_zero_sections_by_stage_with_offload_and_buckets():
     assert ds3["aio"]["block_size"] > 0  # NVMe offload needs the async I/O settings
 
     # Without a GPU there is no page-locked memory to use nor streams to overlap.
-    cpu = deepspeed_config(cfg(zero_stage=3, offload_param="cpu"), precision="fp32", cuda=False)["zero_optimization"]
+    cpu = deepspeed_config(plan(zero_stage=3, offload_param="cpu"))["zero_optimization"]
     assert cpu["offload_param"] == {"device": "cpu", "pin_memory": False} and cpu["overlap_comm"] is False
+
+
+def test_the_config_is_the_plans_device_precision_and_world_never_a_probe_of_this_machine(monkeypatch):
+    """A GPU plan made on this CPU machine (an estimate's what-if, an exported config) gets the GPU's settings; a CPU
+    plan the CPU's; torch is never asked whether a GPU is here."""
+    import deepspeed.git_version_info  # noqa: F401 - what `use_torch_adam` reads, imported before the probe is barred
+    import torch
+    import torch.utils.cpp_extension  # noqa: F401
+
+    def probe() -> bool:
+        raise AssertionError("the DeepSpeed config asked torch whether a GPU is here")
+
+    monkeypatch.setattr(torch.cuda, "is_available", probe)
+    values = {"zero_stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu", "per_device_train_batch_size": 2}
+    gpu, cpu = plan("cuda", world=8, **values), plan("cpu", world=2, **values)
+    on_gpu, on_cpu = deepspeed_config(gpu), deepspeed_config(cpu)
+    assert on_gpu["bf16"] == {"enabled": True} and "bf16" not in on_cpu  # precision auto: bf16 on the GPU, CPU fp32
+    assert on_gpu["train_batch_size"] == 2 * 8 and on_cpu["train_batch_size"] == 2 * 2
+    zero_gpu, zero_cpu = on_gpu["zero_optimization"], on_cpu["zero_optimization"]
+    assert zero_gpu["overlap_comm"] is True and zero_gpu["offload_param"]["pin_memory"] is True
+    assert zero_cpu["overlap_comm"] is False and zero_cpu["offload_optimizer"]["pin_memory"] is False
+    assert on_cpu["optimizer"]["params"]["torch_adam"] is True
+    assert trainer_deepspeed_config(gpu)["zero_optimization"]["overlap_comm"] is True
+    assert trainer_deepspeed_config(cpu)["zero_optimization"]["overlap_comm"] is False
 
 
 def test_generated_config_is_accepted_by_deepspeed():
     from deepspeed.runtime.config import DeepSpeedConfig
 
-    c = cfg(zero_stage=3, offload_optimizer="cpu", offload_param="cpu", gradient_accumulation_steps=2)
-    parsed = DeepSpeedConfig(deepspeed_config(c, world_size=1, precision="fp32", hidden_size=64, cuda=False))
+    values = {"zero_stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu", "gradient_accumulation_steps": 2}
+    parsed = DeepSpeedConfig(deepspeed_config(plan(**values), hidden_size=64))
     assert parsed.train_batch_size == 8 and parsed.gradient_accumulation_steps == 2
     assert parsed.zero_optimization_stage == 3 and parsed.zero_config.gather_16bit_weights_on_model_save
 
 
 def test_trainer_config_uses_auto_where_trainer_fills_values():
-    c = cfg(zero_stage=3, offload_optimizer="cpu", offload_param="cpu")
-    ds = trainer_deepspeed_config(c)
+    ds = trainer_deepspeed_config(plan(zero_stage=3, offload_optimizer="cpu", offload_param="cpu"))
     for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
         assert ds[key] == "auto"
     assert ds["gradient_clipping"] == "auto" and ds["fp16"]["enabled"] == "auto" and ds["bf16"]["enabled"] == "auto"
@@ -139,11 +169,11 @@ def test_trainer_config_uses_auto_where_trainer_fills_values():
     assert zero["reduce_bucket_size"] == zero["stage3_prefetch_bucket_size"] == "auto"
     assert zero["stage3_gather_16bit_weights_on_model_save"] is True
     # Another optimizer (no offload) is created by Trainer, so the config has no optimizer section.
-    assert "optimizer" not in trainer_deepspeed_config(cfg(zero_stage=2, optim="adamw_8bit"))
+    assert "optimizer" not in trainer_deepspeed_config(plan(zero_stage=2, optim="adamw_8bit"))
 
 
 def test_ds_config_json_is_written(tmp_path):
-    ds = deepspeed_config(cfg(zero_stage=2), world_size=2, precision="fp32", cuda=False)
+    ds = deepspeed_config(plan(world=2, zero_stage=2))
     path = write_ds_config(ds, tmp_path)
     assert path.name == "ds_config.json" and json.loads(path.read_text()) == ds
 
@@ -249,6 +279,11 @@ def test_launch_command_cli_prints_commands_and_writes_the_ds_config(tmp_path, c
     assert (
         exported["train_batch_size"] == 2 * 3 * 8 and exported["zero_optimization"]["offload_param"]["device"] == "cpu"
     )
+    # Planned for the GPUs it launches on, wherever the command is printed: bf16 for precision auto, page-locked
+    # host memory for the offload, communication overlapped.
+    assert exported["bf16"] == {"enabled": True} and "fp16" not in exported
+    assert exported["zero_optimization"]["offload_param"]["pin_memory"] is True
+    assert exported["zero_optimization"]["overlap_comm"] is True
 
     assert main(["launch-command", "--config", str(path), "--gpus", "-2"]) == 2
     assert capsys.readouterr().err.strip() == "error: --gpus: -2 must be a whole number ≥ 1"

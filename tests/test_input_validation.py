@@ -376,6 +376,13 @@ def test_a_bundled_split_that_does_not_exist(tiny_model_dir, tmp_path):
 
 
 # ----------------------------------------------------------------------------- what the weights would refuse
+def plan(config):
+    """The plan preflight checks (its model class and LoRA targets)."""
+    from finetune.plan import plan_for
+
+    return plan_for(config, device="cpu")
+
+
 def config_only_model(tmp_path: Path, model_type: str) -> Path:
     """A folder holding only the config.json of a small model of `model_type` (enough for check_model)."""
     from transformers import AutoConfig
@@ -390,14 +397,14 @@ def test_lora_targets_that_name_no_layer_are_refused_from_the_config_alone(tiny_
     from finetune.model import loading
 
     with pytest.raises(UserError) as info:
-        loading.check_model(tiny_config(tiny_model_dir, lora_target_modules="qproj, v_prj"))
+        loading.check_model(plan(tiny_config(tiny_model_dir, lora_target_modules="qproj, v_prj")))
     assert str(info.value).startswith("lora_target_modules: 'qproj, v_prj' matches no layer of this model")
     assert info.value.field == "lora_target_modules"
     with pytest.raises(UserError, match="lora_target_modules: 'proj' matches no layer"):
-        loading.check_model(tiny_config(tiny_model_dir, lora_target_modules="proj"))  # PEFT matches whole names
-    loading.check_model(tiny_config(tiny_model_dir, lora_target_modules="q_proj,nothing"))  # one match is enough
-    loading.check_model(tiny_config(tiny_model_dir, lora_target_modules="self_attn.o_proj"))
-    loading.check_model(tiny_config(tiny_model_dir, method="full", lora_target_modules="nothing"))
+        loading.check_model(plan(tiny_config(tiny_model_dir, lora_target_modules="proj")))  # PEFT: whole names
+    loading.check_model(plan(tiny_config(tiny_model_dir, lora_target_modules="q_proj,nothing")))  # one matches
+    loading.check_model(plan(tiny_config(tiny_model_dir, lora_target_modules="self_attn.o_proj")))
+    loading.check_model(plan(tiny_config(tiny_model_dir, method="full", lora_target_modules="nothing")))
 
 
 @pytest.mark.parametrize(
@@ -413,7 +420,7 @@ def test_a_task_the_model_has_no_head_for_is_refused(tmp_path, model_type, task,
 
     config = TrainConfig(model=str(config_only_model(tmp_path, model_type)), dataset="d.jsonl", task=task)
     with pytest.raises(UserError) as info:
-        loading.check_model(config)
+        loading.check_model(plan(config))
     assert str(info.value).startswith(part) and repr(model_type) in str(info.value) and info.value.field == "task"
 
 

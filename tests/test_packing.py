@@ -133,6 +133,9 @@ def test_packing_trains_the_same_examples_to_the_same_losses(same_runs, backend)
         assert abs(a["loss"] - b["loss"]) <= EXACT * b["loss"], (a, b)
     said = [e["text"] for e in packed.read_events(("message",))]
     assert any(line.startswith("packing: on") for line in said), said
+    ran = packed.load_plan()  # plan.json: the engine that ran the step, and packing as it ran
+    assert ran.packing and ran.packing_line in said
+    assert ran.engine == {"trainer": "hf_trainer", "deepspeed": "deepspeed_engine"}[backend]
     assert not any("packing" in e["text"] for e in padded.read_events(("message",)))  # packing: false says nothing
 
 
@@ -188,6 +191,11 @@ def test_a_model_whose_attention_cannot_be_switched_trains_padded_and_says_why(s
     assert len(said) == 1 and said[0].startswith("packing: off: its attention cannot be switched ("), said
     assert "Gemma2ForCausalLM" in said[0] and said[0].endswith("; this run pads its micro batches instead")
     assert "\n" not in said[0]
+    # The run's plan.json says what ran: packing off, with the reason the log gave, from the one decision.
+    recorded = json.loads((Path(state.run_dir) / "plan.json").read_text(encoding="utf-8"))
+    assert recorded["packing"] is False and recorded["engine"] == "hf_trainer"
+    ran = RunDir(Path(state.run_dir)).load_plan()
+    assert ran.packing_line == said[0] and ran.packing_note.startswith("its attention cannot be switched (")
 
 
 def test_the_packed_attention_refuses_what_it_does_not_compute():

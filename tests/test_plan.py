@@ -78,6 +78,22 @@ def test_variants_that_cannot_apply_are_refused_naming_the_field(values, field):
     assert info.value.field == field and str(info.value).startswith(f"{field}: ")
 
 
+def test_the_plan_names_the_engine_that_runs_the_step():
+    from finetune.plan import RunPlan
+
+    def engine(**values):
+        return plan_for(TrainConfig(**values), device="cpu").engine
+
+    assert engine() == engine(task="sequence_classification") == engine(zero_stage=2) == "hf_trainer"
+    assert engine(objective="dpo") == engine(objective="kto") == "preference"
+    assert engine(objective="grpo", rewards="number_match") == "grpo"
+    assert engine(backend="deepspeed") == "deepspeed_engine"
+    # A plan.json written before the plan named its engine reads back with the engine its config runs on.
+    config = TrainConfig(backend="deepspeed")
+    old = {k: v for k, v in plan_for(config, device="cpu").to_dict().items() if k != "engine"}
+    assert RunPlan.from_dict(old, config).engine == "deepspeed_engine"
+
+
 def test_bf16_on_a_gpu_without_it_is_refused(monkeypatch):
     import finetune.plan as plan_module
 
@@ -110,23 +126,30 @@ def test_a_plan_reads_back_from_its_json_as_it_was(config):
         assert data["objective"] == plan.objective.name and "config" not in data
 
 
-def test_every_run_records_its_plan_and_chat_and_export_load_by_it(tiny_model_dir, tmp_path):
-    """plan.json sits beside config.yaml; chat and export act on what it says, not on a plan made again here."""
+def test_every_run_records_its_plan_and_chat_and_export_load_by_it(tiny_model_dir, tmp_path, monkeypatch):
+    """Start makes the plan once (config -> plan -> preflight(plan)) and plan.json, beside config.yaml, is that plan;
+    chat and export act on what it says, not on a plan made again here."""
     import json
 
     from finetune.errors import UserError
     from finetune.model.inference import load_for_chat
     from finetune.publish.export import export_run
-    from finetune.runs.manager import RunManager
+    from finetune.runs import manager
+    from finetune.runs.preflight import preflight
     from finetune.runs.rundir import RunDir
     from tests.helpers import tiny_config
 
+    made, checked = [], []
+    monkeypatch.setattr(manager, "plan_for", lambda config: made.append(plan_for(config)) or made[-1])
+    monkeypatch.setattr(manager, "preflight", lambda plan: checked.append(plan) or preflight(plan))
     config = tiny_config(tiny_model_dir, max_steps=2, output_dir=str(tmp_path / "run"))
-    state = RunManager().start(config, background=False)
+    state = manager.RunManager().start(config, background=False)
     assert state.status == "completed", state.error
+    assert len(made) == 1 and checked == made  # the plan preflight checked is the one the run ran
     run = RunDir(tmp_path / "run")
     recorded = json.loads(run.plan_path.read_text(encoding="utf-8"))
-    assert recorded == plan_for(config, device="cpu", world_size=1).to_dict()
+    assert recorded == made[0].to_dict() == plan_for(config, device="cpu", world_size=1).to_dict()
+    assert recorded["engine"] == "hf_trainer" and recorded["packing"] is True
     # A run whose plan loaded its base in bfloat16 (a GPU run, say) is chatted with in bfloat16 here too.
     run.plan_path.write_text(json.dumps({**recorded, "weight_dtype": "bfloat16"}), encoding="utf-8")
     model, _ = load_for_chat(run.load_plan(), run.path)
@@ -137,3 +160,18 @@ def test_every_run_records_its_plan_and_chat_and_export_load_by_it(tiny_model_di
         export_run(run.path, "merged")
     run.plan_path.write_text("{not json", encoding="utf-8")
     assert run.load_plan() == plan_for(config)  # a damaged or missing plan.json: planned again (older runs)
+
+
+# ----------------------------------------------------------------------------- config -> plan -> preflight(plan)
+def test_preflight_judges_the_plan_not_a_probe_of_this_machine(tiny_model_dir, tmp_path):
+    """NVMe offload is refused for a plan on the CPU and passes for a plan on a GPU, on the same machine; Liger asked
+    for on a CPU plan is refused naming the plan's device."""
+    from finetune.runs.preflight import preflight
+    from tests.helpers import tiny_config
+
+    nvme = tiny_config(tiny_model_dir, zero_stage=3, offload_optimizer="nvme", nvme_path=str(tmp_path))
+    with pytest.raises(ConfigError, match="offload_optimizer: NVMe offload needs a GPU; this machine has none"):
+        preflight(plan_for(nvme, device="cpu"))
+    preflight(plan_for(nvme, device="cuda"))
+    with pytest.raises(ConfigError, match="liger_kernel: on, but Liger's kernels need a CUDA GPU"):
+        preflight(plan_for(tiny_config(tiny_model_dir, liger_kernel="on"), device="cpu"))

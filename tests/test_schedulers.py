@@ -83,7 +83,7 @@ def deepspeed_rates(name: str, max_steps: int, warmup: int) -> list[float]:
     from deepspeed.runtime import lr_schedules
 
     c = cfg(backend="deepspeed", lr_scheduler_type=name, max_steps=max_steps, warmup_steps=warmup, learning_rate=LR)
-    section = deepspeed_config(c, precision="fp32", cuda=False, total_steps=max_steps)["scheduler"]
+    section = deepspeed_config(plan_for(c, device="cpu"), total_steps=max_steps)["scheduler"]
     optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=LR)
     scheduler = getattr(lr_schedules, section["type"])(optimizer, **section["params"])
     scheduler.step()  # the engine steps once before training (DeepSpeed's schedulers start one step behind)

@@ -86,11 +86,12 @@ def cmd_launch_command(args: Any) -> int:
 
 def _write_exported_ds_config(plan: RunPlan, path: Path, world_size: int) -> None:
     from finetune.atomic import write_text
-    from finetune.engines.deepspeed_config import deepspeed_config, export_precision
+    from finetune.engines.deepspeed_config import deepspeed_config
+    from finetune.plan import launch_plan
 
     if not plan.deepspeed:
         raise UserError("--ds-config: this config does not use DeepSpeed; set zero_stage or backend: deepspeed")
-    ds = deepspeed_config(plan.config, world_size=world_size, precision=export_precision(plan))
+    ds = deepspeed_config(launch_plan(plan.config, world_size))
     write_text(path, json.dumps(ds, indent=2) + "\n")
     print(f"# DeepSpeed config for {world_size} processes written to {path}")
 

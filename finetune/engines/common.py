@@ -67,11 +67,12 @@ def prepare_run(plan: RunPlan, progress: Progress) -> Prepared:
         f"model: {total / 1e6:.1f}M parameters, {trainable / 1e6:.2f}M trainable ({trainable / total:.2%})"
     )
     heldout = data.heldout_samples(config)
+    plan = packed_plan(model, plan, progress)
     return Prepared(
         tokenizer=tokenizer,
         model=model,
         data=prepared_data,
-        collator=data.collator(config, tokenizer, packing=packs_batches(model, plan, progress)),
+        collator=data.collator(config, tokenizer, packing=plan.packing),
         prompts=[prompt for prompt, _ in heldout],
         precision=precision,
         plan=plan,
@@ -91,21 +92,21 @@ def samples_event(prepared: Prepared, answers: list[str]) -> dict[str, Any]:
     return {"samples": samples}
 
 
-def packs_batches(model: Any, plan: RunPlan, progress: Progress) -> bool:
-    """The plan's packing decision, once the model has shown that its attention keeps packed examples apart
-    (`finetune.model.packing.enable`); otherwise padded micro batches, and the run log says why in one line."""
-    if not plan.packing:
-        if plan.config.packing:
-            progress.message(plan.packing_line)
-        return False
-    from finetune.model import packing
+def packed_plan(model: Any, plan: RunPlan, progress: Progress) -> RunPlan:
+    """The plan as it runs: its packing decision stands once the model has shown that its attention keeps packed
+    examples apart (`finetune.model.packing.enable`); otherwise packing is vetoed here, the one place that can, and
+    the vetoed plan is recorded as the run's plan.json. The run log's line is the plan's `packing_line`."""
+    if plan.packing:
+        from finetune.model import packing
 
-    problem = packing.enable(model)
-    if problem is not None:
-        progress.message(f"packing: off: {problem}; this run pads its micro batches instead")
-        return False
-    progress.message(plan.packing_line)
-    return True
+        problem = packing.enable(model)
+        if problem is not None:
+            plan = plan.without_packing(problem)
+            if progress.write_files:
+                progress.run.write_plan(plan)
+    if plan.config.packing:
+        progress.message(plan.packing_line)
+    return plan
 
 
 def check_sequence_length(config: TrainConfig) -> None:

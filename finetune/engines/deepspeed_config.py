@@ -1,14 +1,15 @@
-"""The DeepSpeed JSON, generated from `TrainConfig` and never hand-edited.
+"""The DeepSpeed JSON, generated from the run plan (`finetune/plan.py`) and never hand-edited.
 
 Two views of the same settings:
-- `deepspeed_config(config, world_size, ...)`: every value filled in, for the explicit engine loop
-  (`backend: deepspeed`) and for export (`python -m finetune launch-command --ds-config out.json`).
-  `train_batch_size` = micro batch × accumulation × world size, consistent by construction.
-- `trainer_deepspeed_config(config)`: the same structure with `"auto"` wherever `Trainer` fills the value from its
+- `deepspeed_config(plan, ...)`: every value filled in, for the explicit engine loop (`backend: deepspeed`) and for
+  export (`python -m finetune launch-command --ds-config out.json`, planned for the GPUs it launches on).
+  `train_batch_size` = micro batch × accumulation × the plan's world size, consistent by construction.
+- `trainer_deepspeed_config(plan)`: the same structure with `"auto"` wherever `Trainer` fills the value from its
   `TrainingArguments` (batch sizes, clipping, optimizer hyper-parameters, precision, bucket sizes), so the two can
   never disagree. The Trainer keeps its own learning-rate scheduler (any `lr_scheduler_type`).
 
-Light on purpose: torch / deepspeed are imported only inside the functions that need to look at the machine.
+The device, precision and world size are the plan's: nothing here asks torch whether a GPU is there. The one thing
+looked up on this machine is whether DeepSpeed's own Adam kernels are built or can be built (`use_torch_adam`).
 """
 
 from __future__ import annotations
@@ -55,35 +56,21 @@ NVME_AIO = {
 
 
 # --------------------------------------------------------------------------- what the machine offers
-def has_cuda() -> bool:
-    """Whether this machine has a CUDA GPU (torch is imported only when asked)."""
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def export_precision(plan: RunPlan) -> str:
-    """The precision for an exported config: an explicit choice is kept (the target may have a GPU this machine
-    lacks); `auto` as the plan resolved it."""
-    return plan.config.precision if plan.config.precision != "auto" else plan.precision
-
-
-def use_torch_adam(config: TrainConfig, cuda: bool | None = None) -> bool:
+def use_torch_adam(plan: RunPlan) -> bool:
     """True when DeepSpeed should step `torch.optim.AdamW` instead of its own kernels.
 
     DeepSpeed's Adam is a C++/CUDA extension compiled on first use: FusedAdam on a GPU (needs nvcc), DeepSpeedCPUAdam
-    for optimizer offload (needs a C++ compiler). On a CPU-only machine that compile takes minutes for no gain, so
+    for optimizer offload (needs a C++ compiler). For a plan on the CPU that compile takes minutes for no gain, so
     torch's AdamW (the same update rule) is used; on a GPU DeepSpeed's own kernels are used when they are prebuilt or
     can be built here.
     """
-    cuda = has_cuda() if cuda is None else cuda
-    if not cuda:
+    if plan.device != "cuda":
         return True
     try:
         from deepspeed.git_version_info import installed_ops
     except ImportError:
         return True
-    offload = config.offload_optimizer != "none"
+    offload = plan.config.offload_optimizer != "none"
     op = "cpu_adam" if offload else "fused_adam"
     if installed_ops.get(op):
         return False
@@ -104,39 +91,35 @@ def _has_ninja_module() -> bool:
 
 # --------------------------------------------------------------------------- the engine's full config
 def deepspeed_config(
-    config: TrainConfig,
-    world_size: int = 1,
+    plan: RunPlan,
     *,
-    precision: str,
     total_steps: int | None = None,
     hidden_size: int | None = None,
     torch_adam: bool | None = None,
-    cuda: bool | None = None,
 ) -> dict[str, Any]:
-    """The complete DeepSpeed config for `world_size` processes.
+    """The complete DeepSpeed config of a plan: its world size, device and precision.
 
-    precision: fp32 | fp16 | bf16 (the run plan's). total_steps: optimizer steps of the run
-    (for the decaying schedulers; default max_steps). hidden_size: the model's, to size the communication buckets
-    the way Hugging Face does (hidden², 0.9·hidden², 10·hidden); DeepSpeed's defaults otherwise.
+    total_steps: optimizer steps of the run (for the decaying schedulers; default max_steps). hidden_size: the
+    model's, to size the communication buckets the way Hugging Face does (hidden², 0.9·hidden², 10·hidden);
+    DeepSpeed's defaults otherwise. torch_adam: step torch's AdamW (default: `use_torch_adam(plan)`).
     """
-    if world_size < 1:
-        raise ConfigError(f"world size: {world_size} must be at least 1")
-    cuda = has_cuda() if cuda is None else cuda
-    if precision not in ("fp32", "fp16", "bf16"):
-        raise ConfigError(f"precision: {precision!r} must be resolved to fp32, fp16 or bf16", field="precision")
+    config = plan.config
+    if plan.world_size < 1:
+        raise ConfigError(f"world size: {plan.world_size} must be at least 1")
+    cuda = plan.device == "cuda"
     steps = total_steps if total_steps and total_steps > 0 else max(config.max_steps, 1)
-    torch_adam = use_torch_adam(config, cuda) if torch_adam is None else torch_adam
+    torch_adam = use_torch_adam(plan) if torch_adam is None else torch_adam
 
     micro = config.per_device_train_batch_size
     accumulation = config.gradient_accumulation_steps
     out: dict[str, Any] = {
-        "train_batch_size": micro * accumulation * world_size,
+        "train_batch_size": micro * accumulation * plan.world_size,
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": accumulation,
         "gradient_clipping": config.max_grad_norm,  # 0 = no clipping
         "optimizer": _optimizer(config, torch_adam, lr=config.learning_rate, weight_decay=config.weight_decay),
         "scheduler": _scheduler(config, steps),
-        **_precision(precision),
+        **_precision(plan.precision),
         "zero_optimization": _zero(config, cuda, _buckets(hidden_size)),
         "steps_per_print": 1_000_000_000,  # the run reports progress itself
         "wall_clock_breakdown": False,
@@ -146,13 +129,13 @@ def deepspeed_config(
     return out
 
 
-def trainer_deepspeed_config(config: TrainConfig) -> dict[str, Any]:
+def trainer_deepspeed_config(plan: RunPlan) -> dict[str, Any]:
     """The config for `TrainingArguments(deepspeed=...)`: `"auto"` wherever Trainer fills the value.
 
     The optimizer section is set only for `optim: adamw_torch` (DeepSpeed's AdamW, required with optimizer offload);
     other optimizers are created by Trainer. No scheduler section: Trainer's `lr_scheduler_type` applies.
     """
-    cuda = has_cuda()
+    config = plan.config
     out: dict[str, Any] = {
         "train_batch_size": "auto",
         "train_micro_batch_size_per_gpu": "auto",
@@ -160,12 +143,12 @@ def trainer_deepspeed_config(config: TrainConfig) -> dict[str, Any]:
         "gradient_clipping": "auto",
         "fp16": {"enabled": "auto", **FP16_LOSS_SCALING},
         "bf16": {"enabled": "auto"},
-        "zero_optimization": _zero(config, cuda, _buckets(None, auto=True)),
+        "zero_optimization": _zero(config, plan.device == "cuda", _buckets(None, auto=True)),
         "steps_per_print": 1_000_000_000,
         "wall_clock_breakdown": False,
     }
     if config.optim == "adamw_torch":
-        out["optimizer"] = _optimizer(config, use_torch_adam(config, cuda), lr="auto", weight_decay="auto", auto=True)
+        out["optimizer"] = _optimizer(config, use_torch_adam(plan), lr="auto", weight_decay="auto", auto=True)
     if "nvme" in (config.offload_optimizer, config.offload_param):
         out["aio"] = dict(NVME_AIO)
     return out
@@ -239,6 +222,7 @@ def _scheduler(config: TrainConfig, total_steps: int) -> dict[str, Any]:
 
 
 def _precision(precision: str) -> dict[str, Any]:
+    """The plan's resolved precision (fp32 | fp16 | bf16) as DeepSpeed's sections."""
     if precision == "fp16":
         return {"fp16": {"enabled": True, **FP16_LOSS_SCALING}}
     if precision == "bf16":

@@ -48,7 +48,7 @@ def train(plan: RunPlan, progress: Progress, resume_from: Path | None = None) ->
         # Our progress replaces its per-step INFO lines; a quieter level set by the CLI (no -v) is kept.
         ds_logger = logging.getLogger("DeepSpeed")
         ds_logger.setLevel(max(logging.WARNING, ds_logger.level))
-    with distributed_world() as world:
+    with distributed_world(plan.device) as world:
         return _train(plan, progress, resume_from, world)
 
 
@@ -60,6 +60,7 @@ def _train(plan: RunPlan, progress: Progress, resume_from: Path | None, world: W
     config = plan.config
     set_seed(config.seed)  # identical adapter initialisation on every rank and in every run of this config
     prepared = prepare_run(plan, progress)
+    plan = prepared.plan  # as it runs (packing vetoed by the model, if it was)
     if _agree(world, progress.stop_requested.is_set()):
         return "stopped"
     model = prepared.model
@@ -78,11 +79,7 @@ def _train(plan: RunPlan, progress: Progress, resume_from: Path | None, world: W
     max_steps = config.max_steps if config.max_steps > 0 else math.ceil(config.num_train_epochs * steps_per_epoch)
 
     ds_config = deepspeed_config(
-        config,
-        world_size=world.size,
-        precision=plan.precision,
-        total_steps=max_steps,
-        hidden_size=getattr(getattr(model, "config", None), "hidden_size", None),
+        plan, total_steps=max_steps, hidden_size=getattr(getattr(model, "config", None), "hidden_size", None)
     )
     if progress.write_files:
         write_ds_config(ds_config, progress.run.path)
@@ -203,8 +200,8 @@ def _step_stats(world: World, loss_sum: Any, micro: int, tokens: int, progress: 
     stop = 1.0 if progress.stop_requested.is_set() else 0.0
     if world.size == 1:
         return float(loss_sum) / max(micro, 1), tokens, bool(stop)
-    stats = torch.tensor([float(loss_sum), float(micro), float(tokens)], dtype=torch.float64, device=_device())
-    flag = torch.tensor([stop], dtype=torch.float64, device=_device())
+    stats = torch.tensor([float(loss_sum), float(micro), float(tokens)], dtype=torch.float64, device=world.device)
+    flag = torch.tensor([stop], dtype=torch.float64, device=world.device)
     dist.all_reduce(stats, op=dist.ReduceOp.SUM)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     total_loss, total_micro, total_tokens = stats.tolist()
@@ -218,7 +215,7 @@ def _agree(world: World, flag: bool) -> bool:
     import torch
     import torch.distributed as dist
 
-    value = torch.tensor([1.0 if flag else 0.0], device=_device())
+    value = torch.tensor([1.0 if flag else 0.0], device=world.device)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return bool(value.item())
 
@@ -226,12 +223,6 @@ def _agree(world: World, flag: bool) -> bool:
 def on_device(batch: dict[str, Any], device: Any) -> dict[str, Any]:
     """A collated batch on the engine's device; plain values (a packed batch's longest example) stay as they are."""
     return {key: value.to(device) if hasattr(value, "to") else value for key, value in batch.items()}
-
-
-def _device() -> Any:
-    import torch
-
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def _lr(engine: Any) -> float | None:
@@ -264,7 +255,7 @@ def _evaluate(
         collate_fn=prepared.collator,
     )
     engine.eval()
-    totals = torch.zeros(2, dtype=torch.float64, device=_device())
+    totals = torch.zeros(2, dtype=torch.float64, device=world.device)
     with torch.no_grad():
         for batch in loader:
             batch = on_device(batch, engine.device)

@@ -43,7 +43,7 @@ def training_arguments(plan: RunPlan, output_dir: Path, has_eval: bool) -> Train
     if plan.deepspeed:
         from finetune.engines.deepspeed_config import trainer_deepspeed_config
 
-        kwargs["deepspeed"] = trainer_deepspeed_config(config)
+        kwargs["deepspeed"] = trainer_deepspeed_config(plan)
     return TrainingArguments(
         output_dir=str(output_dir),
         per_device_train_batch_size=config.per_device_train_batch_size,
@@ -334,7 +334,7 @@ def _write_answers(path: Path, answers: list[str]) -> None:
 def train(plan: RunPlan, progress: Progress, resume_from: Path | None = None) -> str:
     """Train to the end (or until stopped); returns the final status: completed or stopped."""
     # DeepSpeed through the Trainer needs a process group: one of size 1 without a launcher, torn down after the run.
-    with trainer_world_if(plan.deepspeed):
+    with trainer_world_if(plan):
         return _train(plan, progress, resume_from)
 
 
@@ -344,6 +344,7 @@ def _train(plan: RunPlan, progress: Progress, resume_from: Path | None = None) -
     config = plan.config
     set_seed(config.seed)  # before the adapter is built: the Trainer seeds only later, too late for LoRA's init
     prepared = prepare_run(plan, progress)
+    plan = prepared.plan  # as it runs (packing vetoed by the model, if it was)
     if progress.stop_requested.is_set():
         return "stopped"
     args = training_arguments(plan, progress.run.path, prepared.data.eval is not None)

@@ -99,7 +99,7 @@ def train(plan: RunPlan, progress: Progress, resume_from: Path | None = None) ->
 def in_world(plan: RunPlan, run: Callable[[], str]) -> str:
     """`run()` in the process group DeepSpeed through the Trainer needs (one of size 1 without a launcher, torn down
     after the run); as it is without DeepSpeed."""
-    with trainer_world_if(plan.deepspeed):
+    with trainer_world_if(plan):
         return run()
 
 

@@ -11,7 +11,10 @@ import os
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from finetune.plan import RunPlan
 
 _WORLD_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -22,6 +25,7 @@ class World:
     local_rank: int
     size: int
     launched: bool  # True under torchrun / deepspeed (the launcher owns the environment)
+    device: Any = None  # the torch device of this rank's collectives: its GPU (nccl) or the CPU (gloo)
 
     @property
     def is_main(self) -> bool:
@@ -41,8 +45,9 @@ def under_launcher() -> bool:
 
 
 @contextlib.contextmanager
-def distributed_world() -> Iterator[World]:
-    """The process group DeepSpeed needs, for the duration of one run.
+def distributed_world(device: str) -> Iterator[World]:
+    """The process group DeepSpeed needs on `device` (the plan's: "cuda" takes nccl and this rank's GPU, "cpu" gloo),
+    for the duration of one run.
 
     Under a launcher: its environment as is. Otherwise a world of size 1 on a free local port (DeepSpeed would try
     MPI discovery and fail without it). The group this function created is destroyed at the end and the environment
@@ -69,15 +74,17 @@ def distributed_world() -> Iterator[World]:
         if not dist.is_initialized():
             import deepspeed
 
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            backend = "nccl" if device == "cuda" else "gloo"
             deepspeed.init_distributed(
                 dist_backend=backend, auto_mpi_discovery=False, verbose=False, timeout=collective_timeout()
             )
             created = True
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        if torch.cuda.is_available():
+        where = torch.device("cpu")
+        if device == "cuda":
             torch.cuda.set_device(local_rank)
-        yield World(rank=dist.get_rank(), local_rank=local_rank, size=dist.get_world_size(), launched=launched)
+            where = torch.device("cuda", local_rank)
+        yield World(dist.get_rank(), local_rank, dist.get_world_size(), launched, where)
     finally:
         restore_linear()
         if created and dist.is_initialized():
@@ -115,12 +122,13 @@ def restore_linear() -> None:
 
 
 @contextlib.contextmanager
-def trainer_world() -> Iterator[World]:
-    """`distributed_world()` for the Trainer path with a DeepSpeed config: on exit also forget the DeepSpeed state
-    that transformers and accelerate keep process-wide, so a later run (with or without DeepSpeed) is not affected."""
+def trainer_world(device: str) -> Iterator[World]:
+    """`distributed_world(device)` for the Trainer path with a DeepSpeed config: on exit also forget the DeepSpeed
+    state that transformers and accelerate keep process-wide, so a later run (with or without DeepSpeed) is not
+    affected."""
     saved = {name: value for name, value in os.environ.items() if name.startswith("ACCELERATE_")}
     try:
-        with distributed_world() as world:
+        with distributed_world(device) as world:
             yield world
     finally:
         from accelerate.state import AcceleratorState
@@ -135,6 +143,7 @@ def trainer_world() -> Iterator[World]:
         os.environ.update(saved)
 
 
-def trainer_world_if(needed: bool) -> contextlib.AbstractContextManager:
-    """`trainer_world()` when the run uses DeepSpeed through the Trainer (it needs a process group), else nothing."""
-    return trainer_world() if needed else contextlib.nullcontext()
+def trainer_world_if(plan: RunPlan) -> contextlib.AbstractContextManager:
+    """`trainer_world()` on the plan's device when the plan uses DeepSpeed through the Trainer (it needs a process
+    group), else nothing."""
+    return trainer_world(plan.device) if plan.deepspeed else contextlib.nullcontext()

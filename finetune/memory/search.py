@@ -116,7 +116,7 @@ class Step:
 
 
 @dataclass
-class _Combo:
+class Combination:
     """A combination of lever positions, ranked and priced."""
 
     positions: tuple[int, ...]
@@ -130,6 +130,11 @@ class _Combo:
     @property
     def key(self) -> tuple:
         return (self.significant, self.score, len(self.steps))
+
+    @property
+    def changes(self) -> dict[str, Any]:
+        """The settings this combination changes."""
+        return _merged(self.steps)
 
 
 # ----------------------------------------------------------------------------- the data's lengths
@@ -180,7 +185,8 @@ def _negligible(stats: Any, seq: int) -> bool:
 
 
 def _levers(plan: RunPlan, stats: Any, pinned: tuple[str, ...]) -> list[list[Step]]:
-    """For each lever, its positions from the current setting (no change) to the most drastic."""
+    """For each lever, its positions from the current setting (no change) to the most drastic. Which combinations of
+    them the rules allow is not decided here: `allowed` asks the config's own validation."""
     config = plan.config
     keep = Step("", {}, 0.0, 0.0, "")
     levers: list[list[Step]] = []
@@ -217,7 +223,7 @@ def _micro_batches(config: TrainConfig) -> list[Step]:
 
 
 def _methods(plan: RunPlan) -> list[Step]:
-    """LoRA rank, LoRA instead of full, QLoRA instead of LoRA (QLoRA needs the Trainer backend, no ZeRO)."""
+    """LoRA rank, LoRA instead of full, QLoRA instead of LoRA."""
     config = plan.config
     out: list[Step] = []
     if config.method in ("lora", "qlora"):
@@ -226,21 +232,17 @@ def _methods(plan: RunPlan) -> list[Step]:
             changes = {"lora_r": r, "lora_alpha": max(1, config.lora_alpha * r // config.lora_r)}
             out.append(Step("lora_rank", changes, 0.0, QUALITY_COST["lora_rank_halving"] * halvings, f"LoRA rank {r}"))
             r, halvings = r // 2, halvings + 1
-    qlora_ok = not plan.deepspeed
     if config.method == "full":
         out.append(Step("lora", {"method": "lora"}, SPEED_COST["lora"], QUALITY_COST["lora"], "LoRA adapters"))
-        if qlora_ok:
-            out.append(Step("qlora", {"method": "qlora"}, SPEED_COST["lora"] + SPEED_COST["qlora"],
-                            QUALITY_COST["lora"] + QUALITY_COST["qlora"], "QLoRA (4-bit base)"))  # fmt: skip
-    elif config.method == "lora" and qlora_ok:
+        out.append(Step("qlora", {"method": "qlora"}, SPEED_COST["lora"] + SPEED_COST["qlora"],
+                        QUALITY_COST["lora"] + QUALITY_COST["qlora"], "QLoRA (4-bit base)"))  # fmt: skip
+    elif config.method == "lora":
         out.append(Step("qlora", {"method": "qlora"}, SPEED_COST["qlora"], QUALITY_COST["qlora"], "QLoRA (4-bit base)"))
     return out
 
 
 def _sharding(config: TrainConfig, device: str, gpus: int) -> list[Step]:
-    """ZeRO stages over several GPUs, and optimizer offload to CPU RAM (not with a 4-bit base)."""
-    if config.method == "qlora":
-        return []
+    """ZeRO stages over several GPUs, and optimizer offload from the GPU to CPU RAM."""
     out: list[Step] = []
     if gpus > 1:
         for stage in (s for s in (2, 3) if s > config.zero_stage):
@@ -273,7 +275,22 @@ def _sequence_lengths(config: TrainConfig, stats: Any) -> list[Step]:
 # ----------------------------------------------------------------------------- ranking
 
 
-def _ranked(config: TrainConfig, levers: list[list[Step]], stats: Any) -> list[_Combo]:
+def combinations(plan: RunPlan, stats: Any = None, pinned: tuple[str, ...] = ()) -> list[Combination]:
+    """Every combination of changes the search weighs for `plan`, best first (`pinned` fields unchanged). Whether the
+    rules allow one is asked when it is priced (`allowed`): the config's validation, not a list of the search's."""
+    return _ranked(plan.config, _levers(plan, stats, pinned), stats)
+
+
+def allowed(plan: RunPlan, changes: dict[str, Any], world_size: int | None = None) -> RunPlan | None:
+    """The plan after `changes` (on `world_size` processes, default the plan's) when `TrainConfig`'s validation, the
+    one set of compatibility rules, accepts them; None when it refuses them (e.g. QLoRA under ZeRO-3)."""
+    try:
+        return plan.replanned(world_size=world_size, **changes)
+    except UserError:
+        return None
+
+
+def _ranked(config: TrainConfig, levers: list[list[Step]], stats: Any) -> list[Combination]:
     """Every combination of lever positions (but the one that changes nothing), best first."""
     out = []
     for positions in itertools.product(*(range(len(lever)) for lever in levers)):
@@ -282,7 +299,7 @@ def _ranked(config: TrainConfig, levers: list[list[Step]], stats: Any) -> list[_
         steps = [levers[i][p] for i, p in enumerate(positions) if p]
         seq = next((s.changes["max_seq_length"] for s in steps if "max_seq_length" in s.changes), None)
         lost, significant = _data_cost(config, stats, seq)
-        out.append(_Combo(positions, steps, _score(steps, lost), lost, significant))
+        out.append(Combination(positions, steps, _score(steps, lost), lost, significant))
     out.sort(key=lambda c: c.key)
     return out
 
@@ -335,7 +352,7 @@ def combo_title(steps: list[Step]) -> str:
     return title[0].upper() + title[1:]
 
 
-def _advice(combo: _Combo, config: TrainConfig, stats: Any, capacity: int, device: str) -> Advice:
+def _advice(combo: Combination, config: TrainConfig, stats: Any, capacity: int, device: str) -> Advice:
     """An Advice: a title naming what changes, and the cost in words (speed, quality, data)."""
     steps, total = combo.steps, int(combo.total or 0)
     changes = _merged(steps)
@@ -364,13 +381,9 @@ def _advice(combo: _Combo, config: TrainConfig, stats: Any, capacity: int, devic
 
 def _price(plan: RunPlan, changes: dict[str, Any], ratio: float, world_size: int | None = None) -> int | None:
     """Total bytes after a change (on `world_size` processes, default the plan's): the formulas, scaled by how far
-    they were from the replay of the searched settings; None for a combination the config refuses (e.g. QLoRA with
-    ZeRO)."""
-    try:
-        new = plan.replanned(world_size=world_size, **changes)
-    except UserError:
-        return None
-    if new.config.errors():
+    they were from the replay of the searched settings; None for a combination the config refuses (`allowed`)."""
+    new = allowed(plan, changes, world_size)
+    if new is None:
         return None
     est = core.estimate_core(new, trace_it=False)
     tensors = int(est.analytic_tensor_bytes * (ratio if core.traceable(new) else 1.0))
@@ -413,16 +426,16 @@ def search(
     `base` is the estimate of `plan` itself (its replay scales the formulas); `pinned` fields are not changed."""
     config, device = plan.config, plan.device
     ratio = min(1.25, max(0.8, base.tensor_bytes / max(1, base.analytic_tensor_bytes)))
-    combos = _ranked(config, _levers(plan, stats, pinned), stats)
-    fitting: list[_Combo] = []
-    tight: list[_Combo] = []
+    combos = combinations(plan, stats, pinned)
+    fitting: list[Combination] = []
+    tight: list[Combination] = []
     started = time.monotonic()
     for combo in combos:
         if len(fitting) >= MAX_RESULTS or (fitting and time.monotonic() - started > PRICE_BUDGET_S):
             break
         if any(_contains(combo.positions, kept.positions) for kept in fitting):
             continue  # a milder combination inside this one already fits
-        combo.total = _price(plan, _merged(combo.steps), ratio)
+        combo.total = _price(plan, combo.changes, ratio)
         if combo.total is None or combo.total > capacity:
             continue
         if verdict(combo.total, capacity, device) == "fits":
@@ -462,7 +475,9 @@ def _confirmed(plan: RunPlan, capacity: int, advice: list[Advice]) -> list[Advic
 # ----------------------------------------------------------------------------- when nothing fits
 
 
-def _needed(plan: RunPlan, capacity: int, combos: list[_Combo], ratio: float, base: Any, stats: Any) -> Needed | None:
+def _needed(
+    plan: RunPlan, capacity: int, combos: list[Combination], ratio: float, base: Any, stats: Any
+) -> Needed | None:
     """The smallest common card (the same number of them) on which the best combination fits with headroom,
     keeping the data whole if any card can; else how many of the asked card, with ZeRO-3 and CPU offload."""
     config, gpus = plan.config, plan.world_size
@@ -471,8 +486,8 @@ def _needed(plan: RunPlan, capacity: int, combos: list[_Combo], ratio: float, ba
     started = time.monotonic()
     for combo in combos:  # every combination's price (the search stopped pricing early only when some fitted)
         if combo.total is None and time.monotonic() - started < PRICE_BUDGET_S:
-            combo.total = _price(plan, _merged(combo.steps), ratio)
-    as_is = _Combo((), [], 0.0, *_data_cost(config, stats, None), total=base.total_bytes, replayed=True)
+            combo.total = _price(plan, combo.changes, ratio)
+    as_is = Combination((), [], 0.0, *_data_cost(config, stats, None), total=base.total_bytes, replayed=True)
     candidates = sorted([as_is, *combos], key=lambda c: c.key)
     replays = 0
     for keep_data in (True, False):
@@ -501,13 +516,13 @@ def _larger_cards(capacity: int) -> list[tuple[float, list[str]]]:
     return sorted(sizes.items())
 
 
-def _confirmed_total(plan: RunPlan, combo: _Combo) -> int:
+def _confirmed_total(plan: RunPlan, combo: Combination) -> int:
     """The replayed total of a combination (its formula figure where a replay cannot run)."""
-    new = plan.replanned(**_merged(combo.steps))
+    new = plan.replanned(**combo.changes)
     return _replay(new) if core.traceable(new) else int(combo.total or 0)
 
 
-def _needed_card(combo: _Combo, total: int, gib: float, names: list[str], gpus: int, capacity: int) -> Needed:
+def _needed_card(combo: Combination, total: int, gib: float, names: list[str], gpus: int, capacity: int) -> Needed:
     """The answer naming a card."""
     cards = " or ".join(_article(n) for n in names)
     count = f"{gpus} × " if gpus > 1 else ""
@@ -518,7 +533,7 @@ def _needed_card(combo: _Combo, total: int, gib: float, names: list[str], gpus: 
         f"will run out of memory. {what} {needs} about {core.size_text(total)}: it fits {count}{cards} ({gib:g} GiB "
         "usable) with headroom."
     )
-    return Needed(line, gib, gpus, list(names), _merged(combo.steps), total, what)
+    return Needed(line, gib, gpus, list(names), combo.changes, total, what)
 
 
 def _article(name: str) -> str:
@@ -534,8 +549,8 @@ def _needed_gpus(plan: RunPlan, capacity: int, stats: Any) -> Needed | None:
         "zero_stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu", "gradient_checkpointing": True,
         "per_device_train_batch_size": 1, "gradient_accumulation_steps": config.effective_batch_size,
     }  # fmt: skip
-    if config.method == "qlora":
-        changes["method"] = "lora"  # a 4-bit base cannot be sharded by ZeRO here
+    if allowed(plan, changes) is None and allowed(plan, {**changes, "method": "lora"}) is not None:
+        changes["method"] = "lora"  # the config refuses this with a 4-bit base (ZeRO-3): LoRA on the 16-bit base
     whole = whole_length(config, stats)
     if whole:
         changes["max_seq_length"] = whole

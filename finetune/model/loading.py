@@ -147,10 +147,11 @@ def load_model_config(name: str, trust_remote_code: bool = False) -> Any:
     return from_pretrained(AutoConfig, path, trust_remote_code=trust_remote_code)
 
 
-def check_model(config: TrainConfig) -> None:
-    """What loading the weights would refuse, checked from the model's config alone: the task has a head for this
-    model type, and `lora_target_modules` names layers the model has (the model is built on the meta device: no
-    weights, no memory). Models that ship their own code are left to the load."""
+def check_model(plan: RunPlan) -> None:
+    """What loading the weights would refuse, checked from the model's config alone: the plan's model class has a
+    head for this model type, and its LoRA targets name layers the model has (the model is built on the meta device:
+    no weights, no memory). Models that ship their own code are left to the load."""
+    config = plan.config
     if config.model == EMBEDDED_MODEL and not (embedded_cache_dir() / "config.json").is_file():
         return  # the embedded Llama: reading its GGUF metadata here would cost seconds, and it has every head
     model_config = load_model_config(config.model, config.trust_remote_code)
@@ -159,26 +160,22 @@ def check_model(config: TrainConfig) -> None:
     import transformers
     from transformers.models.auto import modeling_auto
 
-    from finetune import objectives
-    from finetune.plan import lora_targets, model_class_for
-
-    objective = objectives.of(config)
-    model_class = model_class_for(objective)  # the class the engine will load
+    model_class = plan.model_class  # the class the engine will load
     mapping = {
         "AutoModelForSequenceClassification": modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
         "AutoModelForCausalLM": modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
     }[model_class]
     model_type = getattr(model_config, "model_type", "")
     if model_type not in mapping:
-        need = "a classification head" if objective.is_classifier else "a model that generates text"
+        need = "a classification head" if plan.is_classifier else "a model that generates text"
         raise ConfigError(
             f"task: {config.task} needs {need}; {model_type!r} models have no {model_class.removeprefix('Auto')} "
             "class in transformers; choose the other task or another model",
             "task",
         )
-    targets = lora_targets(config.lora_target_modules)
-    if config.method == "full" or targets == "all-linear":
+    if plan.lora is None or plan.lora.target_modules == "all-linear":
         return
+    targets = plan.lora.target_modules
     import torch
 
     with torch.device("meta"):

@@ -21,19 +21,27 @@ from typing import Any
 from finetune import paths
 from finetune.atomic import write_text
 from finetune.config import TrainConfig
-from finetune.runs.device_lock import DeviceLock, busy_message, distributed_rank
 from finetune.errors import BusyError, ConfigError, UserError, os_reason
-from finetune.runs.failures import DISK_FULL, disk_error, plain_error, release_memory
 from finetune.plan import RunPlan, plan_for
+from finetune.runs.device_lock import DeviceLock, busy_message, distributed_rank
+from finetune.runs.failures import DISK_FULL, disk_error, plain_error, release_memory
 from finetune.runs.preflight import (
     check_new_run_dir,
     check_resume_overrides,
     checkpoint_step,
     confined_path,
+    model_ready,
     preflight,
     unique_run_path,
 )
-from finetune.runs.process_group import GROUP_ENV, GroupProgress, group_alive, holder_alive, reap_supervisors, request_stop
+from finetune.runs.process_group import (
+    GROUP_ENV,
+    GroupProgress,
+    group_alive,
+    holder_alive,
+    reap_supervisors,
+    request_stop,
+)
 from finetune.runs.progress import Progress, TrainingState
 from finetune.runs.rundir import ACTIVE, RunDir, find_run, list_runs
 
@@ -144,20 +152,27 @@ class RunManager:
     def check_start(self, config: TrainConfig, confine: bool = False) -> Path:
         """Every check `start` makes before anything is written (Check in the app gives the same verdict);
         returns the run directory it would use."""
+        return self._checked(config, confine)[0]
+
+    def _checked(self, config: TrainConfig, confine: bool) -> tuple[Path, RunPlan]:
+        """config -> plan -> preflight(plan): the run directory a new run would use and the plan it runs, made
+        once here for this machine and world, checked, handed down and recorded."""
         config.validate()
         rank, world = distributed_rank()
         path = self._new_run_path(config, confine, world)
         if rank == 0:
             check_new_run_dir(path)
-        preflight(config)
-        return path
+        model_ready(config)  # the plan reads the model's family from its config.json
+        plan = plan_for(config)
+        preflight(plan)
+        return path, plan
 
     def start(
         self, config: TrainConfig, owner: str = "", confine: bool = False, background: bool = True
     ) -> TrainingState:
         """Start a new run. `confine` keeps output_dir under the runs root (the web UI)."""
-        run = RunDir(self.check_start(config, confine))
-        return self._launch(config, run, owner, resume_from=None, background=background)
+        path, plan = self._checked(config, confine)
+        return self._launch(plan, RunDir(path), owner, resume_from=None, background=background)
 
     def resume(
         self, run_dir: str | Path, owner: str = "", background: bool = True, overrides: dict[str, Any] | None = None
@@ -180,7 +195,8 @@ class RunManager:
         step = checkpoint_step(checkpoint)
         check_resume_overrides(saved, config, step)
         launch = Launch(resume_step=step, previous_config=_read_text(run.config_path), previous_status=status)
-        return self._launch(config, run, owner, resume_from=checkpoint, background=background, launch=launch)
+        plan = plan_for(config)  # the plan of this machine and world (a resume may run elsewhere than the start)
+        return self._launch(plan, run, owner, resume_from=checkpoint, background=background, launch=launch)
 
     def join_launched(self, run_dir: str | Path, owner: str = "", background: bool = True) -> TrainingState:
         """A rank of a group that `launch` started: train the run the launcher prepared (its config, its folder)."""
@@ -188,8 +204,8 @@ class RunManager:
         if not run.exists():
             raise UserError(f"--launched: {run_dir} is not a run directory prepared by launch", "launched")
         owner = owner or run.read_status().get("owner", "")
-        config = run.load_config()
-        return self._launch(config, run, owner, resume_from=None, background=background, launch=Launch(launched=True))
+        plan = plan_for(run.load_config())  # the launcher checked the config; this rank plans for its own world
+        return self._launch(plan, run, owner, resume_from=None, background=background, launch=Launch(launched=True))
 
     def _find_run(self, run_dir: str | Path) -> RunDir:
         return find_run(run_dir, self.root, field="resume")
@@ -209,7 +225,7 @@ class RunManager:
 
     def _launch(
         self,
-        config: TrainConfig,
+        plan: RunPlan,
         run: RunDir,
         owner: str,
         resume_from: Path | None,
@@ -218,7 +234,7 @@ class RunManager:
     ) -> TrainingState:
         rank, world = distributed_rank()
         launch = launch or Launch()
-        plan = plan_for(config)  # made once, here, for this machine and world; handed down and recorded
+        config = plan.config
         # Several ranks agree at every step on whether to stop (the stop flag file of a launched run included).
         progress_class = GroupProgress if world > 1 else Progress
         progress = progress_class(run, run.name, owner=owner, write_files=rank == 0)
@@ -318,6 +334,7 @@ class RunManager:
 
     def _fail(self, plan: RunPlan, progress: Progress, exc: BaseException, launch: Launch) -> None:
         run = RunDir(progress.run.path)
+        plan = _as_recorded(run, plan)  # the engine records what it changed at run time (packing vetoed)
         disk = disk_error(exc, run.path)
         if disk is not None and disk.errno in DISK_FULL and progress.write_files:
             run.remove_torn_checkpoints()  # the save that filled the disk: room again for the status that says so
@@ -384,6 +401,14 @@ def state_from_files(run: RunDir) -> TrainingState:
         effective = "interrupted" if effective in ACTIVE else effective  # every process of it is gone
     state.status = effective
     return state
+
+
+def _as_recorded(run: RunDir, plan: RunPlan) -> RunPlan:
+    """The plan the run recorded in plan.json (what ran), else the one it started with."""
+    try:
+        return run.load_plan()
+    except (UserError, OSError):
+        return plan
 
 
 def _read_text(path: Path) -> str | None:

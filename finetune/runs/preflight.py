@@ -1,5 +1,9 @@
-"""Every check before a run writes anything: the model and data can be read, the options suit this machine, the
-run folder is new or empty, and a resume only changes what its checkpoint can take."""
+"""Every check before a run writes anything: the model and data can be read, the plan's options suit this machine, the
+run folder is new or empty, and a resume only changes what its checkpoint can take.
+
+The order is config -> plan -> preflight(plan): the checks read the plan's decisions (device, objective, model class,
+LoRA targets, Liger) instead of deriving them again. Only `model_ready` comes before the plan, since the plan reads
+the model's family from its config.json."""
 
 from __future__ import annotations
 
@@ -7,10 +11,14 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from finetune.config import TrainConfig
 from finetune.errors import ConfigError, os_reason
 from finetune.runs.rundir import RunDir
+
+if TYPE_CHECKING:
+    from finetune.plan import RunPlan
 
 # Settings a checkpoint is bound to: its weights, optimizer state or format would not fit a change.
 RESUME_FIXED = (
@@ -33,17 +41,28 @@ RESUME_FIXED = (
 )
 
 
-def preflight(config: TrainConfig) -> None:
-    """Cheap checks before a run directory exists: the model and data can be found, the options suit the machine."""
-    from finetune import plan
-    from finetune.model import loading
+def model_ready(config: TrainConfig) -> None:
+    """The model can be found, and its config.json is on this machine (a Hub model's is fetched into the Hub cache):
+    the plan reads the model's family from it (Liger), so this runs before the plan is made."""
     from finetune.config import EMBEDDED_MODEL
-    from finetune.data.loading import FILE_TYPES, load_raw
+    from finetune.model import loading
 
     if config.model == EMBEDDED_MODEL:
         loading.embedded_gguf_path()
-    else:
-        loading.resolve_model_path(config.model)
+        return
+    loading.resolve_model_path(config.model)
+    loading.load_model_config(config.model, config.trust_remote_code)
+
+
+def preflight(plan: RunPlan) -> None:
+    """Cheap checks of a plan before its run directory exists: the data can be read, the model takes the plan's
+    sequence length, head and LoRA targets, and what the plan decided can run on this machine (`model_ready` first)."""
+    from finetune import plan as plans
+    from finetune.config import EMBEDDED_MODEL
+    from finetune.data.loading import FILE_TYPES, load_raw
+    from finetune.model import loading
+
+    config = plan.config
     path = Path(config.dataset).expanduser()
     if config.dataset.startswith("bundled:") or path.suffix.lower() in FILE_TYPES or path.exists():
         # Local data is small enough to read now: a bad file is refused before any run directory exists.
@@ -55,15 +74,15 @@ def preflight(config: TrainConfig) -> None:
         from finetune.engines.common import check_sequence_length
 
         check_sequence_length(config)
-        loading.check_model(config)  # the task's head and the LoRA targets, from the model's config alone
+        loading.check_model(plan)  # the plan's head and LoRA targets, from the model's config alone
     if config.report_to not in ("none",):
         import importlib.util
 
         if importlib.util.find_spec(config.report_to) is None:
             raise ConfigError(f"report_to: {config.report_to} is not installed; use none or install it", "report_to")
-    gpu_only(config)
-    preference_ready(config)
-    plan.uses_liger(config, strict=True)  # liger_kernel: on where Liger cannot run is refused now
+    gpu_only(plan)
+    preference_ready(plan)
+    plans.uses_liger(config, plan.device, strict=True)  # liger_kernel: on where Liger cannot run is refused now
 
 
 def columns_ready(config: TrainConfig, columns: list[str]) -> None:
@@ -91,9 +110,9 @@ def hub_dataset_ready(config: TrainConfig) -> None:
     """A Hub dataset is loaded as Start will load it (downloaded once into the Hub cache, which the run then reads):
     its splits and columns checked. Offline, only a copy already on this machine can be used; without one the answer
     is one plain line at once, instead of the Hub client's error when the run starts."""
-    from finetune.model import catalogue
     from finetune.config import BUNDLED_DATASET
     from finetune.data.loading import load_raw
+    from finetune.model import catalogue
 
     if not catalogue.hub_reachable() and not _hub_copy_here(config.dataset):
         raise ConfigError(
@@ -116,15 +135,15 @@ def _hub_copy_here(dataset: str) -> bool:
         return False
 
 
-def preference_ready(config: TrainConfig) -> None:
+def preference_ready(plan: RunPlan) -> None:
     """Objectives that run on TRL's trainers are refused, naming the field, where TRL is not installed."""
     import importlib.util
 
     from finetune import objectives
 
-    if objectives.of(config).needs_trl and importlib.util.find_spec("trl") is None:
+    if plan.objective.needs_trl and importlib.util.find_spec("trl") is None:
         raise ConfigError(
-            f"objective: {config.objective} needs the trl package (pip install trl==1.16.0); or use objective: "
+            f"objective: {plan.config.objective} needs the trl package (pip install trl==1.16.0); or use objective: "
             f"{objectives.DEFAULT}",
             "objective",
         )
@@ -180,13 +199,11 @@ def check_resume_overrides(saved: TrainConfig, wanted: TrainConfig, step: int) -
         )
 
 
-def gpu_only(config: TrainConfig) -> None:
-    """Options that only make sense with a GPU are refused on a CPU machine with a clear reason."""
-    import torch
-
-    if torch.cuda.is_available():
+def gpu_only(plan: RunPlan) -> None:
+    """Options that only make sense with a GPU are refused for a plan on the CPU, with a clear reason."""
+    if plan.device == "cuda":
         return
-    if "nvme" in (config.offload_optimizer, config.offload_param):
+    if "nvme" in (plan.config.offload_optimizer, plan.config.offload_param):
         raise ConfigError("offload_optimizer: NVMe offload needs a GPU; this machine has none", "offload_optimizer")
 
 
