@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from finetune import objectives  # the UI reads the registry (labels, goals, fields that apply) through this door
+from finetune import objectives
 from finetune.access.policy import AccessPolicy
 from finetune.access.uploads import Uploads, is_upload
 from finetune.config import FIELDS, TrainConfig, field_kind, field_label, field_optional
@@ -32,13 +32,23 @@ from finetune.errors import BusyError, ConfigError, UserError
 from finetune.model.inference import MAX_NEW_TOKENS, Classification, GenerationSettings
 from finetune.paths import BUNDLED
 from finetune.plan import RunPlan
+from finetune.runs.events import (
+    CheckpointEvent,
+    CompletionsEvent,
+    EvalEvent,
+    Event,
+    LogEvent,
+    MessageEvent,
+    SamplesEvent,
+    SavedEvent,
+    StatusEvent,
+)
 from finetune.runs.manager import RunManager
 from finetune.runs.progress import TrainingState
 from finetune.runs.rundir import RunDir, find_run, list_runs
 
 BASE = "base"
 BASE_OF = "base-of:"  # chat source: the model a run started from (`base-of:RUN_ID`), whatever the form says now
-DEFAULT_GOAL = objectives.DEFAULT_GOAL  # the goal a proposal assumes when none is given
 RUN_ID_LIMIT = 200  # characters of a run id (folder names are shorter)
 TOKEN_LIMIT = 4096  # characters of a pasted Hub token
 CHAT_MESSAGE_LIMIT = 8000  # characters of one chat message (or the system prompt)
@@ -485,9 +495,14 @@ class Studio:
             raise UserError(f"run: {str(run_id)[:RUN_ID_LIMIT]!r} is not a run in the runs folder", "run")
         return found
 
-    def events(self, run_id: str, types: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
-        """The run's events (log, eval, samples, message, status ...)."""
-        return self._run(run_id).read_events(types)
+    def events(self, run_id: str) -> list[Event]:
+        """The run's events, typed (finetune/runs/events.py: log, eval, samples, message, status ...)."""
+        return self._run(run_id).events()
+
+    def objective(self, run_id: str) -> objectives.Objective:
+        """The objective's record a run trains with (its plan.json, or its config.yaml for older runs): what its
+        metrics are called, which are plotted, which scores judge it."""
+        return self._run(run_id).objective()
 
     def run_config(self, run_id: str) -> TrainConfig:
         """The settings a run was started with."""
@@ -719,7 +734,7 @@ class Studio:
         with self._eval_lock:
             result, path = evaluate_run(run, EvalOptions(**values), progress)
             self._evaluated["at"] = time.time()
-        return view(result, path.name)
+        return view(result, path.name, run.objective())
 
     def evaluations(self, run_id: str) -> list[str]:
         """The file names of a run's evaluations, newest first."""
@@ -737,10 +752,10 @@ class Studio:
             if name in (None, "", path.name):
                 result = store.load(path)
                 if result is not None:
-                    return view(result, path.name)
+                    return view(result, path.name, run.objective())
         return None
 
-    def held_out_scores(self, run_id: str, events: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    def held_out_scores(self, run_id: str, events: list[Event] | None = None) -> list[dict[str, Any]]:
         """The objective's cheap scores of the held-out answers the run logged at step 0 and at each evaluation, against
         their reference answers: [{"step": N, "rouge_l": ..., "exact_match": ..., ...}] ([] without references).
         `events`: the run's events when the caller has just read them."""
@@ -748,18 +763,17 @@ class Studio:
 
         run = self._run(run_id)
         try:
-            objective = run.load_plan().objective  # the run's own record: which scores it is judged by
+            objective = run.objective()  # the run's own record: which scores it is judged by
         except UserError:
             return []
         out = []
-        for event in events if events is not None else run.read_events(("samples",)):
-            samples = (
-                [s for s in event.get("samples") or [] if isinstance(s, dict)] if event.get("type") == "samples" else []
-            )
-            answers, references = [str(s.get("answer", "")) for s in samples], [s.get("reference") for s in samples]
+        for event in events if events is not None else run.events():
+            if not isinstance(event, SamplesEvent):
+                continue
+            answers, references = [s.answer for s in event.samples], [s.reference for s in event.samples]
             scores = sample_scores(objective, answers, references) if any(r is not None for r in references) else {}
             if scores:
-                out.append({"step": int(event.get("step") or 0), **scores})
+                out.append({"step": event.step, **scores})
         return out
 
     def compare(self, run_ids: list[str]) -> Any:
@@ -900,12 +914,6 @@ class Studio:
         return propose(self.plan(values, device=device, gpus=gpus), gpu_gib=gpu_gib, pinned=tuple(pinned))
 
     @staticmethod
-    def goal_settings(goal: str, given: Any = ()) -> dict[str, Any]:
-        """The task and objective a goal sets (the objectives registry's goals), and what suits the goal for the
-        fields not in `given`, as `propose --goal` does."""
-        return objectives.goal_settings(goal, given)
-
-    @staticmethod
     def embedded_ready() -> bool:
         """Whether the embedded model is converted already (its first use converts it, once: about a minute)."""
         from finetune.model.loading import embedded_cache_dir
@@ -971,9 +979,9 @@ def _summary(run: dict[str, Any]) -> RunSummary:
     folder = RunDir(Path(run["run_dir"]))
     try:
         config = folder.load_config()
-        model, method, objective = short_model_name(config.model), config.method, objectives.of(config).name
+        model, method, objective = short_model_name(config.model), config.method, folder.objective()
     except Exception:  # a run cut short before its config was written: listed by its name alone
-        model, method, objective = "", "", objectives.DEFAULT
+        model, method, objective = "", "", objectives.OBJECTIVES[objectives.DEFAULT]
     checkpoint = folder.last_checkpoint()
     from finetune.evaluation import report, store
 
@@ -988,11 +996,11 @@ def _summary(run: dict[str, Any]) -> RunSummary:
         owner=str(run.get("owner") or ""),
         model=model,
         method=method,
-        objective=objective,
+        objective=objective.name,
         resumable=bool(run.get("resumable")),
         final=folder.has_final_model(),
         checkpoint_step=int(checkpoint.name.split("-")[-1]) if checkpoint is not None else None,
-        evaluation=report.summary(store.latest(folder.path)),
+        evaluation=report.summary(store.latest(folder.path), objective),
     )
 
 
@@ -1023,4 +1031,20 @@ def _file_stamp(path: Path) -> tuple[int, float]:
     return (st.st_size, st.st_mtime)
 
 
-__all__ = ["BASE", "BASE_OF", "Classification", "GenerationSettings", "Studio"]
+# Besides what the studio defines, the types of its answers that are defined elsewhere: the UI takes them from here.
+__all__ = [
+    "BASE",
+    "BASE_OF",
+    "CheckpointEvent",
+    "Classification",
+    "CompletionsEvent",
+    "EvalEvent",
+    "Event",
+    "GenerationSettings",
+    "LogEvent",
+    "MessageEvent",
+    "SamplesEvent",
+    "SavedEvent",
+    "StatusEvent",
+    "Studio",
+]

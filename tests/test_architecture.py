@@ -179,10 +179,11 @@ def test_argument_parsing_lives_only_in_the_cli_package():
     assert not reached, "command-line parsing outside finetune/cli/:\n" + "\n".join(reached)
 
 
-UI_DOORS = {"finetune.studio", "finetune.config", "finetune.errors"}  # the studio, the config schema, the errors
+# The studio, the config schema, the errors and the objectives registry (light: no torch, no gradio).
+UI_DOORS = {"finetune.studio", "finetune.config", "finetune.errors", "finetune.objectives"}
 
 
-def test_the_ui_imports_only_the_studio_the_config_schema_and_the_errors():
+def test_the_ui_imports_only_the_studio_the_config_schema_the_errors_and_the_registry():
     graph = import_graph()
     assert "finetune.studio" in graph["ui.app"]  # (the check sees the UI's imports)
     reached = sorted(
@@ -193,6 +194,38 @@ def test_the_ui_imports_only_the_studio_the_config_schema_and_the_errors():
         if target.partition(".")[0] == "finetune" and target not in UI_DOORS
     )
     assert not reached, "the UI reaches past its doors:\n" + "\n".join(reached)
+
+
+def test_the_ui_reads_the_registry_itself_not_through_the_studio():
+    """Each door is used openly: nothing the UI takes from the studio is a module the studio imported (a registry
+    passed through), and the UI does import the registry."""
+    import types
+
+    from finetune import studio
+
+    passed = sorted(
+        f"{path.relative_to(ROOT)}: {alias.name}"
+        for path in sorted((ROOT / "ui").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ImportFrom) and node.module == "finetune.studio"
+        for alias in node.names
+        if isinstance(getattr(studio, alias.name, None), types.ModuleType)
+    )
+    assert not passed, "modules the UI takes through the studio:\n" + "\n".join(passed)
+    assert "finetune.objectives" in import_graph()["ui.start_tab"]
+
+
+def test_the_registry_and_the_event_reader_load_without_torch_or_gradio():
+    """What the UI imports besides the studio stays light: the registry and the typed event log load alone."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, finetune.objectives, finetune.config, finetune.runs.events; "
+        "print(sorted(m for m in ('torch', 'transformers', 'gradio') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
 def test_the_cycle_check_finds_a_cycle_through_a_function_local_import():

@@ -151,6 +151,24 @@ def test_the_run_list_and_the_model_card_carry_the_evaluation(sft, tmp_path):
     assert "## Evaluation" in card.text and "| ROUGE-L |" in card.text
 
 
+def test_the_headline_score_is_the_runs_objectives_whatever_scores_the_evaluation_holds():
+    """The run list and the Train tab sum an evaluation up by the score the run's objective names first (its record's
+    `headline`), never by which scores happen to be present: the same scores read as ROUGE-L for SFT, how often the
+    chosen answer wins for preferences, number match for rewards, accuracy for a classifier."""
+    from finetune.objectives import OBJECTIVES
+
+    every = {name: 0.5 for record in OBJECTIVES.values() for name in record.eval_metrics}
+    result = {"tuned": every, "base": {"rouge_l": 0.25, "accuracy": 0.125}}
+    shown = {name: report.summary(result, record) for name, record in OBJECTIVES.items()}
+    assert shown["sft"] == "ROUGE-L 0.500 (base 0.250)"
+    assert {shown[n] for n in ("dpo", "orpo", "kto")} == {f"{report.label('reward_accuracy')} 0.500"}
+    assert shown["grpo"] == f"{report.label('number_match')} 0.500"
+    assert shown["classification"] == f"{report.label('accuracy')} 0.500 (base 0.125)"
+    for record in OBJECTIVES.values():  # each headline is a score an evaluation of that objective reports
+        assert set(record.headline) <= set(record.eval_metrics), record.name
+    assert report.summary({"tuned": {"loss": 1.5}}, OBJECTIVES["grpo"]) == "loss 1.500"  # no answers: the loss
+
+
 # ----------------------------------------------------------------------------------------------- lm-eval
 def test_the_bundled_task_gives_the_same_accuracy_through_eval_as_through_lm_evals_api_on_the_merged_model(
     sft, tmp_path
@@ -326,6 +344,7 @@ def test_a_rewards_run_is_scored_on_its_answer_column_and_the_loss_only_where_a_
     from finetune import data as data_module
     from finetune.evaluation.metrics import sample_scores
     from finetune.objectives import OBJECTIVES
+    from finetune.studio import Studio
 
     run = tmp_path / "runs" / "run-grpo"
     shutil.copytree(sft["run"], run, ignore=shutil.ignore_patterns(store.FOLDER))
@@ -341,7 +360,8 @@ def test_a_rewards_run_is_scored_on_its_answer_column_and_the_loss_only_where_a_
     assert len(lines) == 5 and len(answered) == 4 and "tuned_nll" not in lines[-1]
     assert list(result["tuned"]) == ["number_match", "exact_match", "loss", "perplexity"]  # the record's order
     assert result["goal"] == "grpo" and "base" not in result and "reference" not in result
-    assert report.summary(result).startswith(report.label("number_match"))  # the run list's headline score
+    listed = Studio(tmp_path / "runs").run("run-grpo").evaluation  # the run list sums it up by the record's headline
+    assert listed.startswith(report.label("number_match")), listed
     assert result["tuned"]["number_match"] == pytest.approx(
         mean([number_match(r["tuned"], r["reference"]) for r in answered])
     )

@@ -225,6 +225,26 @@ def test_card_survives_a_run_without_events(run_dir):
     assert "loss_curve.png" not in text
 
 
+def test_card_counts_steps_trained_again_after_a_resume_once(run_dir):
+    """A crash after step 10 logged steps 11-12 that the resume from checkpoint-10 trained again: the card's figures
+    (best training and eval loss, the sample answers) read the events as the one reader gives them, the first
+    attempt's numbers dropped, and match the run without it."""
+    rd = RunDir(run_dir)
+    before = build_model_card(run_dir, REPO)
+    with rd.events_path.open("a", encoding="utf-8") as log:
+        for line in (
+            {"type": "log", "step": 11, "loss": 0.0001, "time": 1.0},
+            {"type": "eval", "step": 12, "eval_loss": 0.00001, "time": 2.0},
+            {"type": "samples", "step": 12, "samples": [{"prompt": "What is two plus two?", "answer": "LOST"}]},
+            {"type": "resume", "step": 10, "checkpoint": "checkpoint-10", "time": 3.0},
+        ):
+            log.write(json.dumps(line) + "\n")
+    after = build_model_card(run_dir, REPO)
+    assert "(step 11)" not in after and "(step 12)" not in after and "LOST" not in after
+    rows = [line for line in after.splitlines() if line.startswith(("| Best ", "| Final training loss"))]
+    assert len(rows) == 3 and all(row in before for row in rows), rows
+
+
 def test_card_runtime_from_engine_timestamps(run_dir):
     # The engine records started_at / finished_at rather than runtime_s.
     rd = RunDir(run_dir)

@@ -540,6 +540,41 @@ def test_memory_fields_mirror_configure_in_the_browser(demo, ui):
         assert any(d["inputs"] == [cfg] and d["outputs"] == [mem] for d in deps), name
 
 
+# ----------------------------------------------------------------------------------------------- Start
+def test_each_start_goal_sets_what_propose_goal_sets_by_the_one_function(ui, monkeypatch):
+    """A goal chosen on the Start tab writes into the form exactly what `propose --goal` and /propose set: the
+    registry's `goal_settings` (task, objective, what suits the goal), asked once per choice. A value the user set is
+    kept, and orpo chosen in Configure stays when the goal is preferences."""
+    from finetune import objectives
+
+    asked: list[tuple[str, list[str]]] = []
+    real = objectives.goal_settings
+
+    def spy(goal: str, given: Any = ()) -> dict[str, Any]:
+        asked.append((goal, list(given)))
+        return real(goal, given)
+
+    monkeypatch.setattr(objectives, "goal_settings", spy)
+    tab, fields = ui.start, ui.start.config.fields
+    defaults = ui.studio.default_values()
+    for goal in objectives.GOALS:
+        page = {fields[n]: v for n, v in defaults.items()}
+        page.update({tab.model: defaults["model"], tab.data: defaults["dataset"], tab.goal: goal, tab.hardware: "cpu"})
+        answer = tab.choose(page)
+        expected = real(goal)
+        assert {n: answer[fields[n]] for n in expected} == expected, goal
+        assert asked[-1:] == [(goal, [])], asked
+    assert len(asked) == len(objectives.GOALS)
+
+    page.update({tab.goal: "grpo", fields["max_completion_length"]: 64})  # typed by the user before the goal
+    answer = tab.choose(page)
+    assert answer[fields["objective"]] == "grpo" and answer[fields["rewards"]] == "number_match"
+    assert fields["max_completion_length"] not in answer and asked[-1:] == [("grpo", ["max_completion_length"])]
+    page.update({tab.goal: "dpo", fields["objective"]: "orpo"})
+    answer = tab.choose(page)
+    assert (answer[fields["task"]], answer[fields["objective"]]) == ("causal_lm", "orpo")
+
+
 # ----------------------------------------------------------------------------------------------- Train
 def test_start_with_a_bad_value_starts_nothing_and_points_at_the_field(ui, studio):
     out = ui.train.start(None, **form(max_steps=-3))
@@ -603,24 +638,40 @@ def test_the_train_tab_says_what_start_will_run(ui, tiny_model_dir, tmp_path):
     assert text.startswith("⚠ Start would refuse these settings: max_steps")
 
 
-def test_preference_metrics_are_shown_beside_the_loss(ui, trained_run):
-    """A preference run's log events carry rewards and KL: the page shows the latest as numbers and a second plot."""
-    with (trained_run / "events.jsonl").open("a", encoding="utf-8") as log:
+def log_preference_steps(run_dir: Path) -> None:
+    """Two more logged steps carrying what a preference trainer logs beside the loss (rewards, KL)."""
+    with (run_dir / "events.jsonl").open("a", encoding="utf-8") as log:
         for step, margin in ((11, 0.25), (12, 0.5)):
             event = {"type": "log", "step": step, "loss": 0.6, "rewards_chosen": 0.1, "rewards_rejected": -0.4}
             event.update({"rewards_margin": margin, "rewards_accuracy": 0.75, "kl": 0.02, "time": time.time()})
             log.write(json.dumps(event) + "\n")
+
+
+def test_preference_metrics_are_shown_beside_the_loss(ui, trained_run):
+    """A preference run (its plan.json's record says so) logs rewards and KL: the page shows the latest as numbers
+    and a second plot, titled by the record."""
+    rd = RunDir(trained_run)
+    config = rd.load_config().replace(objective="dpo")
+    rd.write_config(config)
+    rd.write_plan(plan_for(config))
+    log_preference_steps(trained_run)
     page = on_page(ui, ui.train.select("run-a"))
     assert "reward margin <b>0.5</b>" in page["prefs"] and "chosen preferred <b>75%</b>" in page["prefs"]
     assert "KL <b>0.02</b>" in page["prefs"] and 'data-step="12"' in page["prefs"]
-    plot = page["prefs_plot"]["value"]
-    assert page["prefs_plot"]["visible"] and list(plot[plot.series == "reward margin"].value) == [0.25, 0.5]
+    plot = page["prefs_plot"]
+    assert plot["visible"] and list(plot["value"][plot["value"].series == "reward margin"].value) == [0.25, 0.5]
+    assert plot["title"] == "Preference: reward margin (chosen − rejected) and KL"
     assert "margin 0.5" in page["log"]
+    assert " · DPO · " in run_title(ui.studio.run("run-a"))
 
 
-def test_a_sft_run_shows_no_preference_plot(ui, trained_run):
+def test_a_sft_run_shows_no_preference_plot_whatever_its_log_carries(ui, trained_run):
+    """The objective is the run's record, never guessed from its log: a SFT run whose log lines carry reward-like keys
+    shows no preference numbers, plot or log words."""
+    log_preference_steps(trained_run)
     page = on_page(ui, ui.train.select("run-a"))
     assert page["prefs"] == "" and page["prefs_plot"]["visible"] is False
+    assert "step 12 · loss 0.6" in page["log"] and "margin" not in page["log"]
 
 
 def test_resume_of_a_completed_run_is_refused_in_one_line(ui, studio, trained_run):
@@ -740,10 +791,11 @@ def test_the_cli_bad_input_table_gets_the_same_one_line_errors_in_the_ui(ui, stu
 
 
 def test_a_long_run_plot_is_thinned_but_keeps_its_ends():
+    from finetune.runs.events import EvalEvent, LogEvent
     from ui.formatting import loss_rows
 
-    events = [{"type": "log", "step": s, "loss": 1.0 / s} for s in range(1, 10_001)]
-    events += [{"type": "eval", "step": s, "eval_loss": 0.5} for s in range(1000, 10_001, 1000)]
+    events = [LogEvent(step=s, loss=1.0 / s) for s in range(1, 10_001)]
+    events += [EvalEvent(step=s, eval_loss=0.5) for s in range(1000, 10_001, 1000)]
     rows = loss_rows(events)
     train = [r for r in rows if r["series"] == "train"]
     assert 500 <= len(train) <= 601 and train[0]["step"] == 1 and train[-1]["step"] == 10_000

@@ -25,8 +25,9 @@ from typing import Any
 import gradio as gr
 from gradio.data_classes import FileData
 
+from finetune import objectives
 from finetune.errors import UserError
-from finetune.studio import DEFAULT_GOAL, GenerationSettings, Studio
+from finetune.studio import GenerationSettings, Studio
 from ui.formatting import one_line
 from ui.visitor import for_visitor
 
@@ -96,7 +97,7 @@ class StudioAPI:
     def propose(
         self,
         settings: dict,
-        goal: str = DEFAULT_GOAL,
+        goal: str = objectives.DEFAULT_GOAL,
         gpu_gib: float | None = None,
         gpus: int = 1,
         request: gr.Request = None,
@@ -118,7 +119,7 @@ class StudioAPI:
         """
         with refusals():
             studio = self._for(request, oauth_token)
-            values = {**_form(settings), **studio.goal_settings(str(goal), given=settings)}
+            values = {**_form(settings), **objectives.goal_settings(str(goal), given=settings)}
             device = "cuda" if gpu_gib else "cpu"
             return studio.propose(values, device=device, gpus=gpus, gpu_gib=gpu_gib).to_dict()
 

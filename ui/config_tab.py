@@ -21,6 +21,7 @@ from typing import Any
 
 import gradio as gr
 
+from finetune import objectives
 from finetune.config import (
     FIELD_NAMES,
     FIELDS,
@@ -31,7 +32,7 @@ from finetune.config import (
     field_optional,
 )
 from finetune.errors import UserError
-from finetune.studio import Studio, field_problem, objectives
+from finetune.studio import Studio, field_problem
 from ui.formatting import one_line, plain, preview_html, size
 from ui.visitor import per_visitor
 

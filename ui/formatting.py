@@ -10,7 +10,19 @@ import html
 import time
 from typing import Any
 
-from finetune.studio import RunSummary, objectives
+from finetune import objectives
+from finetune.studio import (
+    CheckpointEvent,
+    CompletionsEvent,
+    EvalEvent,
+    Event,
+    LogEvent,
+    MessageEvent,
+    RunSummary,
+    SamplesEvent,
+    SavedEvent,
+    StatusEvent,
+)
 
 GIB = 1024**3
 MIB = 1024**2
@@ -137,78 +149,61 @@ def problem_markdown(state: dict[str, Any] | None) -> str:
     return ""
 
 
-def objective_of(events: list[dict[str, Any]]) -> objectives.Objective:
-    """The objective a run trains with: its "objective" event says; without one, the first objective whose metrics
-    its "log" events carry; else plain SFT."""
-    named = next((e.get("objective") for e in events if e.get("type") == "objective"), None)
-    if named in objectives.OBJECTIVES:
-        return objectives.OBJECTIVES[named]
-    keys = {k for e in events if e.get("type") == "log" for k in e}
-    carried = (o for o in objectives.OBJECTIVES.values() if o.facts and any(o.fact_words(k) for k in keys))
-    return next(carried, objectives.OBJECTIVES[objectives.DEFAULT])
-
-
-def metric_facts(events: list[dict[str, Any]]) -> str:
-    """The latest values the run's objective logs beside the loss ("reward margin 0.52 · chosen preferred 75% ·
-    ..."), or "" for a run whose log carries none (SFT, classification)."""
-    objective = objective_of(events)
-    latest = next((e for e in reversed(events) if e.get("type") == "log" and _facts(e, objective)), None)
+def metric_facts(events: list[Event], objective: objectives.Objective) -> str:
+    """The latest values the run's objective (its record) logs beside the loss ("reward margin 0.52 · chosen
+    preferred 75% · ..."), or "" for a run whose objective logs none (SFT, classification)."""
+    latest = next((e for e in reversed(events) if isinstance(e, LogEvent) and _facts(e, objective)), None)
     if latest is None:
         return ""
     facts = [f"{words} <b>{esc(shown)}</b>" for words, shown in _facts(latest, objective)]
-    step = esc(latest.get("step", ""))
-    return (
-        f'<div class="fs-prefs" data-step="{step}">step {esc(latest.get("step", "?"))}: ' + " · ".join(facts) + "</div>"
-    )
+    return f'<div class="fs-prefs" data-step="{latest.step}">step {latest.step}: ' + " · ".join(facts) + "</div>"
 
 
-def _facts(event: dict[str, Any], objective: objectives.Objective) -> list[tuple[str, str]]:
-    """(words, value) for each of the objective's metrics an event carries, in the record's order."""
+def _facts(event: LogEvent, objective: objectives.Objective) -> list[tuple[str, str]]:
+    """(words, value) for each of the objective's metrics a logged step carries, in the record's order."""
     return [
         (words, f"{100 * value:.0f}%" if key in objective.percent else number(value, 3))
-        for key, words, value in objective.facts_of(event)
+        for key, words, value in objective.facts_of(event.metrics)
     ]
 
 
-def metric_rows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Points for the objective's plot: {step, value, series} for each plotted metric of each "log" event."""
-    objective = objective_of(events)
-    rows = []
-    for e in events:
-        if e.get("type") != "log":
-            continue
-        for key, value in e.items():
-            if value is not None and objective.is_plotted(key):
-                rows.append({"step": int(e.get("step", 0)), "value": float(value), "series": objective.fact_words(key)})
-    return rows
+def metric_rows(events: list[Event], objective: objectives.Objective) -> list[dict[str, Any]]:
+    """Points for the objective's plot: {step, value, series} for each metric its record plots, of each logged
+    step."""
+    return [
+        {"step": e.step, "value": value, "series": objective.fact_words(key)}
+        for e in events
+        if isinstance(e, LogEvent)
+        for key, value in e.metrics.items()
+        if objective.is_plotted(key)
+    ]
 
 
 COMPLETION_HEADERS = ["Prompt", "Sampled answer", "Rewards"]
 
 
-def completion_rows(events: list[dict[str, Any]]) -> tuple[int | None, list[list[str]]]:
+def completion_rows(events: list[Event]) -> tuple[int | None, list[list[str]]]:
     """(step, rows) of the newest "completions" event (a run learning from rewards): each sampled answer with its
     prompt and what each reward gave it; (None, []) for runs without."""
-    latest = next((e for e in reversed(events) if e.get("type") == "completions"), None)
+    latest = next((e for e in reversed(events) if isinstance(e, CompletionsEvent)), None)
     if latest is None:
         return None, []
     rows = []
-    for item in latest.get("completions") or []:
-        scores = item.get("rewards") or {}
-        shown = " · ".join(f"{name} {number(value, 3)}" for name, value in scores.items())
-        rows.append([str(item.get("prompt", "")), str(item.get("completion", "")) or "(empty answer)", shown])
-    return int(latest.get("step") or 0), rows
+    for item in latest.completions:
+        shown = " · ".join(f"{name} {number(value, 3)}" for name, value in item.rewards.items())
+        rows.append([item.prompt, item.completion or "(empty answer)", shown])
+    return latest.step, rows
 
 
-def loss_rows(events: list[dict[str, Any]], max_points: int = 600) -> list[dict[str, Any]]:
+def loss_rows(events: list[Event], max_points: int = 600) -> list[dict[str, Any]]:
     """Points for the loss plot: {step, loss, series} for train ("log") and eval events. A long run's train curve
     is thinned to about `max_points` (every k-th point and the last), which keeps each refresh small."""
     train, evals = [], []
     for e in events:
-        if e.get("type") == "log" and e.get("loss") is not None:
-            train.append({"step": int(e.get("step", 0)), "loss": float(e["loss"]), "series": "train"})
-        elif e.get("type") == "eval" and e.get("eval_loss") is not None:
-            evals.append({"step": int(e.get("step", 0)), "loss": float(e["eval_loss"]), "series": "eval"})
+        if isinstance(e, LogEvent):
+            train.append({"step": e.step, "loss": e.loss, "series": "train"})
+        elif isinstance(e, EvalEvent):
+            evals.append({"step": e.step, "loss": e.eval_loss, "series": "eval"})
     if len(train) > max_points:
         every = -(-len(train) // max_points)
         train = train[::every] + ([train[-1]] if (len(train) - 1) % every else [])
@@ -236,58 +231,59 @@ def evaluation_markdown(view: Any) -> str:
     return f"**Latest evaluation** (`eval/{plain(view.file)}`): {plain(view.summary)}.{flags} Details in *Evaluate*."
 
 
-def log_lines(events: list[dict[str, Any]], limit: int = 14, recent_steps: int = 4) -> str:
-    """The tail of the run's log as plain text, newest last. Only the latest few per-step loss lines are kept (the
-    plot has them all), so messages, evaluations and checkpoints stay in view."""
-    objective = objective_of(events)
-    logs = [i for i, e in enumerate(events) if e.get("type") == "log"]
-    events = [e for i, e in enumerate(events) if e.get("type") != "log" or i in set(logs[-recent_steps:])]
+def log_lines(events: list[Event], objective: objectives.Objective, limit: int = 14, recent_steps: int = 4) -> str:
+    """The tail of the run's log as plain text, newest last, a logged step with the first few metrics of the run's
+    objective. Only the latest few per-step loss lines are kept (the plot has them all), so messages, evaluations and
+    checkpoints stay in view."""
+    logs = [i for i, e in enumerate(events) if isinstance(e, LogEvent)]
+    recent = set(logs[-recent_steps:])
     lines = []
-    for e in events:
-        kind, when = e.get("type"), time.strftime("%H:%M:%S", time.localtime(e.get("time") or 0))
-        if kind == "message":
-            lines.append(f"{when}  {e.get('text', '')}")
-        elif kind == "status":
-            extra = f": {e['error']}" if e.get("error") else ""
-            lines.append(f"{when}  status → {e.get('status')} (step {e.get('step', 0)}){extra}")
-        elif kind == "log":
-            lr = f" · lr {e['learning_rate']:.2e}" if e.get("learning_rate") is not None else ""
+    for i, e in enumerate(events):
+        when = time.strftime("%H:%M:%S", time.localtime(e.time))
+        if isinstance(e, MessageEvent):
+            lines.append(f"{when}  {e.text}")
+        elif isinstance(e, StatusEvent):
+            extra = f": {e.error}" if e.error else ""
+            lines.append(f"{when}  status → {e.status} (step {e.step}){extra}")
+        elif isinstance(e, LogEvent) and i in recent:
+            lr = f" · lr {e.learning_rate:.2e}" if e.learning_rate is not None else ""
             extra = "".join(f" · {words} {shown}" for words, shown in _facts(e, objective)[:3])
-            lines.append(f"{when}  step {e.get('step')} · loss {number(e.get('loss'))}{lr}{extra}")
-        elif kind == "eval":
-            lines.append(f"{when}  step {e.get('step')} · eval loss {number(e.get('eval_loss'))}")
-        elif kind == "checkpoint":
-            lines.append(f"{when}  saved {e.get('path', 'a checkpoint')}")
-        elif kind == "samples":
-            lines.append(f"{when}  answered {len(e.get('samples') or [])} held-out prompts at step {e.get('step')}")
-        elif kind == "saved":
+            lines.append(f"{when}  step {e.step} · loss {number(e.loss)}{lr}{extra}")
+        elif isinstance(e, EvalEvent):
+            lines.append(f"{when}  step {e.step} · eval loss {number(e.eval_loss)}")
+        elif isinstance(e, CheckpointEvent):
+            lines.append(f"{when}  saved {e.path or 'a checkpoint'}")
+        elif isinstance(e, SamplesEvent):
+            lines.append(f"{when}  answered {len(e.samples)} held-out prompts at step {e.step}")
+        elif isinstance(e, SavedEvent):
             lines.append(f"{when}  saved the final weights")
     return "\n".join(lines[-limit:])
 
 
-def sample_rows(events: list[dict[str, Any]], active: bool = True) -> tuple[list[str], list[list[str]]]:
+def sample_rows(events: list[Event], active: bool = True) -> tuple[list[str], list[list[str]]]:
     """(headers, rows): each held-out prompt with its answer at step 0 and at the latest evaluation."""
-    samples = [e for e in events if e.get("type") == "samples"]
+    samples = [e for e in events if isinstance(e, SamplesEvent)]
     if not samples:
         return ["Held-out prompt", "Answer before training", "Answer now"], []
     first, last = samples[0], samples[-1]
     if last is not first:
-        now, waiting = f"Answer at step {last.get('step')}", ""
+        now, waiting = f"Answer at step {last.step}", ""
     elif active:
         now, waiting = "Answer now", "… (answered again at the next evaluation)"
     else:
         now, waiting = "Answer now", "(no evaluation ran: answers are refreshed at each evaluation, every eval_steps)"
-    headers = ["Held-out prompt", f"Answer before training (step {first.get('step', 0)})", now]
-    latest = {s["prompt"]: s.get("answer", "") for s in last.get("samples") or []}
+    headers = ["Held-out prompt", f"Answer before training (step {first.step})", now]
+    latest = {s.prompt: s.answer for s in last.samples}
     rows = []
-    for s in first.get("samples") or []:
-        after = latest.get(s["prompt"], "") if last is not first else waiting
-        rows.append([s["prompt"], s.get("answer") or "(empty answer)", after or "(empty answer)"])
+    for s in first.samples:
+        after = latest.get(s.prompt, "") if last is not first else waiting
+        rows.append([s.prompt, s.answer or "(empty answer)", after or "(empty answer)"])
     return headers, rows
 
 
 RUN_HEADERS = ["Run", "Status", "Step", "Loss", "Eval loss", "Evaluation", "Resumable", "Folder"]
-METHOD_WORDS = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA"}
+# A method in a few words, wherever the app names one (a run's title, what Start will train): QLoRA says what it is.
+METHOD_WORDS = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA (4-bit base + LoRA)"}
 
 
 def run_title(run: RunSummary) -> str:

@@ -19,9 +19,10 @@ from typing import Any
 
 import gradio as gr
 
+from finetune import objectives
 from finetune.config import BUNDLED_DATASET, EMBEDDED_MODEL, FIELD_NAMES, field_label
 from finetune.errors import BusyError, UserError
-from finetune.studio import Studio, objectives
+from finetune.studio import Studio
 from ui.config_tab import ConfigTab, number_box, parse_number
 from ui.formatting import one_line, plain, preview_html, size
 from ui.visitor import per_visitor
@@ -323,18 +324,13 @@ class StartTab:
         sequence length is the data's again: the next proposal measures it."""
         form = self.form(data)
         goal = data.get(self.goal) or goal_of({})
-        record = objectives.GOALS[goal]
-        task, objective = record.task, record.objective
-        if goal_of(form) == goal:
-            objective = form["objective"]  # keep orpo / kto chosen in Configure: they are preferences too
         dataset = self._matching_data(goal, data.get(self.data) or form.get("dataset"))
         session = session_of(request)
-        chosen = {"model": data.get(self.model) or form.get("model"), "dataset": dataset, "task": task}
-        chosen["objective"] = objective
-        defaults = self.studio.default_values()
-        for name, value in record.goal_defaults:  # what suits the goal, where the form still holds the default
-            if form.get(name) in (defaults.get(name), "", None):
-                chosen[name] = value
+        chosen = {
+            "model": data.get(self.model) or form.get("model"),
+            "dataset": dataset,
+            **objectives.goal_settings(self._goal_or_record(form, goal), given=self._set_by_user(form)),
+        }
         return {
             **{self.config.fields[n]: v for n, v in chosen.items()},
             **self._kept({**form, **chosen}),
@@ -346,6 +342,18 @@ class StartTab:
             self.proposal: self.pending_proposal(chosen["model"]),
             self.message: "",
         }
+
+    @staticmethod
+    def _goal_or_record(form: dict[str, Any], goal: str) -> str:
+        """What `goal_settings` is asked for: the goal, or the form's own record when it already belongs to that goal
+        (orpo or kto chosen in Configure stay: they are preferences too)."""
+        return objectives.of_values(form).name if goal_of(form) == goal else goal
+
+    def _set_by_user(self, form: dict[str, Any]) -> list[str]:
+        """The fields a goal may fill in that already hold the user's own value (neither the default nor empty): the
+        goal keeps them, as `propose --goal` keeps what --set gave."""
+        defaults = self.studio.default_values()
+        return [n for n in objectives.GOAL_FIELDS if form.get(n) not in (defaults.get(n), "", None)]
 
     def choose_hardware(self, data: dict, request: gr.Request | None = None) -> dict:
         """The hardware changed: only the proposal depends on it."""

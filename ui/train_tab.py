@@ -19,12 +19,14 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
+from finetune import objectives
 from finetune.config import FIELD_NAMES, field_label
 from finetune.errors import BusyError, UserError
-from finetune.studio import RunPreview, RunSummary, Studio, objectives
+from finetune.studio import Event, RunPreview, RunSummary, Studio
 from ui.config_tab import ConfigTab, form_stamp, kind_of, parse_number, warn
 from ui.formatting import (
     COMPLETION_HEADERS,
+    METHOD_WORDS,
     RUN_HEADERS,
     completion_rows,
     evaluation_markdown,
@@ -32,7 +34,6 @@ from ui.formatting import (
     loss_rows,
     metric_facts,
     metric_rows,
-    objective_of,
     one_line,
     plain,
     problem_markdown,
@@ -47,7 +48,6 @@ from ui.visitor import per_visitor
 
 TICK_SECONDS = 1.0
 SERIES = ("train", "eval")
-METHOD_WORDS = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA (4-bit base + LoRA)"}
 CHANGED_SHOWN = 8  # settings changed from the defaults named in the summary (then "and N more")
 
 
@@ -185,13 +185,20 @@ class TrainTab:
         run = self.studio.run(run_id)
         return dataclasses.asdict(run) if run is not None else None
 
-    def events(self, run_id: str) -> list[dict[str, Any]]:
+    def events(self, run_id: str) -> list[Event]:
         try:
             return self.studio.events(run_id)
         except UserError:
             return []
 
-    def held_out_scores(self, run_id: str, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def run_objective(self, run_id: str) -> objectives.Objective:
+        """The objective's record the run trains with (plain SFT's for a run that cannot say)."""
+        try:
+            return self.studio.objective(run_id)
+        except UserError:
+            return objectives.OBJECTIVES[objectives.DEFAULT]
+
+    def held_out_scores(self, run_id: str, events: list[Event]) -> list[dict[str, Any]]:
         """The run's held-out answers scored against their references, step by step ([] when it has none)."""
         try:
             return self.studio.held_out_scores(run_id, events)
@@ -245,14 +252,15 @@ class TrainTab:
             }
         state = self.run_state(run_id)
         events = self.events(run_id)
-        metrics, objective = metric_rows(events), objective_of(events)
+        objective = self.run_objective(run_id)
+        metrics = metric_rows(events, objective)
         headers, samples = sample_rows(events, active=(state or {}).get("status") in ("pending", "loading", "running"))
         scores = score_rows(self.held_out_scores(run_id, events))
         return {
             self.progress: progress_html(state or {"run_id": run_id, "status": "unknown"}),
             self.problem: problem_markdown(state),
             self.plot: loss_frame(loss_rows(events)),
-            self.prefs: metric_facts(events),
+            self.prefs: metric_facts(events, objective),
             self.prefs_plot: gr.update(
                 value=metric_frame(metrics, objective), visible=bool(metrics), title=objective.plot_title
             ),
@@ -260,7 +268,7 @@ class TrainTab:
             self.evaluation: evaluation_markdown(self.latest_evaluation(run_id)),
             self.completions: completions_update(*completion_rows(events)),
             self.samples: _samples_frame(headers, samples),
-            self.log: log_lines(events),
+            self.log: log_lines(events, objective),
         }
 
     def runs_outputs(self, runs: list[RunSummary], selected: str | None = None) -> dict:

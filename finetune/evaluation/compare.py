@@ -9,6 +9,7 @@ from typing import Any
 
 from finetune.errors import UserError
 from finetune.evaluation import report, store
+from finetune.runs.events import LogEvent, SamplesEvent, latest, of_type
 from finetune.runs.rundir import RunDir
 
 
@@ -68,11 +69,7 @@ def _metrics(latest: dict[str, dict | None]) -> list[dict[str, Any]]:
 
 
 def _curve(run: RunDir) -> list[dict[str, Any]]:
-    return [
-        {"step": int(e["step"]), "loss": float(e["loss"]), "run": run.name}
-        for e in run.read_events(("log",))
-        if isinstance(e.get("step"), int) and isinstance(e.get("loss"), (int, float))
-    ]
+    return [{"step": e.step, "loss": e.loss, "run": run.name} for e in of_type(run.events(), LogEvent)]
 
 
 def _answers(runs: list[RunDir], latest: dict[str, dict | None]) -> list[dict[str, Any]]:
@@ -92,9 +89,8 @@ def _evaluated_answers(result: dict | None) -> dict[str, str]:
 
 
 def _sampled_answers(run: RunDir) -> dict[str, str]:
-    samples = run.read_events(("samples",))
-    last = samples[-1].get("samples") if samples else []
-    return {s["prompt"]: s.get("answer", "") for s in last or [] if isinstance(s, dict) and "prompt" in s}
+    last = latest(run.events(), SamplesEvent)
+    return {s.prompt: s.answer for s in last.samples if s.prompt} if last is not None else {}
 
 
 def render_text(comparison: Comparison) -> str:

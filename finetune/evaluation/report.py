@@ -7,11 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from finetune.evaluation.metrics import METRICS
+from finetune.objectives import Objective
 
 # Scores on a 0-1 scale: the chart draws these (a loss or a perplexity on the same axis would flatten them).
 SHARES = ("exact_match", "rouge_l", "number_match", "accuracy", "macro_f1", "reward_accuracy", "judge_win_rate")
-# The first one present sums a run up (number_match before exact_match: a sum written out is right, not verbatim).
-HEADLINE = ("reward_accuracy", "accuracy", "rouge_l", "number_match", "exact_match", "loss")
 
 
 @dataclass(frozen=True)
@@ -45,10 +44,10 @@ class EvalView:
         return f"judge {verdict['model']}: {judge_text(verdict)}" if verdict else ""
 
 
-def view(result: dict[str, Any], file: str) -> EvalView:
-    """The app's view of a stored evaluation."""
+def view(result: dict[str, Any], file: str, objective: Objective) -> EvalView:
+    """The app's view of a stored evaluation of a run that trains with `objective`."""
     table = [[r["metric"], number(r["base"]), number(r["tuned"]), change(r["change"])] for r in metric_rows(result)]
-    return EvalView(result, file, table, chart_rows(result), answer_table(result), summary(result))
+    return EvalView(result, file, table, chart_rows(result), answer_table(result), summary(result, objective))
 
 
 def label(name: str) -> str:
@@ -87,12 +86,13 @@ def chart_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     return points
 
 
-def summary(result: dict[str, Any] | None) -> str:
-    """A run's latest evaluation in a few words: its headline score, against the base when known, and a warning."""
+def summary(result: dict[str, Any] | None, objective: Objective) -> str:
+    """A run's latest evaluation in a few words: the headline score of the run's objective (its record's `headline`),
+    against the base when known, and a warning."""
     if not result:
         return ""
     tuned, base = result.get("tuned") or {}, result.get("base") or {}
-    name = next((n for n in HEADLINE if n in tuned), None)
+    name = next((n for n in objective.headline if n in tuned), None)
     if name is None:
         return "evaluated"
     text = f"{label(name)} {number(tuned[name])}"

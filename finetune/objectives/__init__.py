@@ -97,6 +97,9 @@ class Objective:
     eval_metrics: tuple[str, ...] = (*LOSS_METRICS, *ANSWER_METRICS)
     eval_during_training: tuple[str, ...] = ANSWER_METRICS
     eval_loss_words: str = "the likelihood of the reference answers"
+    # The scores that sum an evaluation up in a few words (the run list, the Train tab), in order: the first one the
+    # evaluation has is shown.
+    headline: tuple[str, ...] = ("rouge_l", "number_match", "exact_match", "loss")
 
     # ----- what the record decides
     @property
@@ -272,6 +275,7 @@ _PREFERENCE = {
     "bundled_data": "bundled:pirate-pairs",
     "eval_metrics": (*REWARD_METRICS, *LOSS_METRICS, *ANSWER_METRICS),  # beside the SFT scores of the chosen answers
     "eval_loss_words": "the likelihood of the chosen answers",
+    "headline": ("reward_accuracy", "rouge_l", "number_match", "exact_match", "loss"),  # how often chosen wins
 }
 
 # TRL DPOConfig.loss_type names; "rpo" is TRL's ["sigmoid", "sft"]: DPO plus the NLL of the chosen answer. Plain DPO
@@ -427,6 +431,7 @@ _RECORDS = (
         eval_metrics=("number_match", "exact_match", *LOSS_METRICS),
         eval_during_training=("number_match", "exact_match"),
         eval_loss_words="the likelihood of the reference answers (the answer column)",
+        headline=("number_match", "exact_match", "loss"),  # a sum written out is right, not verbatim
     ),
     Objective(
         name="classification",
@@ -447,6 +452,7 @@ _RECORDS = (
         eval_metrics=(*LOSS_METRICS, *CLASSIFIER_METRICS),  # a classifier's loss: the true label's NLL
         eval_during_training=(),
         eval_loss_words="the likelihood of the true labels",
+        headline=("accuracy", "macro_f1", "loss"),
     ),
 )
 

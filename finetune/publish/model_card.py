@@ -32,10 +32,10 @@ from finetune.publish.public import (
     public_config,
     sha256_file,
 )
+from finetune.runs.events import DatasetEvent, EvalEvent, Event, LogEvent, ObjectiveEvent, Sample, SamplesEvent, latest
 from finetune.runs.rundir import RunDir
 
 __all__ = ["EMBEDDED_HUB_ID", "LAUNCH_COMMAND", "build_model_card", "plot_loss_curve", "summarize"]
-LOG_FIELDS = ("step", "loss", "learning_rate", "grad_norm", "epoch", "time")  # what every "log" event carries
 LOSS_CURVE = "loss_curve.png"
 # Licenses we know without asking the Hub (prefix of the Hub id → license id).
 KNOWN_LICENSES = (("HuggingFaceTB/SmolLM2-", "apache-2.0"), ("HuggingFaceTB/SmolLM-", "apache-2.0"))
@@ -68,13 +68,14 @@ class RunSummary:
     plan: RunPlan  # the plan the run trained with (its plan.json): objective, model class, reference
     logs: list[tuple[int, float]] = field(default_factory=list)  # (step, training loss)
     evals: list[tuple[int, float]] = field(default_factory=list)  # (step, eval loss)
-    samples_before: tuple[int, list[dict]] | None = None  # (step, [{prompt, answer}])
-    samples_after: tuple[int, list[dict]] | None = None
+    samples_before: tuple[int, list[Sample]] | None = None  # (step, the held-out answers)
+    samples_after: tuple[int, list[Sample]] | None = None
     base: BaseModel | None = None
     dataset: DatasetInfo | None = None
     public: PublicConfig | None = None  # the config as published (no local paths)
     data_columns: dict[str, str] = field(default_factory=dict)  # role -> column, as the run read its data
     metrics: dict[str, float] = field(default_factory=dict)  # the objective's metrics at the last logged step
+    events: list[Event] = field(default_factory=list)  # the run's events (finetune/runs/events.py)
 
     @property
     def final_loss(self) -> float | None:
@@ -100,23 +101,17 @@ def summarize(run_dir: str | Path) -> RunSummary:
     summary = RunSummary(
         run=run, config=config, config_text=config_text, status=run.read_status(), plan=run.load_plan()
     )
-    for event in run.read_events(("log", "eval", "samples", "objective")):
-        if event.get("type") == "objective" and isinstance(event.get("columns"), dict):
-            summary.data_columns = {str(k): str(v) for k, v in event["columns"].items()}
-            continue
-        step = event.get("step")
-        if not isinstance(step, (int, float)):
-            continue
-        kind = event.get("type")
-        if kind == "log" and _is_number(event.get("loss")):
-            summary.logs.append((int(step), float(event["loss"])))
-            summary.metrics = {k: float(v) for k, v in event.items() if _is_number(v) and k not in LOG_FIELDS}
-        elif kind == "log" and _is_number(event.get("eval_loss")):
-            summary.evals.append((int(step), float(event["eval_loss"])))
-        elif kind == "eval" and _is_number(event.get("eval_loss")):
-            summary.evals.append((int(step), float(event["eval_loss"])))
-        elif kind == "samples" and isinstance(event.get("samples"), list):
-            entry = (int(step), [s for s in event["samples"] if isinstance(s, dict)])
+    summary.events = run.events()
+    for event in summary.events:
+        if isinstance(event, ObjectiveEvent) and event.columns:
+            summary.data_columns = dict(event.columns)
+        elif isinstance(event, LogEvent) and _is_number(event.loss):
+            summary.logs.append((event.step, event.loss))
+            summary.metrics = {k: v for k, v in event.metrics.items() if _is_number(v)}
+        elif isinstance(event, EvalEvent) and _is_number(event.eval_loss):
+            summary.evals.append((event.step, event.eval_loss))
+        elif isinstance(event, SamplesEvent):
+            entry = (event.step, list(event.samples))
             if summary.samples_before is None or entry[0] < summary.samples_before[0]:
                 summary.samples_before = entry
             if summary.samples_after is None or entry[0] >= summary.samples_after[0]:
@@ -245,13 +240,12 @@ def describe_dataset(summary: RunSummary) -> DatasetInfo:
 
 
 def _recorded(summary: RunSummary, key: str) -> str | None:
-    """A value the training engine recorded in status.json or in an event (e.g. dataset_revision)."""
+    """What identifies the data (`dataset_revision`, `dataset_sha256`) as the run recorded it: in status.json, else
+    in its newest "dataset" event."""
     value = summary.status.get(key)
     if not value:
-        for event in reversed(summary.run.read_events()):
-            if event.get(key):
-                value = event[key]
-                break
+        event = latest(summary.events, DatasetEvent)
+        value = (event.revision if key == "dataset_revision" else event.sha256) if event is not None else None
     return str(value) if value else None
 
 
@@ -636,11 +630,11 @@ def _samples_section(s: RunSummary) -> list[str]:
         if entry is None:
             continue
         for sample in entry[1]:
-            prompt = str(sample.get("prompt", ""))
+            prompt = sample.prompt
             if prompt not in answers:
                 order.append(prompt)
                 answers[prompt] = {}
-            answers[prompt][label] = str(sample.get("answer", ""))
+            answers[prompt][label] = sample.answer
     if before and after:
         intro = f"Answers to the same prompts at step {before[0]} (before) and at step {after[0]} (after training)."
     else:
@@ -665,8 +659,8 @@ def _snippet(s: RunSummary, repo_id: str, *, merged: bool) -> str:
     base_ref = s.base.hub_id if s.base and s.base.hub_id else "PATH/TO/BASE/MODEL"
     prompt = "Hello! Who are you?"
     for entry in (s.samples_after, s.samples_before):
-        if entry and entry[1] and entry[1][0].get("prompt"):
-            prompt = " ".join(str(entry[1][0]["prompt"]).split())
+        if entry and entry[1] and entry[1][0].prompt:
+            prompt = " ".join(entry[1][0].prompt.split())
             break
     prompt = prompt.replace("\\", "\\\\").replace('"', '\\"')
     model_cls = s.plan.model_class

@@ -34,6 +34,7 @@ import yaml
 
 from finetune.config import EMBEDDED_MODEL, FIELDS, TrainConfig
 from finetune.errors import UserError
+from finetune.runs.events import DatasetEvent, of_type
 from finetune.runs.rundir import RunDir
 
 # The files of a run directory that are published (pushed or exported); nothing else of the folder leaves it.
@@ -324,9 +325,9 @@ def _recorded_dataset_sha256(run: RunDir | None, dataset: str) -> str | None:
     """The sha256 training recorded for this dataset (the run's last "dataset" event naming it)."""
     if run is None:
         return None
-    for event in reversed(run.read_events(("dataset",))):
-        if event.get("dataset") == dataset and event.get("dataset_sha256"):
-            return str(event["dataset_sha256"])
+    for event in reversed(of_type(run.events(), DatasetEvent)):
+        if event.dataset == dataset and event.sha256:
+            return event.sha256
     return None
 
 

@@ -6,9 +6,8 @@ Layout (the public contract other modules and tools read):
                     quantisation, LoRA, DeepSpeed, objective); chat, export and publish load the model by it
   status.json       {status, step, max_steps, epoch, loss, eval_loss, ..., error, started_at, updated_at, pid, owner}
   events.jsonl      one JSON object per line: {"time", "type": "status"|"log"|"eval"|"samples"|"message", ...};
-                    "log" lines carry step and loss; "samples" carry step and [{prompt, answer}]
-                    after a crash, a "resume" event at step K makes readers drop the earlier events past step K
-                    (those steps were trained again), so a loss curve never shows a step twice
+                    finetune/runs/events.py lists the types and reads them (typed, the resume rule applied once:
+                    after a crash, a "resume" event at step K drops the earlier step events past step K)
   checkpoint-N/     Trainer / DeepSpeed checkpoints; complete once every file in it is flushed to disk and the marker
                     `checkpoint-N/finetune-complete.json` is written last (older runs: once trainer_state.json parses)
   adapter_config.json + adapter_model.safetensors  (LoRA / QLoRA) or model.safetensors (full), plus the tokenizer
@@ -29,9 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from finetune import objectives
 from finetune.atomic import overwrite, read_json, write_json, write_text
 from finetune.config import TrainConfig
 from finetune.errors import UserError
+from finetune.objectives import Objective
+from finetune.runs import events as event_log
+from finetune.runs.events import Event
 
 if TYPE_CHECKING:
     from finetune.plan import RunPlan
@@ -44,8 +47,6 @@ FORMAT = 2
 # What a run writes into its directory before its first step: removed again if it fails there, and nothing else.
 _OWN_FILES = ("config.yaml", "plan.json", "status.json", "events.jsonl")
 _OWN_FOLDERS = ("initial-adapter",)  # PiSSA / OLoRA's saved start (engines/common.py)
-# Events tied to a step that a crash-and-resume trains again; the later copy wins.
-_STEP_EVENTS = ("log", "eval", "samples", "checkpoint")
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,16 @@ class RunDir:
             message = f"run: {self.name}/plan.json is damaged; it cannot say how the run trained"
             raise UserError(message, "run") from None
 
+    def objective(self) -> Objective:
+        """The objective's record the run trains with: the one its plan.json names (a run from before plan.json: its
+        config's). What a run's metrics are called and which scores judge it are read from it, never guessed from
+        which keys its events carry."""
+        recorded = read_json(self.plan_path)
+        name = recorded.get("objective") if isinstance(recorded, dict) else None
+        if isinstance(name, str) and name in objectives.OBJECTIVES:
+            return objectives.OBJECTIVES[name]
+        return objectives.of(self.load_config())
+
     def read_status(self) -> dict[str, Any]:
         return read_json(self.status_path, default={}) or {}
 
@@ -126,25 +137,15 @@ class RunDir:
         with _EVENT_LOCK, open(self.events_path, "a", encoding="utf-8") as fh:
             fh.write(line)
 
+    def events(self) -> list[Event]:
+        """The run's events, typed and in order, steps trained again after a resume appearing once
+        (`finetune.runs.events.read`: the one reader of the log)."""
+        return event_log.read(self.events_path)
+
     def read_events(self, types: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
-        """All events (optionally of some types); a torn last line is skipped, and steps trained again after a
-        resume appear once (the copy from the resumed process)."""
-        out: list[dict[str, Any]] = []
-        try:
-            text = self.events_path.read_text(encoding="utf-8")
-        except OSError:
-            return out
-        for line in text.splitlines():
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(event, dict):
-                continue
-            if event.get("type") == "resume" and isinstance(event.get("step"), int):
-                out = [e for e in out if not _retrained(e, event["step"])]
-            out.append(event)
-        return [e for e in out if types is None or e.get("type") in types]
+        """The events (optionally of some types) as written, one dict per line: what `events()` reads, for tools and
+        tests that want the lines themselves."""
+        return [e.raw for e in self.events() if types is None or e.type in types]
 
     def checkpoints(self) -> list[Path]:
         """Complete checkpoints, oldest first (see the module docstring for what complete means)."""
@@ -215,11 +216,6 @@ _EVENT_LOCK = threading.Lock()
 # Every status.json write of this process goes through it: a thread that holds it while the process ends makes its own
 # write the last one (a rank whose supervisor vanished: finetune/runs/process_group.py).
 STATUS_WRITES = threading.RLock()
-
-
-def _retrained(event: dict[str, Any], resumed_at: int) -> bool:
-    step = event.get("step")
-    return event.get("type") in _STEP_EVENTS and isinstance(step, int) and step > resumed_at
 
 
 def fsync_path(path: Path) -> None:
