@@ -166,13 +166,9 @@ def decide_policy(args: argparse.Namespace, env: Mapping[str, str]) -> Any:
 
 def main(argv: list[str] | None = None) -> None:
     """Parse the arguments, build the backend facade and the UI, and serve until stopped."""
-    # The training thread shares the CPU with the web server: passive OpenMP threads keep both responsive
-    # (bench/results/cpu-threads.md). Set before torch is imported; a user's own setting wins.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    # Training processes get CUDA's expandable segments (less allocator slack, issue 13) unless the user configured
-    # the allocator; set before torch initialises CUDA (see finetune/__main__.py).
-    if not (os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF")):
-        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    from finetune.process_env import apply_defaults
+
+    apply_defaults()  # the training thread shares the CPU with the web server; set before torch is imported
     args = parse_args(argv)
     from finetune.studio import Studio
     from ui.app import build_app, launch

@@ -9,7 +9,7 @@ For each method, ours and the plain script run alternately, each in a fresh proc
   ours-no-liger (with --sides): ours with liger_kernel off, to tell Liger's share from the rest of ours
 "ours" runs the default config, liger_kernel auto: Liger's kernels where liger-kernel is installed and the GPU runs
 them (the report says whether they were on). Peak memory is `torch.cuda.max_memory_allocated()` in each process (on a
-CPU: the process's max RSS). `--shape llama-3.2-1b` is issue 13's Liger case: 16 layers, hidden 2048, vocab 128256.
+CPU: the process's max RSS). `--shape llama-3.2-1b` is the Liger case: 16 layers, hidden 2048, vocab 128256.
 
     .venv/bin/python bench/gpu_throughput.py                  # on the GPU machine, a few minutes on an H200
     .venv/bin/python bench/gpu_throughput.py --tiny --out ''  # CPU: tiny model and steps, checks the plumbing

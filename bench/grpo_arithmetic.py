@@ -1,7 +1,7 @@
 """Held-out accuracy before and after learning from rewards: the embedded SmolLM2 on `bundled:arithmetic` with the
 number_match reward (GRPO), measured by greedy decoding on the set's `test` split (problems never in training).
 
-    .venv/bin/python bench/grpo_arithmetic.py                      # 30 steps, LoRA, the README's figures
+    .venv/bin/python bench/grpo_arithmetic.py                      # 30 steps, LoRA, docs/objectives.md's figures
     .venv/bin/python bench/grpo_arithmetic.py --steps 2 --test 4 --out ''   # a quick look
 
 The run itself is the project's own (`RunManager().start`: the same engine, plan and files as the app and the CLI);

@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> str:
             "(same rows, order and seed; LoRA init may differ)"
         )
         report.print(f"load average after: {loadavg()}")
-        # Issue 13's goals; judged on wall time and, steadier on a shared machine, on CPU time.
+        # The goals; judged on wall time and, steadier on a shared machine, on CPU time.
         wall_ok = "meets" if wall_ratio <= PROCESS_GOAL and tps_ratio >= LOOP_GOAL else "MISSES"
         cpu_ok = "meets" if cpu_ratio <= PROCESS_GOAL and cpu_tps_ratio >= LOOP_GOAL else "MISSES"
         headline = (

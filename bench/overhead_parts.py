@@ -1,6 +1,6 @@
 """Where does our training loop lose time against the plain script? Each candidate switched on alone, in one process.
 
-The job of issue 13 (LoRA r=8 all-linear on a random 4-layer, hidden-256 Llama, fp32 on the CPU; by default the tiny
+The overhead job (LoRA r=8 all-linear on a random 4-layer, hidden-256 Llama, fp32 on the CPU; by default the tiny
 tokenizer's 384-token vocabulary and batch 4 x 64 tokens, about 0.1 s a step on an idle core, so that per-step costs of
 milliseconds show; `--vocab 49152 --batch 8 --seq 128` is bench/overhead.py's 1.3 s step), trained by `Trainer` in
 variants that add one of our per-step costs at a time:
@@ -30,7 +30,7 @@ one call of each per-step piece (microseconds), the step-0 sample answers and th
 
     .venv/bin/python bench/overhead_parts.py                    # 5 rounds x 7 variants, a few minutes here
     .venv/bin/python bench/overhead_parts.py --rounds 1 --steps 6 --out ''
-    python bench/overhead_parts.py --device cuda             # a GPU: the 1.07B shape of issue 13, bf16, 8 x 512
+    python bench/overhead_parts.py --device cuda             # a GPU: the 1.07B shape, bf16, 8 x 512
 
 The last line is the headline: each variant's step time relative to the base (median over rounds).
 """

@@ -60,7 +60,7 @@ from bench.gpu_throughput import SHAPES  # noqa: E402
 PY = sys.executable
 DATA = ROOT / "finetune" / "bundled" / "mixed-lengths" / "train.jsonl"
 SIDES = ("packed", "padded", "plain", "packed-no-liger", "padded-no-liger")
-GOAL = 1.5  # real tokens/s, packed / plain: at least (issue 27)
+GOAL = 1.5  # real tokens/s, packed / plain: at least (docs/packing.md)
 
 
 # ----------------------------------------------------------------------------- the worker for ours (own process)

@@ -124,7 +124,7 @@ def test_a_hub_dataset_is_never_downloaded_for_advice_and_its_cuts_rank_last(tin
     assert whole == sorted(whole, reverse=True)
 
 
-# ----------------------------------------------------------------------------- the 8B QLoRA case (issue 17)
+# ----------------------------------------------------------------------------- the 8B QLoRA case
 
 
 @pytest.fixture(scope="module")

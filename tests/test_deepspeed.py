@@ -6,8 +6,8 @@ Tolerance of one process vs two: both runs see the same examples in every optimi
 with micro 4 × accumulation 1 (full) or micro 2 × accumulation 2 (LoRA) vs two processes with micro 2 × 1;
 DistributedSampler with the same seed; every row has the same number of answer tokens, so a mean of per-batch means is
 the token mean), and LoRA dropout is 0. The two runs then differ only by floating-point summation order. LoRA must
-agree within 1e-5 relative (README: "about 1e-6"); full fine-tuning at this learning rate drifts to about 0.2% by
-step 8, so it is held to 1% (+1e-3 absolute).
+agree within 1e-5 relative (docs/multi-gpu.md says about 1e-6); full fine-tuning at this learning rate drifts to
+about 0.2% by step 8, so it is held to 1% (+1e-3 absolute).
 """
 
 from __future__ import annotations
@@ -337,7 +337,7 @@ def test_trainer_path_zero2_with_cpu_optimizer_offload(tiny_model_dir, monkeypat
     assert used["zero_optimization"]["stage"] == 2
     assert used["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
     assert used["train_batch_size"] == 4 and used["optimizer"]["params"]["lr"] == config.learning_rate
-    # The same config sits in the run directory, as the DeepSpeed engine writes its own (README: ds_config.json).
+    # The same config sits in the run directory, as the DeepSpeed engine writes its own (docs/multi-gpu.md).
     assert read_json(run.path / "ds_config.json") == used
     assert_world_torn_down()
 

@@ -1,4 +1,4 @@
-"""The fast path (issue 13): the Liger switch, a Trainer that does not stall a GPU every step, no generation of
+"""The fast path on a GPU: the Liger switch, a Trainer that does not stall a GPU every step, no generation of
 step-0 answers already known, and the training process's CUDA allocator setting.
 
 On this CPU machine: the switch's decision and its refusals (one line naming liger_kernel, before a run directory
@@ -253,7 +253,7 @@ def test_step0_answers_are_not_reused_where_step_0_is_not_the_base(tiny_model_di
 @pytest.mark.parametrize(
     ("preset", "expected"),
     [
-        ({}, "expandable_segments:True"),  # less allocator slack on a GPU (issue 13)
+        ({}, "expandable_segments:True"),  # less allocator slack on a GPU
         ({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"}, "max_split_size_mb:128"),  # the user's own wins
         ({"PYTORCH_ALLOC_CONF": "backend:native"}, None),  # torch's newer name counts as the user's setting too
     ],

@@ -1,4 +1,4 @@
-"""The fit verdict's device total against what the lent H200 measured (issue 13): never under, at most 15% over.
+"""The fit verdict's device total against what the lent H200 measured (docs/memory.md): never under, at most 15% over.
 
 The measured figures: the CUDA context + kernels took 1384 MiB of device memory; the caching allocator reserved 9%
 (neither checkpointing nor QLoRA) and 23-24% (checkpointing / QLoRA) more than torch.cuda.max_memory_allocated; the

@@ -79,7 +79,7 @@ def test_a_packed_micro_batch_has_the_padded_loss_and_gradients_and_naive_flatte
     assert abs(loss_packed - loss_padded) <= EXACT * loss_padded, (loss_packed, loss_padded)
     assert grad_gap(grads_packed, grads_padded) <= EXACT
 
-    # The trap (DESIGN.md §3): the same row with position_ids but no boundaries, under transformers' sdpa.
+    # The trap: the same row with position_ids but no boundaries, under transformers' sdpa.
     naive = {key: packed[key] for key in ("input_ids", "labels", "position_ids")}
     loss_naive, grads_naive = loss_and_grads(model, naive, "sdpa")
     assert abs(loss_naive - loss_padded) > 10 * EXACT * loss_padded, (loss_naive, loss_padded)

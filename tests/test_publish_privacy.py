@@ -1,4 +1,4 @@
-"""Publishing never reveals the machine it ran on (issue 18).
+"""Publishing never reveals the machine it ran on.
 
 A run is really trained from files in a home directory with a recognisable user name (a model folder, a dataset and
 an eval file under /…/home/alice-test), then pushed to the stand-in Hub as an adapter and as a merged model. Every

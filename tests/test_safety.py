@@ -1,4 +1,4 @@
-"""Issue 11's classes: a run never destroys what it did not create, faults never wedge anything, resume never ruins
+"""Safety: a run never destroys what it did not create, faults never wedge anything, resume never ruins
 a run, and input is bounded. Each test breaks the way a user (or a failing disk) would."""
 
 from __future__ import annotations

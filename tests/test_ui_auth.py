@@ -1,4 +1,4 @@
-"""`python app.py --auth user:password` really asks for a login (README, Security).
+"""`python app.py --auth user:password` really asks for a login (SECURITY.md).
 
 The app is started as a user starts it, in a subprocess on a free port. Without the login, the page's config, the
 API description and every event (start a run, chat ...) are refused, a wrong password is refused, and no run is

@@ -370,7 +370,7 @@ class StudioAPI:
 
     @property
     def endpoints(self) -> list:
-        """Every endpoint, in the order the README lists them."""
+        """Every endpoint, in the order docs/api.md lists them."""
         return [
             self.upload,
             self.estimate,

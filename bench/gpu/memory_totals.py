@@ -8,7 +8,7 @@ Per configuration, one fresh process runs `python -m finetune train` (finetune.c
 The parent never touches CUDA: it estimates each configuration (`finetune.memory.estimate(plan_for(config, "cuda"))`,
 a replay on fake tensors) and measures the context with `finetune.memory.measured_cuda_overhead()`. It compares
   tensor_bytes with max_memory_allocated (the training steps), and
-  total_bytes with the device-use peak (the whole run): never under, at most 15% over (issue 13).
+  total_bytes with the device-use peak (the whole run): never under, at most 15% over.
 
     python bench/gpu/memory_totals.py                 # GPU: 1B and 3B Llama shapes, LoRA / QLoRA, ~3 min (H200)
     python bench/gpu/memory_totals.py --tiny --out '' # CPU: the plumbing on a tiny model (RSS stands in)
@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import RESULTS, Report, child_env, table, write_rows  # noqa: E402
 
 GiB, MiB = 2**30, 2**20
-OVER_LIMIT = 0.15  # the total may be at most 15% above the device use (issue 13)
+OVER_LIMIT = 0.15  # the total may be at most 15% above the device use
 EXPANDABLE = "expandable_segments:True"
 
 

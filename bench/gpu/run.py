@@ -1,4 +1,4 @@
-"""Every GPU check in one call (issue 13): run each step with its own time limit under one deadline, record each
+"""Every GPU check in one call: run each step with its own time limit under one deadline, record each
 step's outcome, and write bench/results/gpu/summary.md (+ .json, + one log per step). A failing or timed-out step is
 recorded and the next one still runs. Started by bench/gpu/run.sh (which first installs the carried wheels).
 
@@ -12,7 +12,7 @@ Steps, most important first (a step starts only if the deadline leaves it its mi
   pytest-gpu     pytest -m gpu on the test files that carry the mark
   memory-totals  bench/gpu/memory_totals.py: tensor_bytes vs max_memory_allocated, total_bytes vs device use
   throughput     bench/gpu_throughput.py: ours (Liger auto) and ours with Liger off vs the plain Trainer + PEFT script,
-                 LoRA on issue 13's Liger case (Llama-3.2-1B shape, vocabulary 128256): tokens/s, peak, last loss
+                 LoRA on the Liger case (Llama-3.2-1B shape, vocabulary 128256): tokens/s, peak, last loss
   packing        bench/packing.py: packing on (torch's varlen flash attention) / off against the plain padded script,
                  Liger on and off, mixed-length rows on the same 1B shape; flex attention (and flash-attn 2 when
                  installed) against padded in one process: real tokens/s, peak, loss gap
@@ -107,7 +107,7 @@ def steps(cpu: bool, results: Path) -> list[Step]:
         ["--tiny", *liger, "--steps", "3"]
         if cpu
         else ["--shape", "llama-3.2-1b", "--tokenizer", "tiny", *liger, "--steps", "20", "--skip", "5", "--repeats=1"]
-    )  # issue 13's Liger case: a 1.2B Llama with a 128k vocabulary (the tests' tokenizer; its ids fit any vocabulary)
+    )  # the Liger case: a 1.2B Llama with a 128k vocabulary (the tests' tokenizer; its ids fit any vocabulary)
     deepspeed = (
         ["--tiny", "--configs", "zero2", "--steps", "2", "--warmup", "1", "--timeout", "120"]
         if cpu
@@ -120,7 +120,7 @@ def steps(cpu: bool, results: Path) -> list[Step]:
         else ["--model", "llama-3.2-1b", "--tokenizer", "tiny", "--sides", "packed,padded,plain,packed-no-liger",
               "--steps", "8", "--skip", "3", "--repeats", "1", "--batch", "8", "--seq", "2048",
               "--gradient-checkpointing", "off", "--kernels", "--kernel-batches", "4", "--kernel-reps", "2"]
-    )  # fmt: skip  # issue 27: packed (torch's varlen flash) vs padded vs plain, Liger on and off; flex / fa2 kernels
+    )  # fmt: skip  # packed (torch's varlen flash) vs padded vs plain, Liger on and off; flex / fa2 kernels
     cpu_parts = ["--rounds", "1", "--steps", "6", "--skip", "2", "--variants", "base,ours,engine"]
     parts = cpu_parts if cpu else ["--device", "cuda"]
     return [

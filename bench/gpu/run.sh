@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU check in one call of at most 8 minutes (issue 13): install the carried wheels (.wheels/, made here by
+# Every GPU check in one call of at most 8 minutes: install the carried wheels (.wheels/, made here by
 # bench/gpu/wheels.sh) into a folder on PYTHONPATH, then bench/gpu/run.py runs pytest -m gpu, the memory totals,
 # throughput against the plain script, packing (on / off / plain, Liger on and off, flex and flash kernels) and
 # DeepSpeed ZeRO-2/3 +- offload, each step with its own time limit.

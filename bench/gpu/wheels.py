@@ -1,4 +1,4 @@
-"""The wheels that travel to the GPU machine (issue 13): shrink bitsandbytes, check the size, pick what to install.
+"""The wheels that travel to the GPU machine: shrink bitsandbytes, check the size, pick what to install.
 
     python bench/gpu/wheels.py shrink-bnb .wheels        # keep only the cpu and cuda130 libraries of bitsandbytes
     python bench/gpu/wheels.py check .wheels --limit-mib 60

@@ -322,7 +322,7 @@ def _lm_eval(model: Any, tokenizer: Any, tasks: Any, options: EvalOptions, steps
 def assemble(
     inputs: Inputs, options: EvalOptions, tuned: Outputs, base: Outputs | None, with_base: bool
 ) -> dict[str, Any]:
-    """The evaluation as it is stored: {"rows", "tuned", "base", ...} (see the README's evaluation section)."""
+    """The evaluation as it is stored: {"rows", "tuned", "base", ...} (docs/evaluate.md describes it)."""
     run, objective, weights, selection = inputs.run, inputs.objective, inputs.weights, inputs.selection
     answers = not objective.is_classifier
     notes = [weights.note] if weights.note else []

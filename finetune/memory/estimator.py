@@ -27,8 +27,8 @@ GiB = 2**30
 MiB = 2**20
 
 # ----- What a GPU holds beyond live tensors (the fit verdict compares the device total with the card's memory).
-# Calibrated on the lent H200 (torch 2.11+cu130, transformers 5.24, peft 0.21.2, bitsandbytes 0.50.2; DESIGN.md §4,
-# issue 13): the project's CLI trained 0.5B-3B Llama shapes while the device's used memory (total - free of
+# Calibrated on the lent H200 (torch 2.11+cu130, transformers 5.24, peft 0.21.2, bitsandbytes 0.50.2;
+# docs/memory.md): the project's CLI trained 0.5B-3B Llama shapes while the device's used memory (total - free of
 # torch.cuda.mem_get_info, what nvidia-smi shows) was polled. On a machine with a GPU the context is measured there
 # instead (`measured_cuda_overhead`); these figures stand for a card that is not present.
 CUDA_CONTEXT = 1144 * MiB  # device memory used right after torch.cuda.init(): driver context + CUDA runtime (H200)

@@ -40,7 +40,7 @@ from finetune.plan import RunPlan
 
 # Estimated extra training time per lever, as a fraction. Sources: checkpointing recomputes the forward pass of each
 # block (one more forward of three passes: +20-35% in published measurements); QLoRA ran at 14.4k vs LoRA's 19.5k
-# tokens/s on the H200 (DESIGN.md §4: +35%); 8-bit AdamW steps cost about the same as 32-bit ones; a smaller micro
+# tokens/s on an H200 (+35%, docs/benchmarks.md); 8-bit AdamW steps cost about the same as 32-bit ones; a smaller micro
 # batch keeps the GPU less busy (a guess of +4% per halving while a micro batch holds fewer than 4096 tokens);
 # ZeRO adds gradient communication; CPU offload moves every optimizer state over PCIe each step.
 SPEED_COST = {

@@ -10,7 +10,8 @@
 
 Why a function of our own: transformers' sdpa confines a flattened batch only when it builds a (tokens x tokens) mask
 from position_ids, and only when no cache exists; a model in training mode creates one (use_cache), and every example
-then attends to the ones before it (DESIGN.md §3). Boundaries passed explicitly cannot be missed, and cost no mask.
+then attends to the ones before it (tests/test_packing.py). Boundaries passed explicitly cannot be missed, and cost
+no mask.
 
 `enable(model)` switches a loaded model to it and proves confinement with a two-example probe; a model whose attention
 ignores the interface (custom code) or needs what this function does not do (softcapping, attention sinks) trains
