@@ -71,6 +71,26 @@ def test_without_the_models_tokenizer_lengths_are_estimated_and_said(long_rows):
     assert stats.max == -(-len(WORDS * 360) // 4) + 4 and "characters per token" in stats.notes[0]
 
 
+def test_conversational_preference_pairs_are_counted_with_their_longer_answer(tmp_path):
+    """Pairs whose prompt and answers are conversations (TRL's conversational shape): the prompt plus the longer
+    answer, as a step holds one side at a time. (The count used to stop with "expected text, got a list".)"""
+    short, long = "Aye.", "Arr, the longest answer of all, matey! " * 5
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": f"Question {i}?"}],
+            "chosen": [{"role": "assistant", "content": long if i % 2 else short}],
+            "rejected": [{"role": "assistant", "content": short if i % 2 else long}],
+        }
+        for i in range(6)
+    ]
+    config = TrainConfig(
+        model="meta-llama/Llama-3.1-8B", objective="dpo", dataset=str(write_jsonl(tmp_path / "p.jsonl", rows))
+    )
+    stats = data_stats(config)
+    prompt, answer = -(-len("Question 1?") // 4) + 4, -(-len(long) // 4) + 4
+    assert stats.rows == 6 and stats.lengths == [prompt + answer] * 6
+
+
 # ----------------------------------------------------------------------------- ranking
 
 

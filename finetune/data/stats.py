@@ -230,17 +230,17 @@ def _estimated_length(row: dict[str, Any], fmt: DataFormat, tokenizer: Any = Non
             return len(tokenizer(text, add_special_tokens=False)["input_ids"])
         return -(-len(text) // CHARS_PER_TOKEN)
 
-    pieces: list[int] = []
+    pieces: dict[str, int] = {}
     for role, column in fmt.columns.items():
         value = row.get(column)
         if role == "label" or value is None:
             continue
-        if role == "messages" or isinstance(value, list):  # a conversation (a prompt may be one too)
+        if role == "messages" or isinstance(value, list):  # a conversation (a prompt or an answer may be one too)
             messages = message_list(value) if role == "messages" else as_conversation(value, role)
-            pieces.append(sum(tokens(m["content"]) + TEMPLATE_TOKENS for m in messages))
+            pieces[role] = sum(tokens(m["content"]) + TEMPLATE_TOKENS for m in messages)
         else:
-            pieces.append(tokens(text_value(value)) + TEMPLATE_TOKENS)
-    if fmt.kind is DataKind.PREFERENCE and {"chosen", "rejected"} <= set(fmt.columns):
-        answers = [tokens(text_value(row[fmt.columns[k]])) for k in ("chosen", "rejected")]
-        return sum(pieces) - sum(answers) + max(answers)
-    return sum(pieces)
+            pieces[role] = tokens(text_value(value)) + TEMPLATE_TOKENS
+    if fmt.kind is DataKind.PREFERENCE and {"chosen", "rejected"} <= set(pieces):
+        # a step holds the prompt with one answer at a time: the longer one counts
+        return sum(pieces.values()) - min(pieces["chosen"], pieces["rejected"])
+    return sum(pieces.values())
