@@ -10,7 +10,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # (a source build takes 15-45 min). Without it those tests skip with a one-line reason.
 LLAMA_WHEEL := $(firstword $(wildcard ../shared/wheels/llama_cpp_python-*.whl))
 
-.PHONY: run test lint install llama-cpp
+.PHONY: run test lint install llama-cpp system-packages
 
 install: $(STAMP)
 
@@ -31,8 +31,13 @@ run: $(STAMP)
 # waiting for an app, a browser or a launched process).
 TEST_WORKERS ?= 3
 
-test: $(STAMP) llama-cpp
+test: $(STAMP) llama-cpp system-packages
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
+# chromium, slurm-wlm and munge for the browser and Slurm tests: installed with apt when run as root, else one line says
+# which tests will skip (pytest's summary lists every skip with its reason).
+system-packages:
+	@bash scripts/system_packages.sh
 
 # Installs the wheel once, only when ../shared/wheels has it and the venv lacks llama_cpp (never replaces a copy).
 llama-cpp: $(STAMP)

@@ -117,6 +117,17 @@ def field_problem(exc: BaseException, default_field: str = "config") -> dict[str
     return {field if field in FIELDS else default_field: message}
 
 
+def _data_problem(config: TrainConfig) -> dict[str, str]:
+    """{field: one-line message} when the training data cannot be found or read, else {}."""
+    from finetune.runs.preflight import data_ready
+
+    try:
+        data_ready(config)
+    except Exception as exc:
+        return field_problem(exc, "dataset")
+    return {}
+
+
 def short_model_name(model: str) -> str:
     """A model as a person reads it in a list: the last part of a Hub id or folder, never the whole server path."""
     text = str(model or "").rstrip("/\\")
@@ -231,7 +242,10 @@ class Studio:
         try:
             self.manager.check_start(config, confine=True)
         except Exception as exc:  # what Start would report, as one line beside its field
-            return None, field_problem(exc)
+            problems = field_problem(exc)
+            if "model" in problems:  # the data needs no model: both problems at once, not one per click
+                problems.update(_data_problem(config))
+            return None, problems
         return config, {}
 
     def config(self, values: dict[str, Any]) -> TrainConfig:

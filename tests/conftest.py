@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -28,6 +29,18 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torc
 import pytest  # noqa: E402
 
 from tests.tiny import build_llama  # noqa: E402
+
+
+# CI sets these so that the browser and Slurm tests run there instead of skipping: a missing program stops the suite
+# at its start with one line, rather than as skips nobody reads.
+NEEDED_PROGRAMS = {"FINETUNE_TESTS_NEED_BROWSER": "chromium", "FINETUNE_TESTS_NEED_SLURM": "sbatch"}
+
+
+def pytest_sessionstart(session):
+    """Stop at once when a program that this environment says the tests need is missing."""
+    for variable, program in NEEDED_PROGRAMS.items():
+        if os.environ.get(variable) and not shutil.which(program):
+            raise pytest.UsageError(f"{variable} is set but {program} is not installed (bash scripts/system_packages.sh)")
 
 
 @pytest.fixture(scope="session")

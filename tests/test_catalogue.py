@@ -70,7 +70,7 @@ def test_every_bundled_model_is_checked_and_listed():
 def test_bundled_config_builds_the_published_size(model_id):
     import torch
     import transformers
-    from transformers.loading.auto import modeling_auto
+    from transformers.models.auto import modeling_auto
 
     config = catalogue.load_config(model_id)
     cls = getattr(transformers, modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type])
@@ -99,6 +99,10 @@ def test_unknown_hub_id_offline_fails_fast_with_one_line_in_estimate_check_and_s
     values = {**Studio.default_values(), "model": "someone/not-a-popular-model"}
     config, problems = Studio(runs_root=tmp_path / "runs").verify(values)  # Check, with Start's own checks
     assert config is None and list(problems) == ["model"] and "not reachable" in problems["model"]
+    # A Hub dataset as well: both lines at once, not one per click of Check.
+    config, problems = Studio(runs_root=tmp_path / "runs").verify({**values, "dataset": "someone/pirate-chats"})
+    assert config is None and sorted(problems) == ["dataset", "model"]
+    assert "is a Hub dataset, this machine cannot reach the Hugging Face Hub" in problems["dataset"]
     assert time.monotonic() - started < 15
 
 

@@ -54,15 +54,10 @@ def model_ready(config: TrainConfig) -> None:
     loading.load_model_config(config.model, config.trust_remote_code)
 
 
-def preflight(plan: RunPlan) -> None:
-    """Cheap checks of a plan before its run directory exists: the data can be read, the model takes the plan's
-    sequence length, head and LoRA targets, and what the plan decided can run on this machine (`model_ready` first)."""
-    from finetune import plan as plans
-    from finetune.config import EMBEDDED_MODEL
+def data_ready(config: TrainConfig) -> None:
+    """The training data can be found and read, and has the columns the settings name (needs no model)."""
     from finetune.data.loading import FILE_TYPES, load_raw
-    from finetune.model import loading
 
-    config = plan.config
     path = Path(config.dataset).expanduser()
     if config.dataset.startswith("bundled:") or path.suffix.lower() in FILE_TYPES or path.exists():
         # Local data is small enough to read now: a bad file is refused before any run directory exists.
@@ -70,6 +65,17 @@ def preflight(plan: RunPlan) -> None:
         columns_ready(config, list(train_raw.column_names))
     else:
         hub_dataset_ready(config)
+
+
+def preflight(plan: RunPlan) -> None:
+    """Cheap checks of a plan before its run directory exists: the data can be read, the model takes the plan's
+    sequence length, head and LoRA targets, and what the plan decided can run on this machine (`model_ready` first)."""
+    from finetune import plan as plans
+    from finetune.config import EMBEDDED_MODEL
+    from finetune.model import loading
+
+    config = plan.config
+    data_ready(config)
     if config.model != EMBEDDED_MODEL or loading.embedded_cache_dir().is_dir():
         from finetune.engines.common import check_sequence_length
 
