@@ -282,7 +282,7 @@ def test_a_dpo_collapse_with_perfect_training_rewards_is_flagged(sft, tmp_path):
         max_steps=8,
         save_steps=100,
         eval_steps=100,
-        learning_rate=3e-2,
+        learning_rate=2e-2,  # 3e-2 overshot on one CPU: even the held-out rewards turned negative
         beta=0.1,
     )
     state = RunManager(tmp_path / "runs").start(config, background=False)
