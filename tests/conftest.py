@@ -28,8 +28,8 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torc
 
 import pytest  # noqa: E402
 
+from tests.shared import create_root, shared_folder  # noqa: E402
 from tests.tiny import build_llama  # noqa: E402
-
 
 # CI sets these so that the browser and Slurm tests run there instead of skipping: a missing program stops the suite
 # at its start with one line, rather than as skips nobody reads.
@@ -40,27 +40,33 @@ def pytest_sessionstart(session):
     """Stop at once when a program that this environment says the tests need is missing."""
     for variable, program in NEEDED_PROGRAMS.items():
         if os.environ.get(variable) and not shutil.which(program):
-            raise pytest.UsageError(f"{variable} is set but {program} is not installed (bash scripts/system_packages.sh)")
+            raise pytest.UsageError(f"{variable} is set but {program} is missing (bash scripts/system_packages.sh)")
+
+
+def pytest_configure(config):
+    """The controlling process names the folder its workers share (tests/shared.py) before it starts them."""
+    if not hasattr(config, "workerinput"):
+        create_root()
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
-    """A tiny random Llama + ChatML tokenizer on disk (2 layers, hidden 64)."""
-    return build_llama(tmp_path_factory.mktemp("tiny-llama"))
+def tiny_model_dir():
+    """A tiny random Llama + ChatML tokenizer on disk (2 layers, hidden 64), one for all workers (read-only)."""
+    return shared_folder("tiny-llama", build_llama)
 
 
 @pytest.fixture(scope="session")
-def smollm_tokenizer_dir(tmp_path_factory):
-    """SmolLM2's tokenizer (from the embedded model), for tiny models exported as GGUF."""
+def smollm_tokenizer_dir():
+    """SmolLM2's tokenizer (from the embedded model), for tiny models exported as GGUF (read-only, shared)."""
     from tests.tiny import save_embedded_tokenizer
 
-    return save_embedded_tokenizer(tmp_path_factory.mktemp("smollm2-tokenizer"))
+    return shared_folder("smollm2-tokenizer", save_embedded_tokenizer)
 
 
 @pytest.fixture(scope="session")
-def tiny_smollm_dir(tmp_path_factory, smollm_tokenizer_dir):
+def tiny_smollm_dir(smollm_tokenizer_dir):
     """The tiny random Llama with SmolLM2's tokenizer: a GGUF of it is one llama.cpp loads and tokenizes."""
-    return build_llama(tmp_path_factory.mktemp("tiny-smollm"), tokenizer_dir=smollm_tokenizer_dir)
+    return shared_folder("tiny-smollm", lambda path: build_llama(path, tokenizer_dir=smollm_tokenizer_dir))
 
 
 @pytest.fixture(autouse=True)

@@ -5,29 +5,28 @@ is exactly what training writes: adapter, tokenizer, config.yaml, status.json, e
 losses, evals, sample answers) and checkpoints with optimizer states that must never be published.
 
 `build_run` gives a test its own copy of such a run: the first call for a given (model, steps, seed, overrides)
-trains once into a per-process cache, later calls copy it (a few milliseconds) and relocate it: config.yaml's
-output_dir and status.json's run_id / run_dir are pointed at the copy, as if it had been trained there.
+trains once for the whole test run (shared by the xdist workers, tests/shared.py), later calls copy it (a few
+milliseconds) and relocate it: config.yaml's output_dir and status.json's run_id / run_dir are pointed at the copy,
+as if it had been trained there.
 """
 
 from __future__ import annotations
 
-import atexit
 import json
 import shutil
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
 from finetune.runs.rundir import RunDir
 from tests.helpers import tiny_config, write_jsonl
+from tests.shared import shared_folder
 
 PROMPTS = ("What is the capital of France?", "What is two plus two?")
 EVAL_STEPS = 5  # a 10-step run evaluates (loss + sample answers) at steps 5 and 10
 
 _cache: dict[tuple, Path] = {}
 _cache_lock = threading.Lock()
-_cache_root: Path | None = None
 
 
 def eval_file(folder: Path) -> Path:
@@ -83,16 +82,20 @@ def build_run(
 
 
 def trained_template(base_model_dir: Path, *, steps: int = 10, seed: int = 0, **overrides: Any) -> Path:
-    """The cached trained run for these settings (trained on first use, once per test process)."""
-    global _cache_root
+    """The trained run for these settings, trained on first use once for the whole test run (tests/shared.py):
+    the workers share it when they share the base model (the session's tiny models)."""
+    import hashlib
+
     key = (str(Path(base_model_dir).resolve()), steps, seed, tuple(sorted((k, repr(v)) for k, v in overrides.items())))
     with _cache_lock:
         if key not in _cache:
-            if _cache_root is None:
-                _cache_root = Path(tempfile.mkdtemp(prefix="finetune-test-runs-"))
-                atexit.register(shutil.rmtree, _cache_root, True)
-            folder = _cache_root / f"set-{len(_cache)}"
-            _cache[key] = train_run(folder / "run-tiny", Path(base_model_dir), steps=steps, seed=seed, **overrides)
+            name = "run-" + hashlib.sha256(repr(key).encode()).hexdigest()[:16]
+            base = Path(base_model_dir)
+
+            def train(path: Path) -> None:
+                train_run(path / "run-tiny", base, steps=steps, seed=seed, **overrides)
+
+            _cache[key] = shared_folder(name, train) / "run-tiny"
         return _cache[key]
 
 
