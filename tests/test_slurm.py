@@ -10,6 +10,7 @@ unless FINETUNE_TESTS_NEED_SLURM=1 (CI), where they fail."""
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -72,6 +73,7 @@ def job_gone(cluster: SlurmCluster, job: str) -> bool:
 
 def hold(monkeypatch, step: int, marker: Path) -> Path:
     """The next submitted job holds every rank at the end of `step` (tests/slurm_hold/sitecustomize.py)."""
+    marker.parent.mkdir(parents=True, exist_ok=True)
     monkeypatch.setenv("FINETUNE_TEST_HOLD", f"{step}:{marker}")
     return marker
 
@@ -85,8 +87,9 @@ def slurm_config(model_dir: Path, **overrides):
 def test_each_bad_input_is_one_line_naming_the_field_and_nothing_is_submitted(cluster, tiny_model_dir, studio_home):
     runs = studio_home / "runs"
     cases = [
-        ({"slurm_partition": "gpu-a100"}, "slurm_partition: 'gpu-a100' is not a partition of this cluster (it has: debug)"),
-        ({"gpus_per_node": 4}, "gpus_per_node: 4 GPUs per node asked, but the nodes of the default partition have at most 0"),
+        ({"slurm_partition": "gpu"}, "slurm_partition: 'gpu' is not a partition of this cluster (it has: debug)"),
+        ({"gpus_per_node": 4}, "gpus_per_node: 4 GPUs per node asked, but the nodes of the default partition have at "
+                               "most 0"),
         ({"nodes": 3}, "nodes: 3 nodes asked, but the default partition has 2"),
     ]  # fmt: skip
     for overrides, line in cases:
@@ -119,6 +122,10 @@ def test_a_two_node_run_stops_resumes_is_requeued_and_completes_with_the_losses_
     run = Path(out.strip().splitlines()[-1])
     job = job_of(run)
     assert f"# Slurm job {job};" in out
+    # The reference: the same config on two processes of this machine, launched now (it trains while the job waits).
+    local = cli("launch", "--config", str(config), "--set", "runs_on=this_machine", "--nproc", "2", home=studio_home)
+    assert local.returncode == 0, local.stderr[-2000:]
+    local_run = Path(local.stdout.strip().splitlines()[-1])
     script = (run / "slurm.sbatch").read_text()
     assert "#SBATCH --nodes=2" in script and "#SBATCH --signal=B:USR1@" in script and "#SBATCH --requeue" in script
 
@@ -158,11 +165,8 @@ def test_a_two_node_run_stops_resumes_is_requeued_and_completes_with_the_losses_
     assert resumes == [(2, "checkpoint-2"), (4, "checkpoint-4")]
     assert "restart 1" in (run / "slurm.log").read_text()  # the requeued start of the same job
 
-    # The same run on two processes of this machine trains the same losses, step by step.
-    local = cli("launch", "--config", str(config), "--set", "runs_on=this_machine", "--nproc", "2", "--follow",
-                home=studio_home)  # fmt: skip
-    assert local.returncode == 0, local.stderr[-2000:]
-    local_run = Path(local.stdout.strip().splitlines()[0])
+    # The same run on two processes of this machine (trained meanwhile) has the same losses, step by step.
+    wait_for(lambda: RunDir(local_run).effective_status() == "completed", "the local 2-process run")
     on_slurm, here = losses(run), losses(local_run)
     assert [s for s, _ in on_slurm] == [1, 2, 3, 4, 5, 6] == [s for s, _ in here]
     assert [round(v, 4) for _, v in on_slurm] == [round(v, 4) for _, v in here]
@@ -180,3 +184,73 @@ def test_a_job_that_fails_before_training_is_failed_with_its_log_line(cluster, t
     state = shown(done.run.path)
     assert state["status"] == "failed"
     assert state["error"].startswith(f"Slurm job {done.job_id} ended (FAILED): error: config: not valid YAML")
+
+
+# --------------------------------------------------------------------------- the app, in a browser
+@pytest.mark.browser
+def test_the_train_tab_submits_a_two_node_run_follows_it_and_shows_it_interrupted_after_scancel(
+    cluster, tiny_model_dir, studio_home, monkeypatch
+):
+    from tests.test_ui_support import CHROMIUM, app_page, browser_expect
+
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium)")
+    pytest.importorskip("playwright.sync_api", reason="pip package playwright is not installed")
+    from finetune.engines.world import free_port
+    from finetune.studio import Studio
+    from tests.helpers import mini_dataset
+    from ui.app import build_app, launch
+
+    expect = browser_expect()
+    studio = Studio(studio_home / "runs")
+    demo = build_app(studio)
+    port = free_port()
+    launch(demo, port=port, block=False, quiet=True)
+    marker = hold(monkeypatch, 2, studio_home / "held-browser")  # the job inherits the app's environment
+    try:
+        with app_page(f"http://127.0.0.1:{port}", viewport={"width": 1280, "height": 900}) as page:
+            page.get_by_role("tab", name="Configure", exact=True).click()
+            for group in ("Optimisation", "Output", "Where it runs"):
+                page.locator(f"#cfg-group-{group.lower().replace(' ', '-')}").get_by_text(
+                    group, exact=True
+                ).first.click()
+            for field, value in (
+                ("model", tiny_model_dir), ("dataset", mini_dataset()), ("eval_split", ""), ("max_steps", 4),
+                ("max_seq_length", 64), ("save_steps", 1), ("nodes", 2), ("gpus_per_node", 0),
+            ):  # fmt: skip
+                box = page.locator(f"#cfg-{field}").locator("input, textarea").first
+                box.fill(str(value))
+                box.press("Tab")
+                expect(box).to_have_value(str(value))
+            page.get_by_role("tab", name="Train", exact=True).click()
+            page.locator("#train-where").get_by_text("A Slurm cluster", exact=True).click()
+            expect(page.locator("#train-plan")).to_contain_text("Slurm cluster: 2 nodes × their CPUs")
+            page.locator("#train-show-script").click()
+            expect(page.locator("#train-script")).to_contain_text("#SBATCH --nodes=2")
+            expect(page.locator("#train-script-file")).to_be_visible()
+
+            page.locator("#train-start").click()
+            expect(page.locator("#train-message")).to_contain_text("Submitted run")
+            run = next(iter((studio_home / "runs").iterdir()))
+            job = job_of(run)
+            submitted = (run / "slurm.sbatch").read_text()
+            expect(page.locator("#train-script")).to_contain_text(f"#SBATCH --output={run}/slurm.log")
+            assert page.locator("#train-script-file a").first.get_attribute("href")
+            progress = page.locator("#train-progress .fs-progress")
+            expect(progress).to_have_attribute("data-step", "2", timeout=JOB_TIMEOUT_S * 1000)
+            expect(progress).to_have_attribute("data-status", "running")
+            log = page.locator("#train-job-log textarea")
+            expect(log).to_have_value(re.compile(re.escape(f"job {job} (restart 0) on node[1-2]")))
+            expect(page.locator("#train-plot")).to_be_visible()
+
+            page.locator("#train-stop").click()  # the first Stop: USR1 to the batch script, which raises the flag
+            expect(page.locator("#train-message")).to_contain_text(f"Slurm job {job}: every rank finishes its step")
+            wait_for((run / "stop-requested").exists, "the stop flag")
+            cluster.run(["scancel", "--full", job])  # killed before it could checkpoint and stop
+            expect(progress).to_have_attribute("data-status", "interrupted", timeout=JOB_TIMEOUT_S * 1000)
+            expect(page.locator("#train-runs-table")).to_contain_text("Interrupted (its processes ended")
+            expect(page.locator("#train-resume")).to_be_enabled()
+            assert shown(run)["resumable"] and submitted == (run / "slurm.sbatch").read_text()
+    finally:
+        Path(f"{marker}.release").write_text("")
+        demo.close()

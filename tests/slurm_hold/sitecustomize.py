@@ -22,6 +22,7 @@ if os.environ.get("FINETUNE_TEST_HOLD"):
         mine = Path(f"{_marker}.rank{os.environ.get('RANK', '0')}")
         if current != int(_step) or mine.exists():
             return
+        self.update(force=True)  # status.json says this step while the run waits (its writes are throttled)
         mine.write_text(str(os.getpid()))
         deadline = time.monotonic() + HOLD_LIMIT_S
         while not Path(f"{_marker}.release").exists() and time.monotonic() < deadline:
