@@ -429,6 +429,9 @@ class Studio:
         state = self.state()
         if run_id:
             run = self._run(run_id)
+            if scheduler.is_slurm_run(run.path):  # its job runs elsewhere, beside whatever trains here
+                self.manager.stop_slurm(run)
+                return True
             if state is None or not state.active or state.run_id != run.name:
                 raise UserError(f"run: {run.name} is not training now; nothing to stop", "run")
         elif state is None or not state.active:

@@ -21,6 +21,7 @@ from finetune.cluster import scheduler, slurm
 from finetune.errors import UserError
 from finetune.runs.manager import RunManager
 from finetune.runs.rundir import RunDir
+from finetune.studio import Studio
 from tests.helpers import cli, losses, tiny_config
 from tests.slurm_cluster import SlurmCluster, missing_programs
 
@@ -136,10 +137,9 @@ def test_a_two_node_run_stops_resumes_is_requeued_and_completes_with_the_losses_
         slurm.resume(run, runs)
 
     # Stop: USR1 to the batch script, which raises the stop flag; every rank ends the step, checkpoints, stops.
-    manager = RunManager(runs)
-    manager.follow_group(RunDir(run))
-    assert manager.stop()
-    assert "every rank finishes its step" in manager.last_stop
+    studio = Studio(runs)
+    assert studio.stop(run.name)
+    assert f"Slurm job {job}: every rank finishes its step" in studio.stop_words()
     wait_for((run / "stop-requested").exists, "the batch script's trap to raise the stop flag")
     Path(f"{first}.release").write_text("")
     wait_for(lambda: job_gone(cluster, job), "the stopped job to end")
@@ -157,8 +157,15 @@ def test_a_two_node_run_stops_resumes_is_requeued_and_completes_with_the_losses_
     cluster.run(["scontrol", "requeue", resumed])
     wait_for(lambda: shown(run)["status"] == "pending", "the requeued job to wait in the queue")
     assert "requeued" in shown(run)["message"]
-    cluster.run(["scontrol", "update", f"JobId={resumed}", "StartTime=now"])  # no 120 s wait after a requeue
-    wait_for(lambda: job_gone(cluster, resumed) and shown(run)["status"] != "pending", "the requeued job to end")
+
+    def started_now() -> bool:
+        """A requeued job waits 120 s before it may start again; asked to start now until it has (a job still being
+        requeued does not take the new start time)."""
+        cluster.run(["scontrol", "update", f"JobId={resumed}", "StartTime=now"], check=False)
+        return shown(run)["status"] != "pending"
+
+    wait_for(started_now, "the requeued job to start again")
+    wait_for(lambda: job_gone(cluster, resumed), "the requeued job to end")
     final = shown(run)
     assert (final["status"], final["step"]) == ("completed", 6), final
     resumes = [(e["step"], e["checkpoint"]) for e in RunDir(run).read_events(("resume",))]
@@ -197,7 +204,6 @@ def test_the_train_tab_submits_a_two_node_run_follows_it_and_shows_it_interrupte
         pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium)")
     pytest.importorskip("playwright.sync_api", reason="pip package playwright is not installed")
     from finetune.engines.world import free_port
-    from finetune.studio import Studio
     from tests.helpers import mini_dataset
     from ui.app import build_app, launch
 

@@ -378,10 +378,9 @@ class RunManager:
         if progress is None:
             group = self.group()
             if group is not None and scheduler.is_slurm_run(group.path):
-                state = state_from_files(group)
-                if not state.active:
+                if not state_from_files(group).active:
                     return False
-                self.last_stop = scheduler.stop_run(group.path)  # USR1 to the batch script, or a cancel
+                self.stop_slurm(group)
                 return True
             if group is None or not group_alive(group.path):
                 return False
@@ -389,6 +388,12 @@ class RunManager:
             return True
         progress.update(message="stop requested: finishing the current step and saving a checkpoint")
         return True
+
+    def stop_slurm(self, run: RunDir) -> str:
+        """Stop a run submitted to Slurm (finetune/cluster/scheduler.py: USR1 to its batch script first, a cancel the
+        second time); returns what was done, in words, also kept as `last_stop`."""
+        self.last_stop = scheduler.stop_run(run.path)
+        return self.last_stop
 
     def wait(self, timeout: float | None = None) -> TrainingState | None:
         """Block until the active run (if any) ends, or `timeout` seconds pass."""
