@@ -229,6 +229,7 @@ def test_the_train_tab_submits_a_two_node_run_follows_it_and_shows_it_interrupte
                 box.press("Tab")
                 expect(box).to_have_value(str(value))
             page.get_by_role("tab", name="Train", exact=True).click()
+            expect(page.locator("#train-plan")).to_contain_text("on this machine's CPU")  # read for the tab
             page.locator("#train-where").get_by_text("A Slurm cluster", exact=True).click()
             expect(page.locator("#train-plan")).to_contain_text("Slurm cluster: 2 nodes × their CPUs")
             page.locator("#train-show-script").click()
