@@ -180,3 +180,17 @@ def test_stop_cancels_a_job_still_waiting_and_refuses_a_run_without_a_job(tmp_pa
     assert calls.read_text().splitlines() == ["43"]
     with pytest.raises(UserError, match="^run: other has no Slurm job running"):
         scheduler.stop_run(tmp_path / "other")
+
+
+# --------------------------------------------------------------------------- the command line
+def test_submit_print_shows_the_script_and_submits_nothing(capsys, studio_home):
+    from finetune.cli import main
+
+    assert main(["submit", "--slurm", "--nodes", "2", "--gpus-per-node", "4", "--time", "01:00:00", "--print"]) == 0
+    script = capsys.readouterr().out
+    assert script.startswith("#!/bin/bash\n")
+    assert "#SBATCH --nodes=2\n" in script and "#SBATCH --gpus-per-node=4\n" in script
+    assert "#SBATCH --time=01:00:00\n" in script
+    assert not (studio_home / "runs").exists()
+    assert main(["submit", "--nodes", "2", "--print"]) == 2
+    assert "error: --slurm: say where it runs" in capsys.readouterr().err
