@@ -443,14 +443,16 @@ class Studio:
         return self.manager.last_stop
 
     # ---- Slurm (finetune/cluster/, docs/cluster.md)
-    def batch_script(self, values: dict[str, Any]) -> str:
-        """The batch script Start would submit for these settings (runs_on: slurm); its run folder's name is fixed when
-        it is submitted, and the run keeps the file exactly as submitted (`submitted_script`)."""
+    def batch_script(self, values: dict[str, Any]) -> tuple[str, str]:
+        """(the batch script Start would submit for these settings (runs_on: slurm), its run folder's name). With
+        output_dir set to that name, Start submits this very script; the run keeps it as submitted
+        (`submitted_script`)."""
         config = self.config(values)
         if config.runs_on != "slurm":
             raise UserError("runs_on: this run trains on this machine; choose a Slurm cluster to see its script")
         self._check_slurm_allowed()
-        return slurm.preview(config, self.manager.root, confine=True)
+        script, path = slurm.preview(config, self.manager.root, confine=True)
+        return script, path.name
 
     def submitted_script(self, run_id: str) -> str:
         """The batch script a Slurm run was submitted with ("" for a run that trained here)."""

@@ -235,6 +235,10 @@ def test_the_train_tab_submits_a_two_node_run_follows_it_and_shows_it_interrupte
             page.locator("#train-show-script").click()
             expect(page.locator("#train-script")).to_contain_text("#SBATCH --nodes=2")
             expect(page.locator("#train-script-file")).to_be_visible()
+            expect(page.locator("#train-message")).to_contain_text("Start submits this script as shown")
+            with page.expect_download() as download:
+                page.locator("#train-script-file a").first.click()
+            shown_before = Path(download.value.path()).read_text(encoding="utf-8")
 
             page.locator("#train-start").click()
             expect(page.locator("#train-message")).to_contain_text("Submitted run")
@@ -242,7 +246,7 @@ def test_the_train_tab_submits_a_two_node_run_follows_it_and_shows_it_interrupte
             job = job_of(run)
             submitted = (run / "slurm.sbatch").read_text()
             expect(page.locator("#train-script")).to_contain_text(f"#SBATCH --output={run}/slurm.log")
-            assert page.locator("#train-script-file a").first.get_attribute("href")
+            assert submitted == shown_before  # what was shown and downloaded before Start is what sbatch got
             progress = page.locator("#train-progress .fs-progress")
             expect(progress).to_have_attribute("data-step", "2", timeout=JOB_TIMEOUT_S * 1000)
             expect(progress).to_have_attribute("data-status", "running")

@@ -414,13 +414,15 @@ class TrainTab:
 
     @per_visitor
     def show_script(self, request: gr.Request | None = None, **values: Any) -> dict:
-        """The batch script Start would submit for the form's settings: {message, script, script_file}."""
+        """The batch script Start would submit for the form's settings: {message, script, script_file, output_dir}.
+        The run folder it names goes into the form's output_dir, so Start submits exactly the script shown."""
         try:
-            script = self.studio.batch_script(values)
+            script, folder = self.studio.batch_script(values)
         except UserError as exc:
             hidden = gr.update(visible=False)
             return {self.message: f"⚠ {plain(exc)}", self.script: hidden, self.script_file: hidden}
-        return {self.message: "", **self.script_updates(script)}
+        note = f"Start submits this script as shown; its run folder `{folder}` is now the *Run folder* in Configure."
+        return {self.message: note, self.config.fields["output_dir"]: folder, **self.script_updates(script)}
 
     @per_visitor
     def stop(self, request: gr.Request | None = None, run: str | None = None) -> str:
@@ -694,7 +696,7 @@ def wire(tab: TrainTab, config: ConfigTab, demo: gr.Blocks, train_tab: Any = Non
     tab.script_btn.click(
         tab.show_script,
         None,
-        [tab.message, tab.script, tab.script_file],
+        [tab.message, tab.script, tab.script_file, config.fields["output_dir"]],
         inputs_kwargs=config.form,
         api_visibility="private",
         concurrency_limit=None,

@@ -58,7 +58,7 @@ def cmd_submit(args: Any) -> int:
         if config.runs_on != "slurm":
             raise UserError("--slurm: say where it runs: --slurm (or runs_on: slurm in the config)", "runs_on")
         if args.print:
-            print(slurm.preview(config), end="")
+            print(slurm.preview(config)[0], end="")
             return 0
         done = slurm.submit(config)
     print(f"# Slurm job {done.job_id}; follow it in the app, stop it with: python -m finetune stop {done.run.path}")

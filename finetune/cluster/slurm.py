@@ -157,11 +157,12 @@ def check_submit(config: TrainConfig, root: Path | None = None, confine: bool = 
     return path, plan
 
 
-def preview(config: TrainConfig, root: Path | None = None, confine: bool = False) -> str:
-    """The batch script a submission of `config` would save and submit (its run folder named as it would be now)."""
+def preview(config: TrainConfig, root: Path | None = None, confine: bool = False) -> tuple[str, Path]:
+    """(the batch script a submission of `config` would save and submit, its run folder). Without an output_dir the
+    folder is named as it would be now: submitting with output_dir set to that folder submits this very script."""
     config.validate()
     path = _run_path(config, Path(root) if root else paths.runs_root(), confine)
-    return render(job_plan(config), path)
+    return render(job_plan(config), path), path
 
 
 # --------------------------------------------------------------------------- submit, resume
