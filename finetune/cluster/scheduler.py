@@ -84,7 +84,7 @@ def slurm(args: list[str], timeout: float = COMMAND_TIMEOUT_S) -> subprocess.Com
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
-def submit_script(script: Path, chdir: Path) -> str:
+def submit_script(script: Path) -> str:
     """`sbatch --parsable SCRIPT`: the new job's id (the script's own #SBATCH lines say everything else)."""
     require_sbatch()
     try:

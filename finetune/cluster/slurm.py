@@ -193,7 +193,7 @@ def submit(
         )
         run.write_status(state.to_dict())
         run.append_event({"type": "status", "status": "pending", "step": 0, "world_size": plan.world_size})
-        job_id = scheduler.submit_script(path / scheduler.SCRIPT_FILE, Path(os.getcwd()))
+        job_id = scheduler.submit_script(path / scheduler.SCRIPT_FILE)
     except BaseException:
         _undo(run, made)
         raise
@@ -232,7 +232,7 @@ def resume(run_dir: str | Path, root: Path | None = None, confine: bool = False)
     run.write_status({**previous, "status": "pending", "message": f"resubmitted to Slurm from {checkpoint.name}",
                       "error": None, "updated_at": now, "finished_at": None})  # fmt: skip
     try:
-        job_id = scheduler.submit_script(run.path / scheduler.SCRIPT_FILE, Path(os.getcwd()))
+        job_id = scheduler.submit_script(run.path / scheduler.SCRIPT_FILE)
     except UserError:
         run.write_status(previous)
         raise
