@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ REPORTERS = ("none", "tensorboard", "trackio", "wandb")
 LOSS_TYPES = ("", *dict.fromkeys(loss for o in objectives.OBJECTIVES.values() for loss in o.loss_types))
 LIGER_CHOICES = ("auto", "on", "off")
 OFFLOAD = ("none", "cpu", "nvme")
+RUNS_ON = ("this_machine", "slurm")
 
 # Bounds on what a user can paste or upload: a run config is a few KB of flat keys, so anything far beyond is refused
 # before it is parsed (YAML aliases can expand a few hundred bytes into gigabytes).
@@ -321,6 +323,36 @@ class TrainConfig:
     eval_steps: int = _f(20, "Evaluate (loss + sample answers) every N steps.", "Output", min=1)
     report_to: str = _f("none", "Also log to an experiment tracker.", "Output", choices=REPORTERS)
 
+    # --- Where it runs (docs/cluster.md)
+    runs_on: str = _f(
+        "this_machine",
+        "this_machine: train here (one process, or a process group). slurm: submit a batch job to a Slurm cluster "
+        "(python -m finetune submit, or Start in the Train tab).",
+        "Where it runs",
+        choices=RUNS_ON,
+    )
+    nodes: int = _f(1, "slurm: machines (nodes) the job uses; one torchrun per node.", "Where it runs", min=1, max=1024)
+    gpus_per_node: int = _f(
+        1,
+        "slurm: GPUs per node, one process each; 0 = one process per node on its CPUs.",
+        "Where it runs",
+        min=0,
+        max=64,
+    )
+    slurm_partition: str = _f("", "slurm: the partition (queue); empty = the cluster's default.", "Where it runs")
+    slurm_time: str = _f(
+        "",
+        "slurm: the time limit (HH:MM:SS, D-HH:MM:SS or minutes); empty = the partition's. A checkpoint is saved "
+        "shortly before it.",
+        "Where it runs",
+    )
+    slurm_account: str = _f("", "slurm: the account charged; empty = your default.", "Where it runs")
+    slurm_extra: str = _f(
+        "",
+        "slurm: extra #SBATCH options, one per line or separated by ; (--constraint=a100; --qos=high).",
+        "Where it runs",
+    )
+
     def __post_init__(self) -> None:
         self.validate()
 
@@ -486,6 +518,13 @@ LABELS = {
     "save_steps": "Checkpoint every N steps",
     "eval_steps": "Evaluate every N steps",
     "report_to": "Experiment tracker",
+    "runs_on": "Where it runs",
+    "nodes": "Nodes",
+    "gpus_per_node": "GPUs per node",
+    "slurm_partition": "Partition",
+    "slurm_time": "Time limit",
+    "slurm_account": "Account",
+    "slurm_extra": "Extra #SBATCH options",
 }
 
 
@@ -707,4 +746,32 @@ def _cross_field_errors(c: TrainConfig) -> list[ConfigError]:
     out += [ConfigError(f"{name}: {message}", field=name) for name, message in objectives.config_problems(c)]
     if c.method == "qlora" and c.optim == "sgd":
         pass  # allowed: SGD on LoRA weights works, just unusual
+    if c.slurm_time and not SLURM_TIME.fullmatch(c.slurm_time.strip()):
+        bad("slurm_time", f"{c.slurm_time[:40]!r} is not a Slurm time limit; use HH:MM:SS, D-HH:MM:SS or minutes")
+    try:
+        sbatch_extra_options(c.slurm_extra)
+    except ConfigError as exc:
+        out.append(exc)
     return out
+
+
+# Slurm's time limit formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
+SLURM_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}")
+
+
+def sbatch_extra_options(text: str) -> list[str]:
+    """The `slurm_extra` setting as sbatch options, one per item (`--qos=high`); a line may keep its `#SBATCH `."""
+    options = []
+    for item in re.split(r"[\n;]", text or ""):
+        item = item.strip()
+        if item.startswith("#SBATCH"):
+            item = item[len("#SBATCH") :].strip()
+        if not item:
+            continue
+        if not item.startswith("-") or any(ch in item for ch in "\r\0`$"):
+            raise ConfigError(
+                f"slurm_extra: {item[:60]!r} is not an sbatch option; give options like --qos=high, one per line",
+                field="slurm_extra",
+            )
+        options.append(item)
+    return options

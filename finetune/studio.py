@@ -27,6 +27,7 @@ from typing import Any
 from finetune import objectives
 from finetune.access.policy import AccessPolicy
 from finetune.access.uploads import Uploads, is_upload
+from finetune.cluster import scheduler, slurm
 from finetune.config import FIELDS, TrainConfig, field_kind, field_label, field_optional
 from finetune.errors import BusyError, ConfigError, UserError
 from finetune.model.inference import MAX_NEW_TOKENS, Classification, GenerationSettings
@@ -397,9 +398,12 @@ class Studio:
         if self.identity is None:
             raise UserError(self.policy.needs_identity("start", "train"), "start")
         owner = self.policy.run_owner(self.user) if self.policy.public or not owner else owner
+        config = self.config(values)
+        if config.runs_on == "slurm":
+            return self._submit(config, owner)
         with self._neutral_busy():
             if _process_count(processes) == 1 and not gpus:
-                return self.manager.start(self.config(values), owner=owner, confine=True)
+                return self.manager.start(config, owner=owner, confine=True)
             return self._start_group(values, owner, processes, gpus)
 
     def resume(self, run_id: str, owner: str | None = None, processes: int = 1, gpus: str = "") -> TrainingState:
@@ -410,6 +414,9 @@ class Studio:
         self._check_run_allowed(run)
         recorded = str(run.read_status().get("owner") or "")
         owner = recorded if self.policy.public else (owner or self.policy.run_owner(self.user))
+        if scheduler.is_slurm_run(run.path):
+            self._check_slurm_allowed()
+            return self._follow(slurm.resume(run.path, self.manager.root, confine=True).run)
         with self._neutral_busy():
             if self._was_launched(run) or _process_count(processes) > 1:
                 return self._resume_group(run, owner, processes, gpus)
@@ -422,11 +429,59 @@ class Studio:
         state = self.state()
         if run_id:
             run = self._run(run_id)
+            if scheduler.is_slurm_run(run.path):  # its job runs elsewhere, beside whatever trains here
+                self.manager.stop_slurm(run)
+                return True
             if state is None or not state.active or state.run_id != run.name:
                 raise UserError(f"run: {run.name} is not training now; nothing to stop", "run")
         elif state is None or not state.active:
             return False
         return self.manager.stop()
+
+    def stop_words(self) -> str:
+        """What the last Stop of a Slurm run did, in a line ("" for any other run)."""
+        return self.manager.last_stop
+
+    # ---- Slurm (finetune/cluster/, docs/cluster.md)
+    def batch_script(self, values: dict[str, Any]) -> tuple[str, str]:
+        """(the batch script Start would submit for these settings (runs_on: slurm), its run folder's name). With
+        output_dir set to that name, Start submits this very script; the run keeps it as submitted
+        (`submitted_script`)."""
+        config = self.config(values)
+        if config.runs_on != "slurm":
+            raise UserError("runs_on: this run trains on this machine; choose a Slurm cluster to see its script")
+        self._check_slurm_allowed()
+        script, path = slurm.preview(config, self.manager.root, confine=True)
+        return script, path.name
+
+    def submitted_script(self, run_id: str) -> str:
+        """The batch script a Slurm run was submitted with ("" for a run that trained here)."""
+        return slurm.submitted_script(self._run(run_id))
+
+    def script_file(self, text: str) -> Path:
+        """A batch script as a file to download (one per distinct script in `downloads_dir`)."""
+        from finetune.atomic import write_text
+
+        path = self.downloads_dir / f"script-{hashlib.sha256(text.encode('utf-8')).hexdigest()[:12]}" / "run.sbatch"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text(path, text)
+        return path
+
+    def job_log(self, run_id: str) -> str:
+        """The end of a Slurm run's job log ("" for a run that trained here, or before the job wrote anything)."""
+        return slurm.job_log(self._run(run_id))
+
+    def _check_slurm_allowed(self) -> None:
+        if self.policy.public:
+            raise UserError("runs_on: a public app does not submit jobs to a Slurm cluster", "runs_on")
+
+    def _submit(self, config: TrainConfig, owner: str) -> TrainingState:
+        self._check_slurm_allowed()
+        return self._follow(slurm.submit(config, self.manager.root, owner=owner, confine=True).run)
+
+    def _follow(self, run: RunDir) -> TrainingState:
+        self.manager.follow_group(run)
+        return self.manager.state() or TrainingState(run_id=run.name, run_dir=str(run.path), status="pending")
 
     def state(self) -> TrainingState | None:
         """The run training now (or the last one this app ran), when it is this visitor's to see."""

@@ -82,7 +82,8 @@ def studio_home(tmp_path, monkeypatch):
 # Workers take whole modules (`--dist loadfile`) in collection order, so handing out the longest first keeps one
 # worker from starting a long module while the others have nothing left; the other modules follow in their order.
 SLOWEST_MODULES = (
-    "test_deepspeed", "test_ui_browser", "test_export", "test_bench_scripts", "test_llama_cpp", "test_ui_first_screen",
+    "test_deepspeed", "test_ui_browser", "test_slurm", "test_export", "test_bench_scripts", "test_llama_cpp",
+    "test_ui_first_screen",
     "test_ui_wiring", "test_launch_group", "test_safety", "test_default_path", "test_grpo", "test_training",
     "test_cli", "test_reliability", "test_preference", "test_publish_privacy", "test_push_gguf", "test_evaluation",
     "test_launch_lifecycle", "test_hub", "test_propose", "test_space_mode", "test_visitors", "test_memory",

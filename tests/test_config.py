@@ -31,6 +31,7 @@ def test_every_contract_key_exists_with_help_and_group():
         "Precision & memory",
         "DeepSpeed",
         "Output",
+        "Where it runs",
     }
 
 

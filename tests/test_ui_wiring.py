@@ -189,6 +189,7 @@ def test_every_config_field_has_a_component_with_help_in_configure(ui):
         "Precision & memory",
         "DeepSpeed",
         "Output",
+        "Where it runs",
     ]
 
 

@@ -374,9 +374,11 @@ class ConfigTab:
 
     @per_visitor
     def make_commands(
-        self, gpus: Any = 2, nodes: Any = 1, request: gr.Request | None = None, **values: Any
+        self, command_gpus: Any = 2, command_nodes: Any = 1, request: gr.Request | None = None, **values: Any
     ) -> tuple[dict[str, Any], str]:
-        """The CLI, torchrun and deepspeed commands for these settings: ({text, problems}, form stamp)."""
+        """The CLI, torchrun and deepspeed commands for these settings: ({text, problems}, form stamp). The counts
+        are the two boxes beside the button (named apart from the config's own `nodes`, a Slurm run's)."""
+        gpus, nodes = command_gpus, command_nodes
         _, problems = self.studio.check(values)
         if not problems:
             problems = _count_problem(gpus, "command_gpus", "GPUs per machine") or _count_problem(
@@ -403,9 +405,11 @@ class ConfigTab:
         return [code, *self.problem_updates(shown or problems)]
 
     @per_visitor
-    def show_commands(self, gpus: Any = 2, nodes: Any = 1, request: gr.Request | None = None, **values: Any) -> list:
+    def show_commands(
+        self, command_gpus: Any = 2, command_nodes: Any = 1, request: gr.Request | None = None, **values: Any
+    ) -> list:
         """[code update, *error updates] in one call (the API and tests)."""
-        return self.show_commands_answer(*self.make_commands(gpus, nodes, **values), **values)
+        return self.show_commands_answer(*self.make_commands(command_gpus, command_nodes, **values), **values)
 
     def remote_code_warning(self, enabled: bool) -> None:
         if enabled:

@@ -88,7 +88,7 @@ STATUS_WORDS = {
     "stopped": ("Stopped", "#d97706"),
     "completed": ("Finished", "#16a34a"),
     "failed": ("Failed", "#dc2626"),
-    "interrupted": ("Interrupted (the app stopped during the run)", "#d97706"),
+    "interrupted": ("Interrupted (its processes ended before it finished)", "#d97706"),
 }
 
 

@@ -78,7 +78,7 @@ def scores_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["step", "value", "series"])
 
 
-def plan_markdown(preview: RunPreview, changed: list[str]) -> str:
+def plan_markdown(preview: RunPreview, changed: list[str], values: dict[str, Any] | None = None) -> str:
     """What Start would run, in plain words: model, data, method and goal, length, batch, where, memory."""
     if preview.max_steps > 0:
         length = f"**{preview.max_steps} steps**"
@@ -87,6 +87,8 @@ def plan_markdown(preview: RunPreview, changed: list[str]) -> str:
     where = "a GPU" if preview.device == "cuda" else "this machine's CPU"
     if preview.processes > 1:
         where += f" × {preview.processes} processes"
+    if (values or {}).get("runs_on") == "slurm":
+        where = slurm_words(values or {})
     memory = (
         f"about **{size(preview.estimate_bytes)}** at the peak"
         if preview.estimate_bytes
@@ -108,6 +110,18 @@ def plan_markdown(preview: RunPreview, changed: list[str]) -> str:
             f"Changed from the defaults (in *Configure* or *Memory*): {', '.join(changed[:CHANGED_SHOWN])}{more}."
         )
     return "\n\n".join(line for line in lines if line)
+
+
+def slurm_words(values: dict[str, Any]) -> str:
+    """Where a Slurm run trains, in words: 'a Slurm cluster: 2 nodes × 8 GPUs, partition gpu, at most 04:00:00'."""
+    nodes, gpus = parse_number(values.get("nodes")) or 1, parse_number(values.get("gpus_per_node")) or 0
+    each = f"{gpus:g} GPU{'s' if gpus != 1 else ''}" if gpus else "their CPUs"
+    words = f"a **Slurm cluster**: {nodes:g} node{'s' if nodes != 1 else ''} × {each}"
+    if values.get("slurm_partition"):
+        words += f", partition {plain(values['slurm_partition'])}"
+    if values.get("slurm_time"):
+        words += f", at most {plain(values['slurm_time'])}"
+    return words + " (Start submits the batch script)"
 
 
 def batches_text(preview: RunPreview) -> str:
@@ -138,6 +152,11 @@ class TrainTab:
     plan: Any = None
     plan_stamp: Any = None
     processes: Any = None
+    where: Any = None
+    script_btn: Any = None
+    script: Any = None
+    script_file: Any = None
+    job_log: Any = None
     start_btn: Any = None
     stop_btn: Any = None
     resume_btn: Any = None
@@ -170,7 +189,8 @@ class TrainTab:
             return text, form_stamp(values)
         except Exception as exc:  # never a traceback in the page
             return f"⚠ Cannot describe these settings: {plain(one_line(exc))}", form_stamp(values)
-        return plan_markdown(preview, changed_settings(values, self.studio.default_values())), form_stamp(values)
+        text = plan_markdown(preview, changed_settings(values, self.studio.default_values()), values)
+        return text, form_stamp(values)
 
     def show_plan(self, text: Any, stamp: Any, **values: Any) -> Any:
         """The summary, unless the form changed since it was computed (then nothing: a newer one is on its way)."""
@@ -249,6 +269,7 @@ class TrainTab:
                 self.completions: completions_update(None, []),
                 self.samples: _samples_frame([], []),
                 self.log: "",
+                self.job_log: gr.update(value="", visible=False),
             }
         state = self.run_state(run_id)
         events = self.events(run_id)
@@ -269,7 +290,16 @@ class TrainTab:
             self.completions: completions_update(*completion_rows(events)),
             self.samples: _samples_frame(headers, samples),
             self.log: log_lines(events, objective),
+            self.job_log: self.job_log_update(run_id),
         }
+
+    def job_log_update(self, run_id: str) -> dict:
+        """The Slurm job's log of a run submitted to Slurm (hidden for a run that trained here)."""
+        try:
+            script, text = self.studio.submitted_script(run_id), self.studio.job_log(run_id)
+        except UserError:
+            script, text = "", ""
+        return gr.update(value=text or "(the job has written nothing yet)", visible=bool(script))
 
     def runs_outputs(self, runs: list[RunSummary], selected: str | None = None) -> dict:
         """{run choice, start, stop, resume}: Resume only for a selected run that can resume, while nothing runs."""
@@ -359,7 +389,40 @@ class TrainTab:
             "then the loss plot fills in."
         )
         clean = dict(zip(problems_out, self.config.problem_updates({}), strict=True))
-        return {self.message: message, self.viewing: state.run_id, self.shown: None, **clean}
+        script = self.studio.submitted_script(state.run_id)
+        if not script:
+            return {self.message: message, self.viewing: state.run_id, self.shown: None, **clean}
+        message = (
+            f"▶ Submitted run `{state.run_id}` to Slurm at {time.strftime('%H:%M:%S')}: it waits in the queue until "
+            "its nodes are free, then the loss plot fills in. Below: the batch script exactly as submitted."
+        )
+        return {
+            self.message: message,
+            self.viewing: state.run_id,
+            self.shown: None,
+            **clean,
+            **self.script_updates(script),
+        }
+
+    def script_updates(self, script: str) -> dict:
+        """{script, script_file}: a batch script shown and offered as a file."""
+        path = self.studio.script_file(script)
+        return {
+            self.script: gr.update(value=script, visible=True),
+            self.script_file: gr.update(value=str(path), visible=True),
+        }
+
+    @per_visitor
+    def show_script(self, request: gr.Request | None = None, **values: Any) -> dict:
+        """The batch script Start would submit for the form's settings: {message, script, script_file, output_dir}.
+        The run folder it names goes into the form's output_dir, so Start submits exactly the script shown."""
+        try:
+            script, folder = self.studio.batch_script(values)
+        except UserError as exc:
+            hidden = gr.update(visible=False)
+            return {self.message: f"⚠ {plain(exc)}", self.script: hidden, self.script_file: hidden}
+        note = f"Start submits this script as shown; its run folder `{folder}` is now the *Run folder* in Configure."
+        return {self.message: note, self.config.fields["output_dir"]: folder, **self.script_updates(script)}
 
     @per_visitor
     def stop(self, request: gr.Request | None = None, run: str | None = None) -> str:
@@ -369,6 +432,8 @@ class TrainTab:
             stopping = self.studio.stop(run)
         except UserError as exc:
             return f"⚠ {plain(exc)}"
+        if stopping and self.studio.stop_words():
+            return f"■ {plain(self.studio.stop_words())}."
         if stopping:
             return "■ Stopping: the current step finishes and a checkpoint is saved, so you can resume later."
         return "Nothing is running."
@@ -425,6 +490,26 @@ def build(studio: Studio) -> TrainTab:
     )
     tab.plan = gr.Markdown("", elem_id="train-plan", elem_classes=["fs-plan"])
     tab.plan_stamp = gr.State("")
+    with gr.Row(equal_height=False):
+        tab.where = gr.Radio(
+            choices=[("This machine", "this_machine"), ("A Slurm cluster", "slurm")],
+            value="this_machine",
+            label="Where it runs",
+            info="A Slurm cluster: nodes, GPUs per node, partition and time limit are in Configure → Where it runs.",
+            elem_id="train-where",
+            scale=3,
+        )
+        tab.script_btn = gr.Button("Show batch script", elem_id="train-show-script", scale=0, min_width=170)
+    tab.script = gr.Code(
+        label="Batch script (what Start submits with sbatch)",
+        language="shell",
+        visible=False,
+        interactive=False,
+        elem_id="train-script",
+    )
+    tab.script_file = gr.File(
+        label="Download the batch script", visible=False, interactive=False, elem_id="train-script-file"
+    )
     with gr.Row(equal_height=False):
         tab.processes = gr.Dropdown(  # offered on page load (counting GPUs imports torch: not while building)
             choices=[1],
@@ -495,6 +580,15 @@ def build(studio: Studio) -> TrainTab:
             tab.log = gr.Textbox(
                 label="Log (latest)", lines=14, max_lines=14, interactive=False, elem_id="train-log", autoscroll=True
             )
+            tab.job_log = gr.Textbox(
+                label="Slurm job log (slurm.log)",
+                lines=10,
+                max_lines=10,
+                interactive=False,
+                visible=False,
+                elem_id="train-job-log",
+                autoscroll=True,
+            )
     tab.completions = gr.Dataframe(
         pd.DataFrame(columns=COMPLETION_HEADERS),
         label="Sampled answers",
@@ -557,6 +651,7 @@ def wire(tab: TrainTab, config: ConfigTab, demo: gr.Blocks, train_tab: Any = Non
         tab.completions,
         tab.samples,
         tab.log,
+        tab.job_log,
         tab.runs_table,
         tab.run_pick,
         tab.start_btn,
@@ -585,10 +680,31 @@ def wire(tab: TrainTab, config: ConfigTab, demo: gr.Blocks, train_tab: Any = Non
             concurrency_id="describe-run",
             concurrency_limit=1,
         ).then(tab.show_plan, [tab.plan, tab.plan_stamp], tab.plan, inputs_kwargs=config.form, **pending)
+    # Where it runs: the Train tab's choice is the config's runs_on (the Slurm settings are in Configure).
+    runs_on = config.fields["runs_on"]
+    tab.where.input(lambda value: value, tab.where, runs_on, api_visibility="private", show_progress="hidden").then(
+        tab.describe,
+        None,
+        [tab.plan, tab.plan_stamp],
+        inputs_kwargs=config.form,
+        api_visibility="private",
+        show_progress="hidden",
+        concurrency_id="describe-run",
+        concurrency_limit=1,
+    )
+    runs_on.change(lambda value: value, runs_on, tab.where, api_visibility="private", show_progress="hidden")
+    tab.script_btn.click(
+        tab.show_script,
+        None,
+        [tab.message, tab.script, tab.script_file, config.fields["output_dir"]],
+        inputs_kwargs=config.form,
+        api_visibility="private",
+        concurrency_limit=None,
+    )
     tab.start_btn.click(
         tab.start,
         None,
-        [tab.message, tab.viewing, tab.shown, *config.error_outputs],
+        [tab.message, tab.viewing, tab.shown, *config.error_outputs, tab.script, tab.script_file],
         inputs_kwargs={**config.form, "processes": tab.processes},
         api_visibility="private",  # API clients use /start (ui/api.py)
         concurrency_limit=None,

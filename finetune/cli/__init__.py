@@ -1,9 +1,9 @@
-"""Command line: python -m finetune {train,chat,propose,estimate,eval,compare,push,export,launch-command,launch,stop}.
-Bad input: one line, exit 2.
+"""Command line: python -m finetune {train,chat,propose,estimate,eval,compare,push,export,launch-command,launch,stop,
+submit}. Bad input: one line, exit 2.
 
 This package is the only place that parses arguments: one module per group of sub-commands (train, chat, memory,
-evaluate, hub, export, launch), each registering its own parser and calling the backend's functions; args.py holds
-the shared --config/--set handling and terminal.py the progress bar. The backend never imports it."""
+evaluate, hub, export, launch, submit), each registering its own parser and calling the backend's functions; args.py
+holds the shared --config/--set handling and terminal.py the progress bar. The backend never imports it."""
 
 from __future__ import annotations
 
@@ -63,13 +63,13 @@ QUIET_LOGGERS = (
 def build_parser() -> argparse.ArgumentParser:
     """The root parser with every sub-command, each registered by its module in this package (in `--help` order)."""
     # Imported here, after quiet_libraries(): the sub-commands' modules import the backend and its libraries.
-    from finetune.cli import chat, evaluate, export, hub, launch, memory, train
+    from finetune.cli import chat, evaluate, export, hub, launch, memory, submit, train
 
     parser = argparse.ArgumentParser(
         prog="python -m finetune", description="Finetune Studio: fine-tune language models."
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (train, chat, memory, evaluate, hub, export, launch):
+    for module in (train, chat, memory, evaluate, hub, export, launch, submit):
         module.register(sub)
     return parser
 

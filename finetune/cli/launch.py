@@ -56,7 +56,7 @@ def register(subparsers: Any) -> None:
     launch.set_defaults(func=cmd_launch)
 
     stop = subparsers.add_parser("stop", help="stop a launched run: every rank saves a checkpoint, then all end")
-    stop.add_argument("run_dir", help="the run directory (or its name under the runs folder)")
+    stop.add_argument("run_dir", help="the run directory (or its name under the runs folder); a Slurm run too")
     stop.set_defaults(func=cmd_stop)
 
 
@@ -138,10 +138,14 @@ def follow_group(run: RunDir) -> int:
 def cmd_stop(args: Any) -> int:
     """Handle `stop RUN_DIR`: the stop flag every rank of the run reads at its next step."""
     from finetune import paths
+    from finetune.cluster import scheduler
     from finetune.runs.process_group import group_alive, request_stop
     from finetune.runs.rundir import ACTIVE, find_run
 
     run = find_run(args.run_dir, paths.runs_root(), field="run_dir")
+    if scheduler.is_slurm_run(run.path):
+        print(scheduler.stop_run(run.path))
+        return 0
     if not group_alive(run.path) and run.effective_status() not in ACTIVE:
         raise UserError(f"run_dir: {run.name} is not running (it is {run.effective_status()})", "run_dir")
     if not group_alive(run.path):

@@ -20,6 +20,7 @@ from typing import Any
 
 from finetune import paths
 from finetune.atomic import write_text
+from finetune.cluster import scheduler
 from finetune.config import TrainConfig
 from finetune.errors import BusyError, ConfigError, UserError, os_reason
 from finetune.plan import RunPlan, plan_for
@@ -86,6 +87,7 @@ class RunManager:
         self._last: TrainingState | None = None
         self._device_lock = DeviceLock(self.root, still_busy=holder_alive)
         self._group: RunDir | None = None  # the launched group this manager started or found, followed by its files
+        self.last_stop = ""  # what the last Stop of a Slurm run did, in words
 
     # ----------------------------------------------------------------- queries
     def state(self) -> TrainingState | None:
@@ -105,6 +107,8 @@ class RunManager:
             if self._active is not None:
                 return True
         group = self.group()
+        if group is not None and scheduler.is_slurm_run(group.path):
+            return state_from_files(group).active
         return group is not None and group_alive(group.path)
 
     def group(self) -> RunDir | None:
@@ -134,8 +138,13 @@ class RunManager:
         out = []
         for run in list_runs(self.root):
             status = run.read_status()
-            effective = run.effective_status()
-            if effective in ACTIVE and not (active and active.active and active.run_dir == str(run.path)):
+            view = run.cluster_view(status)  # a Slurm run: what Slurm and its files say together
+            if view is not None:
+                status, effective = view, view.get("status", "unknown")
+            else:
+                effective = run.effective_status()
+            ours = active and active.active and active.run_dir == str(run.path)
+            if effective in ACTIVE and view is None and not ours:
                 effective = "interrupted"  # ours by pid, but no thread of this process runs it (app restarted)
             out.append(
                 {
@@ -236,9 +245,10 @@ class RunManager:
         launch = launch or Launch()
         config = plan.config
         # Several ranks agree at every step on whether to stop (the stop flag file of a launched run included).
-        progress_class = GroupProgress if world > 1 else Progress
-        progress = progress_class(run, run.name, owner=owner, write_files=rank == 0)
         group_locked = bool(os.environ.get(GROUP_ENV))  # the supervisor of a launched group holds the device lock
+        # A launched group or a Slurm job of one process reads the stop flag file too (its Stop writes it).
+        progress_class = GroupProgress if world > 1 or group_locked else Progress
+        progress = progress_class(run, run.name, owner=owner, write_files=rank == 0)
         with self._lock:
             if self._active is not None:
                 state = self._active.progress.snapshot()
@@ -367,12 +377,23 @@ class RunManager:
                 progress.stop_requested.set()
         if progress is None:
             group = self.group()
+            if group is not None and scheduler.is_slurm_run(group.path):
+                if not state_from_files(group).active:
+                    return False
+                self.stop_slurm(group)
+                return True
             if group is None or not group_alive(group.path):
                 return False
             request_stop(group.path)
             return True
         progress.update(message="stop requested: finishing the current step and saving a checkpoint")
         return True
+
+    def stop_slurm(self, run: RunDir) -> str:
+        """Stop a run submitted to Slurm (finetune/cluster/scheduler.py: USR1 to its batch script first, a cancel the
+        second time); returns what was done, in words, also kept as `last_stop`."""
+        self.last_stop = scheduler.stop_run(run.path)
+        return self.last_stop
 
     def wait(self, timeout: float | None = None) -> TrainingState | None:
         """Block until the active run (if any) ends, or `timeout` seconds pass."""
@@ -383,7 +404,7 @@ class RunManager:
             return self.state()
         group = self.group()
         deadline = None if timeout is None else time.monotonic() + timeout
-        while group is not None and group_alive(group.path):
+        while group is not None and (group_alive(group.path) or self.is_active()):
             if deadline is not None and time.monotonic() >= deadline:
                 break
             time.sleep(0.1 if deadline is None else min(0.1, max(0.0, deadline - time.monotonic())))
@@ -394,6 +415,11 @@ def state_from_files(run: RunDir) -> TrainingState:
     """A run's state as its status.json tells it (a launched group, or a run of another process)."""
     known = {f.name for f in fields(TrainingState)}
     status = run.read_status()
+    view = run.cluster_view(status)
+    if view is not None:  # a Slurm run: its job's word merged with its files
+        state = TrainingState(**{k: v for k, v in view.items() if k in known})
+        state.run_id, state.run_dir = run.name, str(run.path)
+        return state
     state = TrainingState(**{k: v for k, v in status.items() if k in known})
     state.run_id, state.run_dir = run.name, str(run.path)
     effective = run.effective_status()

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from finetune import objectives
 from finetune.atomic import overwrite, read_json, write_json, write_text
+from finetune.cluster import scheduler
 from finetune.config import TrainConfig
 from finetune.errors import UserError
 from finetune.objectives import Objective
@@ -204,12 +205,25 @@ class RunDir:
         return (self.path / "adapter_model.safetensors").is_file() or (self.path / "model.safetensors").is_file()
 
     def effective_status(self) -> str:
-        """The status, with 'interrupted' for a run whose process died while it was active."""
+        """The status, with 'interrupted' for a run whose process died while it was active (a Slurm run: as
+        `cluster_view` says)."""
         status = self.read_status()
+        view = self.cluster_view(status)
+        if view is not None:
+            return view.get("status", "unknown")
         state = status.get("status", "unknown")
         if state in ACTIVE and not _pid_alive(status.get("pid"), status.get("pid_started")):
             return "interrupted"
         return state
+
+    def cluster_view(self, status: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """For a run submitted to Slurm: status.json merged with Slurm's word on its job (finetune/cluster/scheduler.py:
+        pending with the reason, interrupted or failed once the job is gone); None for any other run."""
+        if not (self.path / scheduler.JOB_FILE).is_file():
+            return None
+        status = self.read_status() if status is None else status
+        checkpoint = self.last_checkpoint()
+        return scheduler.run_view(self.path, status, checkpoint.name if checkpoint else None)
 
 
 _EVENT_LOCK = threading.Lock()
