@@ -113,7 +113,13 @@ def packed_plan(model: Any, plan: RunPlan, progress: Progress) -> RunPlan:
 
 def check_vision_data(plan: RunPlan, kind: data.DataKind) -> None:
     """A vision-language model trains here on image data (images with a conversation, a prompt and answer or a
-    caption); text-only data is refused in one line (docs/data.md lists the image formats)."""
+    caption), and image data needs one: either mismatch is refused in one line (docs/data.md lists the formats)."""
+    if plan.vision is None and kind == data.DataKind.IMAGES:
+        raise UserError(
+            f"model: {plan.config.model} is not a vision-language model this app knows (SmolVLM / Idefics3, Qwen2-VL, "
+            "Qwen2.5-VL, Qwen3-VL, Gemma 3 with its vision part), but the data has images; choose such a model",
+            field="model",
+        )
     if plan.vision is not None and kind != data.DataKind.IMAGES:
         raise UserError(
             f"dataset: {plan.config.model} is a vision-language model; give data with an images column (messages + "

@@ -63,6 +63,10 @@ def data_ready(config: TrainConfig) -> None:
         # Local data is small enough to read now: a bad file is refused before any run directory exists.
         train_raw, _ = load_raw(config)
         columns_ready(config, list(train_raw.column_names))
+        from finetune.data.detection import detect_format
+        from finetune.engines.common import check_vision_data
+
+        check_vision_data(plan, detect_format(list(train_raw.column_names), config).kind)
     else:
         hub_dataset_ready(config)
 

@@ -1,0 +1,214 @@
+"""Vision-language fine-tuning on a tiny random SmolVLM built in code: detection and plan, image data (formats,
+masking, bad rows), training (LoRA and full), the frozen vision tower, save / reload / merged export."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from finetune.config import TrainConfig
+from finetune.errors import UserError
+from finetune.plan import plan_for
+from tests.helpers import train, write_jsonl
+from tests.tiny import TINY_IMAGE_SEQ_LEN, build_smolvlm, write_image_rows
+
+
+@pytest.fixture(scope="module")
+def vlm_dir(tmp_path_factory) -> Path:
+    """A tiny SmolVLM: 64-pixel images become 4 tiles + 1 global view of 4 tokens each (20 image tokens)."""
+    return build_smolvlm(tmp_path_factory.mktemp("tiny-smolvlm"))
+
+
+@pytest.fixture(scope="module")
+def image_data(tmp_path_factory) -> Path:
+    return write_image_rows(tmp_path_factory.mktemp("image-data"), rows=8)
+
+
+def vlm_config(model: Path, dataset: Path | str, **overrides) -> TrainConfig:
+    values = {
+        "model": str(model),
+        "dataset": str(dataset),
+        "eval_split": "",
+        "max_steps": 4,
+        "learning_rate": 3e-2,
+        "warmup_steps": 0,
+        "lr_scheduler_type": "constant",
+        "max_seq_length": 128,
+        "per_device_train_batch_size": 2,
+        "save_steps": 4,
+        **overrides,
+    }
+    return TrainConfig.from_dict(values)
+
+
+def prepared(config: TrainConfig):
+    from finetune import data
+    from finetune.model import loading
+
+    processor = loading.load_processor(plan_for(config))
+    return processor, data.prepare(config, processor)
+
+
+# ----------------------------------------------------------------------------- plan
+def test_the_plan_sees_a_vlm_and_puts_adapters_on_its_language_model_only(vlm_dir, image_data, tiny_model_dir):
+    from finetune.model.loading import build_model
+
+    plan = plan_for(vlm_config(vlm_dir, image_data))
+    assert plan.model_class == "AutoModelForImageTextToText" and plan.vision.family == "idefics3"
+    assert plan.vision.freeze_vision_tower and plan.vision.freeze_projector
+    assert not plan.packing and "image rows are padded" in plan.to_dict()["packing_note"]
+    model = build_model(plan)
+    adapted = {n.rsplit(".lora_A", 1)[0] for n, _ in model.named_parameters() if ".lora_A" in n}
+    assert adapted and all(".text_model.layers." in n for n in adapted)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert not [n for n in trainable if "vision_model" in n or "connector" in n]
+
+    # The vision tower unfrozen gets adapters of its own; the projector unfrozen trains in full.
+    plan = plan_for(vlm_config(vlm_dir, image_data, freeze_vision_tower=False, freeze_projector=False))
+    trainable = [n for n, p in build_model(plan).named_parameters() if p.requires_grad]
+    assert any("vision_model" in n and "lora_A" in n for n in trainable)
+    assert any("connector" in n and "lora" not in n for n in trainable)
+    assert plan_for(vlm_config(vlm_dir, image_data, method="qlora")).quantization_config().llm_int8_skip_modules == [
+        "vision_model",
+        "connector",
+        "lm_head",
+    ]
+    assert plan_for(vlm_config(tiny_model_dir, image_data)).vision is None  # a text model
+
+
+# ----------------------------------------------------------------------------- data
+def test_only_the_answer_is_trained_and_image_tokens_never(vlm_dir, image_data):
+    processor, data = prepared(vlm_config(vlm_dir, image_data))
+    assert data.format.kind == "images" and len(data.train) == 8
+    row = data.train[0]
+    ids, labels = row["input_ids"], row["labels"]
+    trained = [i for i, label in zip(ids, labels, strict=True) if label != -100]
+    assert processor.tokenizer.decode(trained) == " It is red.<end_of_utterance>\n"
+    assert [label for label in labels if label != -100] == trained  # labels are the ids where trained
+    image_id = processor.tokenizer.convert_tokens_to_ids("<image>")
+    positions = [i for i, t in enumerate(ids) if t == image_id]
+    assert len(positions) == 5 * TINY_IMAGE_SEQ_LEN  # 4 tiles + the global view
+    assert all(labels[i] == -100 for i in positions)
+
+
+def test_sharegpt_tags_and_image_caption_pairs_are_read(vlm_dir, image_data, tmp_path):
+    folder = image_data.parent
+    share = write_jsonl(
+        folder / "share.jsonl",
+        [
+            {
+                "conversations": [
+                    {"from": "human", "value": "<image>\n<image>\nWhich colours?"},
+                    {"from": "gpt", "value": "Red and green."},
+                ],
+                "images": ["img0_0.png", "img1_0.png"],
+            }
+        ]
+        * 2,
+    )
+    processor, data = prepared(vlm_config(vlm_dir, share))
+    ids = data.train[0]["input_ids"]
+    assert ids.count(processor.tokenizer.convert_tokens_to_ids("<image>")) == 2 * 5 * TINY_IMAGE_SEQ_LEN
+    captions = write_jsonl(folder / "captions.jsonl", [{"image": "img2_0.png", "caption": "A blue square."}] * 2)
+    processor, data = prepared(vlm_config(vlm_dir, captions))
+    trained = [i for i, label in zip(data.train[0]["input_ids"], data.train[0]["labels"], strict=True) if label >= 0]
+    assert processor.tokenizer.decode(trained).startswith(" A blue square.")
+
+
+@pytest.mark.parametrize(
+    ("row", "field", "words"),
+    [
+        ({"images": ["img0_0.png", "missing.png"]}, "dataset", ["row 2", "'images'", "'missing.png' not found"]),
+        ({"images": ["img0_0.png", "not-an-image.png"]}, "dataset", ["row 2", "cannot be read as an image"]),
+        ({"images": []}, "dataset", ["row 2", "1 <image> tags", "0 image(s)"]),
+    ],
+)
+def test_bad_image_rows_are_refused_in_one_line_naming_the_row(vlm_dir, image_data, row, field, words):
+    from finetune import data
+
+    folder = image_data.parent
+    (folder / "not-an-image.png").write_text("this is text", encoding="utf-8")
+    good = json.loads(image_data.read_text(encoding="utf-8").splitlines()[0])
+    second = {**good, "images": row["images"][1:] if len(row["images"]) > 1 else row["images"]}
+    path = write_jsonl(folder / "bad.jsonl", [good, second])
+    with pytest.raises(UserError) as caught:
+        data.load_raw(vlm_config(vlm_dir, path))
+    message = str(caught.value)
+    assert caught.value.field == field and "\n" not in message
+    assert all(w in message for w in words), message
+
+
+def test_image_tokens_are_never_cut_and_the_model_must_see_images(vlm_dir, image_data, tiny_model_dir):
+    with pytest.raises(UserError, match=r"max_seq_length: row 1 .* last image") as caught:
+        prepared(vlm_config(vlm_dir, image_data, max_seq_length=16))
+    assert caught.value.field == "max_seq_length"
+    from finetune.runs.manager import RunManager
+
+    with pytest.raises(UserError, match="model: .* is not a vision-language model") as caught:
+        RunManager().start(vlm_config(tiny_model_dir, image_data, max_steps=1), background=False)
+    assert caught.value.field == "model"
+    with pytest.raises(UserError, match="is a vision-language model; give data with an images column") as caught:
+        RunManager().start(vlm_config(vlm_dir, "bundled:pirate", max_steps=1), background=False)
+    assert caught.value.field == "dataset"
+
+
+# ----------------------------------------------------------------------------- training, saving, exporting
+@pytest.fixture(scope="module")
+def lora_run(vlm_dir, image_data, tmp_path_factory):
+    with pytest.MonkeyPatch.context() as patch:  # the run outlives one test: its own studio home
+        patch.setenv("FINETUNE_STUDIO_HOME", str(tmp_path_factory.mktemp("vlm-home")))
+        return train(vlm_config(vlm_dir, image_data))
+
+
+def _image_batch(model_dir: Path, image_data: Path):
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(model_dir)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What colour?"}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    image = Image.open(image_data.parent / "img0_0.png").convert("RGB")
+    return processor(text=[text], images=[[image]], return_tensors="pt")
+
+
+def test_a_lora_run_saves_an_adapter_that_reloads_and_merges_into_a_plain_transformers_vlm(
+    lora_run, vlm_dir, image_data
+):
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForImageTextToText
+
+    from finetune.publish.export import export_run
+
+    assert lora_run.read_status()["status"] == "completed"
+    saved = load_file(lora_run.path / "adapter_model.safetensors")
+    assert saved and all(".text_model.layers." in name for name in saved)  # nothing on the vision tower
+    pattern = json.loads((lora_run.path / "adapter_config.json").read_text())["target_modules"]
+    assert not re.fullmatch(pattern, "model.vision_model.encoder.layers.0.self_attn.q_proj")
+    assert (lora_run.path / "processor_config.json").is_file()
+
+    batch = _image_batch(lora_run.path, image_data)
+    with torch.no_grad():
+        base = AutoModelForImageTextToText.from_pretrained(vlm_dir).eval()
+        reloaded = PeftModel.from_pretrained(base, lora_run.path).eval()
+        tuned = reloaded(**batch).logits
+        with reloaded.disable_adapter():
+            assert not torch.allclose(reloaded(**batch).logits, tuned, atol=1e-4)  # the adapter changed something
+        merged = export_run(lora_run.path, "merged").folder
+        plain = AutoModelForImageTextToText.from_pretrained(merged).eval()
+        again = plain(**_image_batch(merged, image_data)).logits
+    torch.testing.assert_close(again, tuned, atol=1e-4, rtol=1e-4)
+
+
+def test_full_fine_tuning_keeps_the_vision_tower_and_projector_as_they_were(vlm_dir, image_data):
+    from safetensors.torch import load_file
+
+    run = train(vlm_config(vlm_dir, image_data, method="full", max_steps=2, learning_rate=1e-3))
+    before, after = load_file(vlm_dir / "model.safetensors"), load_file(run.path / "model.safetensors")
+    frozen = [n for n in before if "vision_model" in n or "connector" in n]
+    assert frozen and all(torch.equal(before[n], after[n]) for n in frozen)
+    assert any(not torch.equal(before[n], after[n]) for n in before if "text_model.layers" in n)
