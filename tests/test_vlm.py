@@ -161,7 +161,7 @@ def test_image_tokens_are_never_cut_and_the_model_must_see_images(vlm_dir, image
 def lora_run(vlm_dir, image_data, tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:  # the run outlives one test: its own studio home
         patch.setenv("FINETUNE_STUDIO_HOME", str(tmp_path_factory.mktemp("vlm-home")))
-        return train(vlm_config(vlm_dir, image_data))
+        return train(vlm_config(vlm_dir, "bundled:shapes"))  # the bundled pictures: no download
 
 
 def _image_batch(model_dir: Path, image_data: Path):
