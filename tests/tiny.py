@@ -112,9 +112,10 @@ TINY_TILE = 32
 TINY_IMAGE_SEQ_LEN = 4
 
 
-def build_smolvlm(path: Path, longest_edge: int = 64):
+def build_smolvlm(path: Path, longest_edge: int = 64, text: dict | None = None, vision: dict | None = None):
     """A random tiny SmolVLM (Idefics3: 2-layer vision tower on 32-pixel tiles, 4 tokens per tile, the tiny Llama as
-    its language model) and its processor (the PIL image processor: no torchvision), saved to `path`."""
+    its language model) and its processor (the PIL image processor: no torchvision), saved to `path`; `text` and
+    `vision` change the shapes of its two parts."""
     import torch
     from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
     from transformers.models.idefics3 import Idefics3ImageProcessorPil
@@ -123,8 +124,10 @@ def build_smolvlm(path: Path, longest_edge: int = 64):
     tokenizer = build_tokenizer(path)
     tokenizer.add_special_tokens({"additional_special_tokens": SMOLVLM_TOKENS})
     images = Idefics3ImageProcessorPil(size={"longest_edge": longest_edge}, max_image_size={"longest_edge": TINY_TILE})
+    vision = {**TINY_VISION, "image_size": TINY_TILE, "patch_size": 8, **(vision or {})}
+    per_tile = (TINY_TILE // vision["patch_size"]) ** 2 // 4  # patches merged 2 × 2 (scale_factor 2)
     processor = Idefics3Processor(
-        image_processor=images, tokenizer=tokenizer, image_seq_len=TINY_IMAGE_SEQ_LEN, chat_template=SMOLVLM_TEMPLATE
+        image_processor=images, tokenizer=tokenizer, image_seq_len=per_tile, chat_template=SMOLVLM_TEMPLATE
     )
     config = Idefics3Config(
         text_config={
@@ -134,8 +137,9 @@ def build_smolvlm(path: Path, longest_edge: int = 64):
             "pad_token_id": tokenizer.pad_token_id,
             "eos_token_id": tokenizer.eos_token_id,
             "initializer_range": 0.3,
+            **(text or {}),
         },
-        vision_config={**TINY_VISION, "image_size": TINY_TILE, "patch_size": 8},
+        vision_config=vision,
         image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
         scale_factor=2,
     )
