@@ -167,8 +167,16 @@ def run_case(case: Case, where: Path, model_dir: Path) -> dict[str, Any]:
     est = memory.estimate(plan_for(config, "cpu"))
     est_s = time.perf_counter() - t0
     measured = measure(config)
-    return {"name": case.name, "estimate": est.tensor_bytes, "measured": measured, "method": est.method,
-            "est_s": est_s, "tokens": config.max_seq_length, "note": next(n for n in est.notes if "images" in n)}  # fmt: skip
+    note = next(n for n in est.notes if n.startswith("images"))
+    return {
+        "name": case.name,
+        "estimate": est.tensor_bytes,
+        "measured": measured,
+        "method": est.method,
+        "est_s": est_s,
+        "tokens": config.max_seq_length,
+        "note": note,
+    }
 
 
 def pct(estimate: float, measured: float) -> float:
