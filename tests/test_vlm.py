@@ -212,3 +212,17 @@ def test_full_fine_tuning_keeps_the_vision_tower_and_projector_as_they_were(vlm_
     frozen = [n for n in before if "vision_model" in n or "connector" in n]
     assert frozen and all(torch.equal(before[n], after[n]) for n in frozen)
     assert any(not torch.equal(before[n], after[n]) for n in before if "text_model.layers" in n)
+
+
+# ----------------------------------------------------------------------------- memory
+@pytest.mark.parametrize("side", [0, 32])
+def test_the_estimate_counts_the_image_tokens_the_processor_makes(vlm_dir, image_data, side):
+    from finetune import memory
+
+    config = vlm_config(vlm_dir, image_data, image_longest_side=side)
+    processor, data = prepared(config)
+    made = data.train[0]["input_ids"].count(processor.tokenizer.convert_tokens_to_ids("<image>"))
+    assert made == (5 if side == 0 else 1) * TINY_IMAGE_SEQ_LEN  # 4 tiles + a global view, or one 32-pixel tile
+    estimate = memory.estimate(plan_for(config, "cpu"))
+    assert estimate.method == "traced"
+    assert f"64 × 64 (the data's largest): {made} tokens each, {made} a row" in " ".join(estimate.notes)
