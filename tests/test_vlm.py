@@ -226,3 +226,20 @@ def test_the_estimate_counts_the_image_tokens_the_processor_makes(vlm_dir, image
     estimate = memory.estimate(plan_for(config, "cpu"))
     assert estimate.method == "traced"
     assert f"64 × 64 (the data's largest): {made} tokens each, {made} a row" in " ".join(estimate.notes)
+
+
+# ----------------------------------------------------------------------------- chat
+def test_chat_answers_with_an_image_from_the_base_and_the_tuned_run(lora_run, vlm_dir, image_data):
+    from finetune.model.inference import GenerationSettings
+    from finetune.studio import Studio
+
+    studio = Studio(runs_root=lora_run.path.parent)
+    messages = [{"role": "user", "content": "<image>What colour?"}]
+    settings = GenerationSettings(max_new_tokens=4)
+    picture = str(image_data.parent / "img0_0.png")
+    tuned = list(studio.chat(lora_run.path.name, messages, settings, images=[picture]))
+    base = list(studio.chat("base", messages, settings, base_values={"model": str(vlm_dir)}, images=[picture]))
+    assert tuned and base  # both generate from the image (random tiny models: the words themselves mean nothing)
+    with pytest.raises(UserError, match=r"images: 0 image\(s\) for 1 <image> tag") as caught:
+        list(studio.chat(lora_run.path.name, messages, settings))
+    assert caught.value.field == "images"
