@@ -202,6 +202,9 @@ def test_a_lora_run_saves_an_adapter_that_reloads_and_merges_into_a_plain_transf
         plain = AutoModelForImageTextToText.from_pretrained(merged).eval()
         again = plain(**_image_batch(merged, image_data)).logits
     torch.testing.assert_close(again, tuned, atol=1e-4, rtol=1e-4)
+    with pytest.raises(UserError, match="format: gguf of a vision-language model .* --format merged") as caught:
+        export_run(lora_run.path, "gguf")
+    assert caught.value.field == "format" and "\n" not in str(caught.value)
 
 
 def test_full_fine_tuning_keeps_the_vision_tower_and_projector_as_they_were(vlm_dir, image_data):
