@@ -8,7 +8,7 @@ the image collator, `finetune.model.loading.load_model`, `training_arguments`, `
 exists before, every storage any op creates). Beside it: `finetune.memory.estimate(plan)`, whose replay on fake
 tensors runs the same model with image inputs of the sizes the image processor gives.
 
-    .venv/bin/python bench/memory_accuracy_vlm.py            # CPU, 6 configurations, about a minute
+    .venv/bin/python bench/memory_accuracy_vlm.py            # CPU, 7 configurations, about a minute
     .venv/bin/python bench/memory_accuracy_vlm.py --out bench/results/memory-accuracy-vlm-cpu.md
 
 Every row is as long as max_seq_length (the estimate's worst case), so the measured batch is the estimated one.
@@ -62,6 +62,7 @@ CASES = [
     Case("lora, frozen tower, 1 image", 1),
     Case("lora, frozen tower, 3 images", 3),
     Case("lora, tower adapted, 1 image", 1, {"freeze_vision_tower": False}),
+    Case("qlora, frozen tower, 3 images", 3, {"method": "qlora"}),
     Case("full, frozen tower, 1 image", 1, {"method": "full"}),
     Case("full, trained tower + projector, 1 image", 1, {"method": "full", "freeze_vision_tower": False,
                                                          "freeze_projector": False}),

@@ -148,8 +148,9 @@ class VisionPlan:
         return (parts.vision,) * self.freeze_vision_tower + parts.projector * self.freeze_projector
 
     def unquantized(self) -> tuple[str, ...]:
-        """Modules QLoRA keeps out of 4 bits: the vision tower and the projector (small, and sensitive)."""
-        return tuple(p.rsplit(".", 1)[-1] for p in (self.parts.vision, *self.parts.projector))
+        """Modules QLoRA keeps out of 4 bits: the vision tower and the projector (small, and sensitive), by their full
+        paths (transformers matches a skipped module from the start of its name)."""
+        return (self.parts.vision, *self.parts.projector)
 
 
 @dataclass(frozen=True)

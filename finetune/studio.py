@@ -617,7 +617,7 @@ class Studio:
         files = self.image_files(images or [])
         model, tokenizer = self._chat_model(source, base_values)
         with self._chat_lock:
-            yield from stream_reply(model, tokenizer, messages, settings, images=files)
+            yield from stream_reply(model, tokenizer, messages, settings, *([files] if files else []))
 
     def image_files(self, images: list[str]) -> list[str]:
         """Chat images as files: `upload:NAME` from this visitor's uploads; a path only where server paths are

@@ -72,11 +72,12 @@ def test_the_plan_sees_a_vlm_and_puts_adapters_on_its_language_model_only(vlm_di
     trainable = [n for n, p in build_model(plan).named_parameters() if p.requires_grad]
     assert any("vision_model" in n and "lora_A" in n for n in trainable)
     assert any("connector" in n and "lora" not in n for n in trainable)
-    assert plan_for(vlm_config(vlm_dir, image_data, method="qlora")).quantization_config().llm_int8_skip_modules == [
-        "vision_model",
-        "connector",
-        "lm_head",
-    ]
+    qlora = plan_for(vlm_config(vlm_dir, image_data, method="qlora"))
+    assert qlora.quantization_config().llm_int8_skip_modules == ["model.vision_model", "model.connector", "lm_head"]
+    import bitsandbytes as bnb
+
+    packed = [n for n, m in build_model(qlora).named_modules() if isinstance(m, bnb.nn.Linear4bit)]
+    assert packed and all(".text_model.layers." in n for n in packed)  # the vision tower stays in full precision
     assert plan_for(vlm_config(tiny_model_dir, image_data)).vision is None  # a text model
 
 
