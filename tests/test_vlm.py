@@ -247,3 +247,33 @@ def test_chat_answers_with_an_image_from_the_base_and_the_tuned_run(lora_run, vl
     with pytest.raises(UserError, match=r"images: 0 image\(s\) for 1 <image> tag") as caught:
         list(studio.chat(lora_run.path.name, messages, settings))
     assert caught.value.field == "images"
+
+
+def test_stop_and_resume_continue_a_vlm_run_exactly(lora_run, vlm_dir, monkeypatch):
+    """Stopped at step 2 of the LoRA run's settings and resumed: steps 3-4 only, the losses and the adapter of the
+    uninterrupted run (`lora_run`)."""
+    from safetensors.torch import load_file
+
+    from finetune.runs.manager import RunManager
+    from finetune.runs.rundir import RunDir
+    from tests.helpers import assert_resumed_exactly, events_size, hold_at_step, raw_events
+
+    expected = {e["step"]: e for e in raw_events(lora_run.path)}
+    manager = RunManager()
+    held = hold_at_step(monkeypatch, 2)
+    manager.start(vlm_config(vlm_dir, "bundled:shapes"))
+    assert held.wait(120), manager.state()
+    assert manager.stop()
+    stopped = manager.wait(120)
+    assert stopped.status == "stopped" and stopped.step == 2, (stopped.status, stopped.error)
+    run = RunDir(Path(stopped.run_dir))
+    mark = events_size(run.path)
+    resumed = manager.resume(run.path, background=False)
+    assert resumed.status == "completed" and resumed.step == 4, (resumed.status, resumed.error)
+    _, after = assert_resumed_exactly(run.path, mark, checkpoint_step=2, max_steps=4)
+    for event in after:
+        assert event["loss"] == pytest.approx(expected[event["step"]]["loss"], rel=1e-4), event
+    ours, theirs = (load_file(d / "adapter_model.safetensors") for d in (run.path, lora_run.path))
+    assert ours.keys() == theirs.keys()
+    for name, tensor in ours.items():
+        torch.testing.assert_close(tensor, theirs[name], rtol=1e-4, atol=1e-6, msg=name)
