@@ -277,3 +277,37 @@ def test_stop_and_resume_continue_a_vlm_run_exactly(lora_run, vlm_dir, monkeypat
     assert ours.keys() == theirs.keys()
     for name, tensor in ours.items():
         torch.testing.assert_close(tensor, theirs[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+def test_a_qwen_vl_estimate_replays_its_step_with_its_image_tokens(family, tmp_path, image_data):
+    """Qwen-VL (no processor files here: its family's image processor from the config): a 64 x 64 image on 8-pixel
+    patches merged 2 x 2 is 16 tokens; the replay runs its position-id arithmetic on known values."""
+    import transformers
+
+    from finetune import memory
+    from tests.tiny import TINY_SHAPE
+
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
+    vision = {"depth": 2, "num_heads": 2, "patch_size": 8, "spatial_merge_size": 2}
+    if family == "qwen2_vl":
+        vision.update(embed_dim=32, hidden_size=64, mlp_ratio=2)
+        cls, cfg = transformers.Qwen2VLForConditionalGeneration, transformers.Qwen2VLConfig
+    else:
+        vision.update(
+            hidden_size=32, intermediate_size=64, out_hidden_size=64, window_size=32, fullatt_block_indexes=[1]
+        )
+        cls, cfg = transformers.Qwen2_5_VLForConditionalGeneration, transformers.Qwen2_5_VLConfig
+    config = cfg(
+        text_config={"vocab_size": 400, **TINY_SHAPE, "rope_parameters": rope},
+        vision_config=vision,
+        image_token_id=390,
+        video_token_id=391,
+        vision_start_token_id=392,
+    )
+    cls(config).save_pretrained(tmp_path)
+    plan = plan_for(vlm_config(tmp_path, image_data, max_seq_length=64), "cpu")
+    assert plan.vision.family == family and plan.lora.target_modules.count("language_model") == 1
+    estimate = memory.estimate(plan)
+    assert estimate.method == "traced", estimate.notes
+    assert "64 × 64 (the data's largest): 16 tokens each" in " ".join(estimate.notes)

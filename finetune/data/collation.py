@@ -17,8 +17,9 @@ def collator(config: TrainConfig, tokenizer: Any, packing: bool = False, kind: D
     Image rows (`kind` images; `tokenizer` is then the model's processor) are padded, their images processed."""
     if kind == DataKind.IMAGES:
         from finetune.data.images import ImageCollator
+        from finetune.plan import vision_family
 
-        return ImageCollator(tokenizer, token_type_ids=getattr(tokenizer, "boi_token", None) is not None)
+        return ImageCollator(tokenizer, family=vision_family(config.model) or "")
     if packing:
         from transformers import DataCollatorWithFlattening
 

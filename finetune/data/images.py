@@ -312,13 +312,23 @@ def _encode_set(raw: Any, fmt: DataFormat, processor: Any, config: TrainConfig, 
 
 
 # ----------------------------------------------------------------------------- batches
+def token_types(family: str, ids: Any, image_token_id: int) -> dict[str, Any]:
+    """Which tokens are image tokens, for the families whose forward pass reads it: Gemma 3 (`token_type_ids`) and
+    Qwen-VL (`mm_token_type_ids`: 1 for an image token, 0 for text)."""
+    if family == "gemma3":
+        return {"token_type_ids": (ids == image_token_id).long()}
+    if family in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
+        return {"mm_token_type_ids": (ids == image_token_id).long()}
+    return {}
+
+
 @dataclass
 class ImageCollator:
     """A micro batch of image rows: ids and labels padded on the right, and the rows' images through the image
     processor (the pixel values and whatever else the model reads with them)."""
 
     processor: Any
-    token_type_ids: bool = False  # Gemma 3 reads which tokens are image tokens
+    family: str = ""  # the plan's vision family (which token-type inputs its forward pass reads)
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
         """The batch's tensors."""
@@ -338,8 +348,7 @@ class ImageCollator:
         images = [[load_image(v) for v in f["images"]] for f in features if f.get("images")]
         if images:
             batch.update(image_inputs(self.processor, images))
-        if self.token_type_ids:
-            batch["token_type_ids"] = (ids == self.processor.image_token_id).long()
+        batch.update(token_types(self.family, ids, self.processor.image_token_id))
         return batch
 
 

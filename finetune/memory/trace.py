@@ -127,10 +127,12 @@ class ShadowValues(TorchDispatchMode):
     data-dependent step takes the shape the real run gets. Weights never have values: the values stop there."""
 
     LIMIT = 1 << 27  # elements: a value larger than this is not kept (only inputs and index arithmetic need them)
+    FACTORY_LIMIT = 1 << 20  # elements of a new integer tensor (arange, zeros) whose value is kept
 
-    def __init__(self, fake_mode: Any) -> None:
+    def __init__(self, fake_mode: Any, counter: LiveBytes | None = None) -> None:
         super().__init__()
         self.fake_mode = fake_mode
+        self.counter = counter  # counts what this mode makes itself (the counter below never sees it)
 
     @staticmethod
     def known(x: Any) -> bool:
@@ -159,8 +161,12 @@ class ShadowValues(TorchDispatchMode):
 
         kwargs = kwargs or {}
         tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        known = bool(tensors) and all(self.known(t) for t in tensors)
-        if known and func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default):
+        known = all(self.known(t) for t in tensors)  # (a factory, with no tensor inputs, is known: see below)
+        if (
+            known
+            and tensors
+            and func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default)
+        ):
             return self._real_call(func, args, kwargs)
         try:
             out = func(*args, **kwargs)
@@ -168,8 +174,15 @@ class ShadowValues(TorchDispatchMode):
             if not known:  # indexing an unknown tensor with a known boolean mask: index with its positions
                 return func(*self._bool_masks_as_positions(args), **kwargs)
             real = self._real_call(func, args, kwargs)
-            return tree_map(lambda r: self._fake_of(r) if isinstance(r, torch.Tensor) else r, real)
+            out = tree_map(lambda r: self._fake_of(r) if isinstance(r, torch.Tensor) else r, real)
+            if self.counter is not None:  # the run's real op allocates its output: count it as the counter would
+                for fake in tree_leaves(out):
+                    if isinstance(fake, torch.Tensor):
+                        self.counter.track(fake)
+            return out
         fakes = [o for o in tree_leaves(out) if isinstance(o, FakeTensor)]
+        if not tensors and any(o.is_floating_point() or o.numel() > self.FACTORY_LIMIT for o in fakes):
+            known = False  # factories: only small index tensors (positions, offsets), never buffers to fill
         if known and fakes and sum(o.numel() for o in fakes) < self.LIMIT:
             real = self._real_call(func, args, kwargs)
             for fake, value in zip(tree_leaves(out), tree_leaves(real), strict=False):
@@ -318,6 +331,7 @@ def image_batch(plan: RunPlan, images: Any, model_config: Any) -> dict[str, Any]
     of those images from the model's image processor: real tensors, whose values the replay's `ShadowValues` reads."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+    from finetune.data.images import token_types
     from finetune.memory.images import blank, image_inputs, image_processor_for
 
     config = plan.config
@@ -343,8 +357,7 @@ def image_batch(plan: RunPlan, images: Any, model_config: Any) -> dict[str, Any]
         batch = {"input_ids": ids, "labels": labels}
         if images.images_per_row:
             batch.update(image_inputs(processor, pictures))
-        if plan.vision.family == "gemma3":  # Gemma 3 reads which tokens are image tokens
-            batch["token_type_ids"] = (ids == token).long()
+        batch.update(token_types(plan.vision.family, ids, token))
     return batch
 
 
@@ -598,6 +611,16 @@ def _all_true(mask: Any) -> bool:
     return shadow is not None and shadow.dtype == torch.bool and bool(shadow.all())
 
 
+def _tensor(data: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """`torch.tensor` of a list holding fake scalars whose values are known (`ShadowValues`: Qwen-VL's position
+    offsets): built from those values, as the real run builds it from real scalars."""
+    if _in_replay() is not None and isinstance(data, (list, tuple)):
+        from torch.utils._pytree import tree_map
+
+        data = tree_map(lambda x: x._shadow if getattr(x, "_shadow", None) is not None else x, data)
+    return _ORIGINALS["tensor"](data, *args, **kwargs)
+
+
 def _deepcopy(self: torch.Tensor, memo: dict) -> torch.Tensor:
     """Deep-copy a fake tensor by cloning it. torch's own copies the storage bytes of a fake tensor whose data pointer
     is not null, reading memory it does not own: PEFT's copy of a classification head (`modules_to_save`) corrupted
@@ -661,6 +684,7 @@ def _replaying(plan: RunPlan):
             torch.utils.swap_tensors, F.dropout, F.scaled_dot_product_attention = _swap_tensors, _dropout, _sdpa
             _ORIGINALS["deepcopy"] = torch.Tensor.__deepcopy__
             torch.Tensor.__deepcopy__ = _deepcopy
+            _ORIGINALS["tensor"], torch.tensor = torch.tensor, _tensor
             _patch_peft_dequantize(install=True)
         _PATCH_USERS[0] += 1
     _LOCAL.plan = plan
@@ -674,6 +698,7 @@ def _replaying(plan: RunPlan):
                 torch.utils.swap_tensors = _ORIGINALS["swap_tensors"]
                 F.dropout, F.scaled_dot_product_attention = _ORIGINALS["dropout"], _ORIGINALS["sdpa"]
                 torch.Tensor.__deepcopy__ = _ORIGINALS["deepcopy"]
+                torch.tensor = _ORIGINALS["tensor"]
                 _patch_peft_dequantize(install=False)
 
 
@@ -805,12 +830,12 @@ def trace(
 
 
 @contextlib.contextmanager
-def _shadows(mode: Any, on: bool):
+def _shadows(mode: Any, on: bool, counter: LiveBytes | None = None):
     """`ShadowValues` over the fake mode when the replay has images (text replays do without)."""
     if not on:
         yield None
         return
-    with ShadowValues(mode) as shadows:
+    with ShadowValues(mode, counter) as shadows:
         yield shadows
 
 
@@ -831,7 +856,7 @@ def trace_once(model_config: Any, plan: RunPlan, segments: list[int] | None = No
     vision-language model's data-dependent steps read the values `ShadowValues` keeps)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    with fake_tensors(plan) as mode, LiveBytes() as counter, _shadows(mode, images is not None):
+    with fake_tensors(plan) as mode, LiveBytes() as counter:
         model = build(model_config, plan)
         reference = reference_copy(model_config, plan) if plan.reference == "copy" else None
         with unset_fake_temporarily():  # bitsandbytes builds its lookup tables from values
@@ -844,7 +869,8 @@ def trace_once(model_config: Any, plan: RunPlan, segments: list[int] | None = No
         hook_layer_phases(model, counter)
         batch = make_batch(plan, segments, images, model_config)
         counter.reset("setup")
-        train_step(model, optimizer, batch, plan, counter, reference)
+        with _shadows(mode, images is not None, counter):  # the step only: building the model needs no values
+            train_step(model, optimizer, batch, plan, counter, reference)
         result = TraceResult(dict(counter.phase_peak), dict(counter.phase_split), num_layers(model_config))
         del model, optimizer, batch, reference
     result.phase_peak.pop("done", None)

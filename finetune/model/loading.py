@@ -351,7 +351,8 @@ def labels_of(plan: RunPlan, num_labels: int | None) -> int:
 
 def _fill_pad_token(model: Any) -> None:
     """A model without a pad token pads with its EOS (batches of several rows need one)."""
-    if model.config.pad_token_id is None and getattr(model.config, "eos_token_id", None) is not None:
+    # (getattr: a vision-language model's config may keep its token ids in its text part only)
+    if getattr(model.config, "pad_token_id", None) is None and getattr(model.config, "eos_token_id", None) is not None:
         eos = model.config.eos_token_id
         model.config.pad_token_id = eos[0] if isinstance(eos, list) else eos
 
