@@ -311,3 +311,21 @@ def test_a_qwen_vl_estimate_replays_its_step_with_its_image_tokens(family, tmp_p
     estimate = memory.estimate(plan)
     assert estimate.method == "traced", estimate.notes
     assert "64 × 64 (the data's largest): 16 tokens each" in " ".join(estimate.notes)
+
+
+def test_images_may_come_in_a_zip_beside_the_data_file(vlm_dir, image_data, tmp_path):
+    import zipfile
+
+    from finetune import data
+
+    folder = tmp_path / "upload"
+    folder.mkdir()
+    with zipfile.ZipFile(folder / "pictures.zip", "w") as zipped:
+        zipped.write(image_data.parent / "img0_0.png", "pics/red.png")
+    write_jsonl(folder / "d.jsonl", [{"image": "pics/red.png", "caption": "Red."}] * 2)
+    train_raw, _ = data.load_raw(vlm_config(vlm_dir, folder / "d.jsonl"))
+    unpacked = Path(train_raw[0]["image"][0])
+    assert unpacked.is_file() and unpacked.read_bytes() == (image_data.parent / "img0_0.png").read_bytes()
+    write_jsonl(folder / "bad.jsonl", [{"image": "../pics/red.png", "caption": "Red."}])
+    with pytest.raises(UserError, match="not found .* and its .zip files"):
+        data.load_raw(vlm_config(vlm_dir, folder / "bad.jsonl"))

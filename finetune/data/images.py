@@ -10,6 +10,7 @@ into) are never trained. `max_seq_length` never cuts image tokens: a row whose i
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -186,8 +187,10 @@ def open_checked(value: Any, folder: Path | None) -> Any:
         path = Path(value).expanduser()
         if not path.is_absolute() and folder is not None:
             path = folder / path
+        if not path.is_file() and folder is not None and not Path(value).is_absolute():
+            path = from_zip(folder, value) or path  # a zip of the images beside the data file
         if not path.is_file():
-            where = f" (looked in {path.parent})" if folder is not None else ""
+            where = f" (looked in {path.parent} and its .zip files)" if folder is not None else ""
             raise Bad(f"image {value!r} not found{where}")
         try:
             with Image.open(path) as image:
@@ -200,6 +203,52 @@ def open_checked(value: Any, folder: Path | None) -> Any:
     if hasattr(value, "convert"):  # a PIL image
         return value
     raise Bad(f"expected an image file path, got {kind_text(value)}")
+
+
+def from_zip(folder: Path, name: str) -> Path | None:
+    """The image `name` from a .zip file in `folder` (the data file's), unpacked once into the studio's image cache;
+    None when no zip there holds it. Member names that would leave the cache folder are never unpacked."""
+    import zipfile
+
+    parts = [p for p in Path(name).parts if p != "."]
+    if not parts or ".." in parts or Path(name).is_absolute():
+        return None
+    wanted = "/".join(parts)
+    for archive in sorted(folder.glob("*.zip")):
+        stamp = archive.stat().st_mtime_ns
+        if wanted not in _zip_members(str(archive), stamp):
+            continue
+        target = _zip_cache(archive, stamp) / wanted
+        if not target.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with zipfile.ZipFile(archive) as zipped, zipped.open(wanted) as source:
+                partial = target.with_name(target.name + ".part")
+                partial.write_bytes(source.read())
+                partial.replace(target)
+        return target
+    return None
+
+
+@functools.lru_cache(maxsize=16)
+def _zip_members(archive: str, stamp: int) -> frozenset[str]:
+    """The file names in a zip (read once per version of the file)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(archive) as zipped:
+            return frozenset(n for n in zipped.namelist() if not n.endswith("/"))
+    except (OSError, zipfile.BadZipFile):
+        return frozenset()
+
+
+def _zip_cache(archive: Path, stamp: int) -> Path:
+    """Where a zip's images are unpacked: the studio's cache, one folder per zip file and version."""
+    import hashlib
+
+    from finetune.paths import studio_home
+
+    key = hashlib.sha256(f"{archive.resolve()}:{stamp}".encode()).hexdigest()[:16]
+    return studio_home() / "image-cache" / key
 
 
 def load_image(value: Any) -> Any:
