@@ -329,3 +329,15 @@ def test_images_may_come_in_a_zip_beside_the_data_file(vlm_dir, image_data, tmp_
     write_jsonl(folder / "bad.jsonl", [{"image": "../pics/red.png", "caption": "Red."}])
     with pytest.raises(UserError, match="not found .* and its .zip files"):
         data.load_raw(vlm_config(vlm_dir, folder / "bad.jsonl"))
+
+
+def test_gemma_3_from_the_offline_catalogue_is_estimated_by_replay_with_256_tokens_an_image(image_data):
+    from finetune import memory
+
+    config = TrainConfig(model="google/gemma-3-4b-it", dataset=str(image_data), eval_split="", max_seq_length=300)
+    plan = plan_for(config.replace(per_device_train_batch_size=1), "cuda")
+    assert plan.vision.family == "gemma3" and plan.model_class == "AutoModelForImageTextToText"
+    estimate = memory.estimate(plan)
+    assert estimate.method == "traced", estimate.notes
+    assert "256 tokens each" in " ".join(estimate.notes)
+    assert estimate.tensor_bytes > 2 * 4.3e9  # at least its 16-bit weights

@@ -611,6 +611,28 @@ def _all_true(mask: Any) -> bool:
     return shadow is not None and shadow.dtype == torch.bool and bool(shadow.all())
 
 
+def _trunc_normal(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """torch's truncated normal initialisation redraws until every value is in range (a test of values fake tensors
+    cannot answer: SigLIP vision towers start so); a fake tensor's values do not matter, and nothing is allocated."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if _in_replay() is not None and isinstance(tensor, FakeTensor):
+        return tensor
+    return _ORIGINALS["trunc_normal_"](tensor, *args, **kwargs)
+
+
+def _patch_trunc_normal(install: bool) -> None:
+    """Install (or remove) `_trunc_normal` where torch and transformers' initialisation look it up."""
+    from transformers import initialization
+
+    if install:
+        _ORIGINALS["trunc_normal_"] = torch.nn.init.trunc_normal_
+    value = _trunc_normal if install else _ORIGINALS["trunc_normal_"]
+    torch.nn.init.trunc_normal_ = value
+    if "trunc_normal_" in initialization.TORCH_INIT_FUNCTIONS:
+        initialization.TORCH_INIT_FUNCTIONS["trunc_normal_"] = value
+
+
 def _tensor(data: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
     """`torch.tensor` of a list holding fake scalars whose values are known (`ShadowValues`: Qwen-VL's position
     offsets): built from those values, as the real run builds it from real scalars."""
@@ -685,6 +707,7 @@ def _replaying(plan: RunPlan):
             _ORIGINALS["deepcopy"] = torch.Tensor.__deepcopy__
             torch.Tensor.__deepcopy__ = _deepcopy
             _ORIGINALS["tensor"], torch.tensor = torch.tensor, _tensor
+            _patch_trunc_normal(install=True)
             _patch_peft_dequantize(install=True)
         _PATCH_USERS[0] += 1
     _LOCAL.plan = plan
@@ -699,6 +722,7 @@ def _replaying(plan: RunPlan):
                 F.dropout, F.scaled_dot_product_attention = _ORIGINALS["dropout"], _ORIGINALS["sdpa"]
                 torch.Tensor.__deepcopy__ = _ORIGINALS["deepcopy"]
                 torch.tensor = _ORIGINALS["tensor"]
+                _patch_trunc_normal(install=False)
                 _patch_peft_dequantize(install=False)
 
 
