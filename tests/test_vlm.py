@@ -230,6 +230,11 @@ def test_the_estimate_counts_the_image_tokens_the_processor_makes(vlm_dir, image
     estimate = memory.estimate(plan_for(config, "cpu"))
     assert estimate.method == "traced"
     assert f"64 × 64 (the data's largest): {made} tokens each, {made} a row" in " ".join(estimate.notes)
+    if side == 0:  # the lever: half the side, a quarter of the tiles
+        assert (
+            "lever: image_longest_side: 32 would make each image 4 tokens instead of 20 (16 fewer a row)"
+            in estimate.notes
+        )
 
 
 # ----------------------------------------------------------------------------- chat

@@ -227,10 +227,13 @@ def estimate_core(plan: RunPlan, trace_it: bool = True) -> MemoryEstimate:
     generation = analytic.components.get("generation_cache", 0)
     images = None
     if plan.vision is not None:  # the images of a row and their tokens, from the model's image processor
-        from finetune.memory.images import image_load
+        from finetune.memory.images import image_load, smaller_side_note
 
         images = image_load(plan, model_config)
         notes.append(images.note())
+        lever = smaller_side_note(plan, model_config, images)
+        if lever:
+            notes.append(lever)
     traceable_here = trace_it and traceable(plan)
     traced = _traced(plan, model_config, census, notes, liger, generation, segments, images) if traceable_here else None
     if traced is not None:
