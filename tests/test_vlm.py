@@ -95,6 +95,11 @@ def test_only_the_answer_is_trained_and_image_tokens_never(vlm_dir, image_data):
     assert len(positions) == 5 * TINY_IMAGE_SEQ_LEN  # 4 tiles + the global view
     assert all(labels[i] == -100 for i in positions)
 
+    from finetune.data.stats import data_stats  # the Start tab's lengths count the image tokens too
+
+    stats = data_stats(vlm_config(vlm_dir, image_data))
+    assert stats.max == max(len(ids) for ids in data.train["input_ids"])
+
 
 def test_sharegpt_tags_and_image_caption_pairs_are_read(vlm_dir, image_data, tmp_path):
     folder = image_data.parent
