@@ -213,11 +213,19 @@ def test_a_lora_run_saves_an_adapter_that_reloads_and_merges_into_a_plain_transf
     assert caught.value.field == "format" and "\n" not in str(caught.value)
 
 
-def test_full_fine_tuning_keeps_the_vision_tower_and_projector_as_they_were(vlm_dir, image_data):
+def test_full_fine_tuning_from_the_cli_keeps_the_vision_tower_and_projector_as_they_were(
+    vlm_dir, image_data, tmp_path, capsys
+):
     from safetensors.torch import load_file
 
-    run = train(vlm_config(vlm_dir, image_data, method="full", max_steps=2, learning_rate=1e-3))
-    before, after = load_file(vlm_dir / "model.safetensors"), load_file(run.path / "model.safetensors")
+    from finetune.cli import main
+
+    config = vlm_config(vlm_dir, image_data, method="full", max_steps=2, learning_rate=1e-3)
+    run_dir = tmp_path / "full-run"
+    config.replace(output_dir=str(run_dir)).save(tmp_path / "vlm.yaml")
+    assert main(["train", "--config", str(tmp_path / "vlm.yaml")]) == 0, capsys.readouterr().err
+    assert "packing: off: image rows are padded" in capsys.readouterr().out
+    before, after = load_file(vlm_dir / "model.safetensors"), load_file(run_dir / "model.safetensors")
     frozen = [n for n in before if "vision_model" in n or "connector" in n]
     assert frozen and all(torch.equal(before[n], after[n]) for n in frozen)
     assert any(not torch.equal(before[n], after[n]) for n in before if "text_model.layers" in n)
