@@ -642,17 +642,23 @@ class Studio:
         return files
 
     def chat_pair(
-        self, source: str, messages: list[dict[str, str]], base_messages: list[dict[str, str]], settings: Any
+        self,
+        source: str,
+        messages: list[dict[str, str]],
+        base_messages: list[dict[str, str]],
+        settings: Any,
+        images: list[str] | None = None,
     ) -> Iterator[tuple[str, str, BaseException | None]]:
         """Stream a run's reply and its base model's reply (`base-of:RUN`) at the same time: yields (side, text so
         far, None) for side "run" or "base" as either grows, or (side, "", error) when that side fails (the other
-        goes on). Both generate together under the one chat lock: the pair is one request."""
+        goes on). Both generate together under the one chat lock: the pair is one request. `images`: as for `chat`."""
         import queue
 
         from finetune.model.inference import stream_reply
 
         self.check_chat(messages, settings)
         self.check_chat(base_messages, settings)
+        files = self.image_files(images or [])  # a vision-language model's images: both sides see the same ones
         models: dict[str, tuple[Any, Any]] = {}
         for side, which in (("run", source), ("base", BASE_OF + source)):
             try:
@@ -664,7 +670,7 @@ class Studio:
 
         def generate(side: str) -> None:
             try:
-                for text in stream_reply(*models[side], conversations[side], settings):
+                for text in stream_reply(*models[side], conversations[side], settings, *([files] if files else [])):
                     pieces.put((side, text, None))
             except Exception as exc:  # noqa: BLE001 - reported on that side
                 pieces.put((side, "", exc))

@@ -262,6 +262,8 @@ def test_chat_answers_with_an_image_from_the_base_and_the_tuned_run(lora_run, vl
     tuned = list(studio.chat(lora_run.path.name, messages, settings, images=[picture]))
     base = list(studio.chat("base", messages, settings, base_values={"model": str(vlm_dir)}, images=[picture]))
     assert tuned and base  # both generate from the image (random tiny models: the words themselves mean nothing)
+    pair = list(studio.chat_pair(lora_run.path.name, messages, messages, settings, images=[picture]))
+    assert {side for side, _, error in pair if error is None} == {"run", "base"}, pair
     with pytest.raises(UserError, match=r"images: 0 image\(s\) for 1 <image> tag") as caught:
         list(studio.chat(lora_run.path.name, messages, settings))
     assert caught.value.field == "images"
