@@ -131,6 +131,15 @@ class TrainConfig:
     max_seq_length: int = _f(
         256, "Longest tokenised example; longer ones are truncated. Memory grows linearly with it.", "Data", min=8
     )
+    image_longest_side: int = _f(
+        0,
+        "Vision-language models: the longest side, in pixels, an image is resized to before the model sees it "
+        "(Qwen-VL: max_pixels = this side squared). Image tokens, and so memory, grow with its square. "
+        "0 = the model's own processor setting.",
+        "Data",
+        min=0,
+        max=8192,
+    )
     packing: bool = _f(
         True,
         "Train without padding: each micro batch's examples sit end to end in one row and attend only within "
@@ -205,6 +214,18 @@ class TrainConfig:
         "qlora: LoRA on a 4-bit base (least memory, needs bitsandbytes).",
         "Method",
         choices=("full", "lora", "qlora"),
+    )
+    freeze_vision_tower: bool = _f(
+        True,
+        "Vision-language models: keep the image encoder's weights as they are (less memory; LoRA adapters go on the "
+        "language model only). Off: it trains too (full) or gets adapters of its own (lora, qlora).",
+        "Method",
+    )
+    freeze_projector: bool = _f(
+        True,
+        "Vision-language models: keep the projector (the layers that turn image features into the language model's "
+        "tokens) as it is. Off: it trains in full, also under lora and qlora.",
+        "Method",
     )
     lora_r: int = _f(8, "LoRA rank: higher learns more and uses more memory.", "Method", min=1, max=1024)
     lora_alpha: int = _f(16, "LoRA scaling (alpha / r multiplies the update); usually 2 × r.", "Method", min=1)
@@ -475,6 +496,7 @@ LABELS = {
     "chosen_column": "Preferred answer column",
     "rejected_column": "Worse answer column",
     "max_seq_length": "Longest example (tokens)",
+    "image_longest_side": "Longest image side (pixels)",
     "packing": "Skip padding (pack examples)",
     "objective": "Training goal",
     "beta": "KL / preference strength (beta)",
@@ -485,6 +507,8 @@ LABELS = {
     "max_completion_length": "Longest answer (tokens)",
     "temperature": "Sampling temperature",
     "method": "Method",
+    "freeze_vision_tower": "Freeze the vision tower",
+    "freeze_projector": "Freeze the projector",
     "lora_r": "LoRA rank",
     "lora_alpha": "LoRA alpha",
     "lora_dropout": "LoRA dropout",

@@ -43,6 +43,7 @@ class LoraPlan:
     use_dora: bool = False
     use_rslora: bool = False
     init: str = "true"  # PEFT's init_lora_weights name: true | gaussian | pissa | olora
+    modules_to_save: tuple[str, ...] = ()  # modules trained in full beside the adapters (an unfrozen projector)
 
     @property
     def init_lora_weights(self) -> bool | str:
@@ -66,6 +67,11 @@ class LoraPlan:
             "use_dora": self.use_dora,
             "use_rslora": self.use_rslora,
             "init_lora_weights": self.init_lora_weights,
+            **(
+                {"modules_to_save": [m.rsplit(".", 1)[-1] for m in self.modules_to_save]}
+                if self.modules_to_save
+                else {}
+            ),
         }
 
 
@@ -76,6 +82,75 @@ class QuantPlan:
     quant_type: str
     double_quant: bool
     compute_dtype: str  # torch dtype name
+
+
+@dataclass(frozen=True)
+class VisionFamily:
+    """Where a vision-language family keeps its parts (module paths in the transformers model)."""
+
+    vision: str  # the image encoder (vision tower)
+    projector: tuple[str, ...]  # what turns image features into language-model tokens
+    language: str  # the language model
+    vision_blocks: str  # the vision tower's repeated blocks, relative to `vision`
+    vision_linears: tuple[str, ...]  # the vision blocks' linear layers
+    image_token: str  # the placeholder the chat template writes for an image (the processor expands it)
+
+
+# model_type -> its parts. Idefics3 and SmolVLM share a layout (SmolVLM is Idefics3 on SmolLM2); Qwen3-VL's projector
+# adds the deep-stack mergers; Gemma 3 counts as a vision-language model only when its config has a vision part.
+VISION_FAMILIES: dict[str, VisionFamily] = {
+    "idefics3": VisionFamily(
+        "model.vision_model", ("model.connector",), "model.text_model", "encoder.layers",
+        ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"), "<image>",
+    ),
+    "qwen2_vl": VisionFamily(
+        "model.visual", ("model.visual.merger",), "model.language_model", "blocks",
+        ("qkv", "proj", "fc1", "fc2"), "<|image_pad|>",
+    ),
+    "qwen2_5_vl": VisionFamily(
+        "model.visual", ("model.visual.merger",), "model.language_model", "blocks",
+        ("qkv", "proj", "gate_proj", "up_proj", "down_proj"), "<|image_pad|>",
+    ),
+    "qwen3_vl": VisionFamily(
+        "model.visual", ("model.visual.merger", "model.visual.deepstack_merger_list"), "model.language_model",
+        "blocks", ("qkv", "proj", "linear_fc1", "linear_fc2"), "<|image_pad|>",
+    ),
+    "gemma3": VisionFamily(
+        "model.vision_tower", ("model.multi_modal_projector",), "model.language_model", "encoder.layers",
+        ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"), "<start_of_image>",
+    ),
+}  # fmt: skip
+VISION_FAMILIES["smolvlm"] = VISION_FAMILIES["idefics3"]
+# The language models' linear layers `all-linear` means (Llama, Qwen and Gemma blocks alike).
+LANGUAGE_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# Why a vision-language run pads its micro batches (plan.json's packing_note).
+VISION_UNPACKED = "image rows are padded: each row's images go with it, and the packed attention takes text only"
+
+
+@dataclass(frozen=True)
+class VisionPlan:
+    """A vision-language model: its family, what trains, and the image size its processor is set to."""
+
+    family: str  # config.json's model_type
+    freeze_vision_tower: bool
+    freeze_projector: bool
+    image_longest_side: int  # 0: the processor's own setting
+
+    @property
+    def parts(self) -> VisionFamily:
+        """The family's module paths."""
+        return VISION_FAMILIES[self.family]
+
+    def frozen_prefixes(self) -> tuple[str, ...]:
+        """Module paths whose weights stay as they are (full fine-tuning sets them so; LoRA freezes every base
+        weight anyway)."""
+        parts = self.parts
+        return (parts.vision,) * self.freeze_vision_tower + parts.projector * self.freeze_projector
+
+    def unquantized(self) -> tuple[str, ...]:
+        """Modules QLoRA keeps out of 4 bits: the vision tower and the projector (small, and sensitive), by their full
+        paths (transformers matches a skipped module from the start of its name)."""
+        return (self.parts.vision, *self.parts.projector)
 
 
 @dataclass(frozen=True)
@@ -104,6 +179,7 @@ class RunPlan:
     loss_type: str = ""  # the objective's loss (the config's, else the objective's default; "" without a choice)
     packing: bool = False  # micro batches without padding, attention confined per example (finetune/model/packing.py)
     packing_note: str = ""  # why packing is on or off for this run, in a few words (a run-time veto's reason too)
+    vision: VisionPlan | None = None  # a vision-language model (None: a text model)
 
     @property
     def trainer_optim(self) -> str:
@@ -150,11 +226,13 @@ class RunPlan:
         config itself is the run's config.yaml."""
         values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "config"}
         values["objective"] = self.objective.name
-        for name in ("lora", "quantization"):
+        for name in ("lora", "quantization", "vision"):
             part = values[name]
             values[name] = None if part is None else {f.name: getattr(part, f.name) for f in fields(part)}
         if values["lora"] is not None and not isinstance(values["lora"]["target_modules"], str):
             values["lora"]["target_modules"] = list(values["lora"]["target_modules"])
+        if values["lora"] is not None:
+            values["lora"]["modules_to_save"] = list(values["lora"]["modules_to_save"])
         return values
 
     @classmethod
@@ -168,9 +246,12 @@ class RunPlan:
             lora = dict(data["lora"])
             targets = lora["target_modules"]
             lora["target_modules"] = targets if isinstance(targets, str) else tuple(targets)
+            lora["modules_to_save"] = tuple(lora.get("modules_to_save", ()))
             data["lora"] = LoraPlan(**lora)
         if data.get("quantization") is not None:
             data["quantization"] = QuantPlan(**data["quantization"])
+        if data.get("vision") is not None:
+            data["vision"] = VisionPlan(**data["vision"])
         return cls(config=config, **data)
 
     def replanned(self, world_size: int | None = None, **changes: Any) -> RunPlan:
@@ -205,7 +286,9 @@ class RunPlan:
         from transformers import BitsAndBytesConfig
 
         q = self.quantization
+        skip = {"llm_int8_skip_modules": [*self.vision.unquantized(), "lm_head"]} if self.vision else {}
         return BitsAndBytesConfig(
+            **skip,
             load_in_4bit=True,
             bnb_4bit_quant_type=q.quant_type,
             bnb_4bit_use_double_quant=q.double_quant,
@@ -230,18 +313,21 @@ def plan_for(config: TrainConfig, device: str | None = None, world_size: int | N
     # Full fine-tuning keeps fp32 master weights (autocast casts on the fly); LoRA adapters train on a 16-bit base;
     # QLoRA's non-quantised weights stay fp32 next to the 4-bit ones.
     weight = half if (half is not None and config.method == "lora") else "float32"
+    vision = vision_plan(config)
     packing, packing_note = packing_for(config)
+    if vision is not None and packing:
+        packing, packing_note = False, VISION_UNPACKED
     return RunPlan(
         config=config,
         device=device,
         world_size=world_size,  # (the estimator refuses fewer than one process in plain words)
         precision=precision,
-        model_class=model_class_for(objective),
+        model_class=model_class_for(objective, vision),
         weight_dtype=weight,
         compute_dtype=half or "float32",
         autocast_dtype=half,
         quantization=_quant_plan(config, half) if config.method == "qlora" else None,
-        lora=lora_plan(config) if config.method in ("lora", "qlora") else None,
+        lora=lora_plan(config, vision) if config.method in ("lora", "qlora") else None,
         deepspeed=uses_deepspeed(config),
         engine=engine_for(config),
         optimizer=config.optim,
@@ -253,6 +339,7 @@ def plan_for(config: TrainConfig, device: str | None = None, world_size: int | N
         loss_type=objective.loss_type(config),
         packing=packing,
         packing_note=packing_note,
+        vision=vision,
     )
 
 
@@ -268,9 +355,36 @@ def resolve_precision(precision: str, device: str, check_hardware: bool = True) 
     return precision
 
 
-def model_class_for(objective: Objective) -> str:
-    """The transformers Auto class an objective trains."""
-    return "AutoModelForSequenceClassification" if objective.is_classifier else "AutoModelForCausalLM"
+def model_class_for(objective: Objective, vision: VisionPlan | None = None) -> str:
+    """The transformers Auto class an objective trains (a vision-language model: its image-text-to-text class)."""
+    if objective.is_classifier:
+        return "AutoModelForSequenceClassification"
+    return "AutoModelForImageTextToText" if vision is not None else "AutoModelForCausalLM"
+
+
+def vision_family(model: str) -> str | None:
+    """The vision-language family (config.json's model_type) of a model, from its config alone (a local directory,
+    the local Hub cache, or the offline catalogue); None for a text model or one not known here."""
+    values = model_config_values(model)
+    if not values:
+        return None
+    family = values.get("model_type")
+    if family not in VISION_FAMILIES or not isinstance(values.get("vision_config"), dict):
+        return None
+    return family
+
+
+def vision_plan(config: TrainConfig) -> VisionPlan | None:
+    """The vision-language part of a plan, when the model is one and the task generates text."""
+    family = vision_family(config.model)
+    if family is None or objectives.of(config).is_classifier:
+        return None
+    return VisionPlan(
+        family=family,
+        freeze_vision_tower=config.freeze_vision_tower,
+        freeze_projector=config.freeze_projector,
+        image_longest_side=config.image_longest_side,
+    )
 
 
 def uses_deepspeed(config: TrainConfig) -> bool:
@@ -337,13 +451,25 @@ def uses_liger(config: TrainConfig, device: str | None = None, strict: bool = Fa
 def liger_model_type(model: str) -> str | None:
     """The model family (config.json's model_type) of a local model or a Hub model whose config is in the local
     cache (`runs.preflight.model_ready` fetched it), without loading anything; None when it is not known here."""
+    from finetune.config import EMBEDDED_MODEL
+
+    if model == EMBEDDED_MODEL:
+        return "llama"  # SmolLM2 is a Llama
+    values = model_config_values(model, catalogue=False)
+    model_type = values.get("model_type") if values else None
+    return model_type if isinstance(model_type, str) else None
+
+
+def model_config_values(model: str, catalogue: bool = True) -> dict[str, Any] | None:
+    """config.json of a local model, of a Hub model in the local cache, or (`catalogue`) of a Hub id the offline
+    catalogue holds, as a dict, without loading anything; None when none is here (the embedded model: a Llama)."""
     import json
     from pathlib import Path
 
     from finetune.config import EMBEDDED_MODEL
 
     if model == EMBEDDED_MODEL:
-        return "llama"  # SmolLM2 is a Llama
+        return None
     path = Path(model).expanduser() / "config.json"
     if not path.is_file():
         try:
@@ -351,15 +477,19 @@ def liger_model_type(model: str) -> str | None:
 
             cached = try_to_load_from_cache(model, "config.json")
         except Exception:  # noqa: BLE001 - not a Hub id (a path that does not exist): unknown family
-            return None
+            cached = None
         if not isinstance(cached, str):
-            return None
+            if not catalogue:
+                return None
+            from finetune.model import catalogue as bundled
+
+            return bundled.config_values(model) if bundled.is_hub_id(model) else None
         path = Path(cached)
     try:
-        model_type = json.loads(path.read_text(encoding="utf-8")).get("model_type")
-    except (OSError, ValueError, AttributeError):
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
         return None
-    return model_type if isinstance(model_type, str) else None
+    return values if isinstance(values, dict) else None
 
 
 def _liger_blocker(config: TrainConfig, device: str) -> str | None:
@@ -395,18 +525,36 @@ def lora_targets(text: str) -> str | tuple[str, ...]:
     return tuple(name.strip() for name in value.split(",") if name.strip())
 
 
-def lora_plan(config: TrainConfig) -> LoraPlan:
-    """The adapter settings of a LoRA / QLoRA config."""
+def lora_plan(config: TrainConfig, vision: VisionPlan | None = None) -> LoraPlan:
+    """The adapter settings of a LoRA / QLoRA config (a vision-language model's: `vision_lora_targets`)."""
+    targets = lora_targets(config.lora_target_modules)
     return LoraPlan(
         r=config.lora_r,
         alpha=config.lora_alpha,
         dropout=config.lora_dropout,
-        target_modules=lora_targets(config.lora_target_modules),
+        target_modules=vision_lora_targets(targets, vision) if vision is not None else targets,
+        modules_to_save=() if vision is None or vision.freeze_projector else vision.parts.projector,
         task_type="SEQ_CLS" if objectives.of(config).is_classifier else "CAUSAL_LM",
         use_dora=config.use_dora,
         use_rslora=config.use_rslora,
         init=config.init_lora_weights,
     )
+
+
+def vision_lora_targets(targets: str | tuple[str, ...], vision: VisionPlan) -> str:
+    """A full-name pattern (PEFT matches a string target against each whole module name) for the adapters of a
+    vision-language model: the language model's blocks only, so `all-linear` never reaches the vision tower or the
+    projector; with the vision tower unfrozen, its blocks' linear layers too."""
+    import re
+
+    parts = vision.parts
+    names = LANGUAGE_LINEARS if targets == "all-linear" else targets
+    language = rf"{re.escape(parts.language)}\.layers\.\d+\.(?:.*\.)?(?:{'|'.join(map(re.escape, names))})"
+    patterns = [language]
+    if not vision.freeze_vision_tower:
+        blocks = f"{re.escape(parts.vision)}\\.{re.escape(parts.vision_blocks)}"
+        patterns.append(rf"{blocks}\.\d+\.(?:.*\.)?(?:{'|'.join(parts.vision_linears)})")
+    return rf"(?:.*\.)?(?:{'|'.join(patterns)})"
 
 
 def _quant_plan(config: TrainConfig, half: str | None) -> QuantPlan:

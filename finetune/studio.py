@@ -55,6 +55,7 @@ TOKEN_LIMIT = 4096  # characters of a pasted Hub token
 CHAT_MESSAGE_LIMIT = 8000  # characters of one chat message (or the system prompt)
 CHAT_CONVERSATION_LIMIT = 64000  # characters of the whole conversation sent to the model
 CHAT_TURNS_LIMIT = 200  # messages in one conversation
+CHAT_IMAGES_LIMIT = 16  # images in one conversation (a vision-language model's chat)
 CHAT_MAX_NEW_TOKENS = MAX_NEW_TOKENS
 PREVIEW_LIMIT = 50  # examples one data preview shows
 DOWNLOAD_KEEP_SECONDS = 3600  # a downloaded YAML file is removed after an hour
@@ -332,14 +333,18 @@ class Studio:
         return memory.estimate(self.plan(values, device=device, gpus=gpus), gpu_gib=gpu_gib)
 
     def preview_data(self, values: dict[str, Any], n: int = 3) -> dict[str, Any]:
-        """The first examples as the model sees them, with what is masked from the loss."""
+        """The first examples as the model sees them, with what is masked from the loss (image rows: their image
+        files and image tokens too)."""
         from finetune import data
         from finetune.model import loading
 
         if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= PREVIEW_LIMIT:
             raise UserError(f"n: {str(n)[:40]!r} is not a number of examples from 1 to {PREVIEW_LIMIT}", "n")
-        config = self.config(values)
-        return data.preview(config, loading.load_tokenizer(config), n=n)
+        plan = self.plan(values)
+        config = plan.config
+        # A vision-language model's rows are rendered by its processor (each row's "images" then lists their files).
+        tokenizer = loading.load_processor(plan) if plan.vision is not None else loading.load_tokenizer(config)
+        return data.preview(config, tokenizer, n=n)
 
     def commands(self, values: dict[str, Any], gpus: int = 2, nodes: int = 1) -> dict[str, str]:
         """The CLI, torchrun and deepspeed commands that run these settings (saved as run.yaml), each command once.
@@ -650,29 +655,65 @@ class Studio:
             raise UserError(f"system prompt: longer than {CHAT_MESSAGE_LIMIT} characters; shorten it", "system_prompt")
 
     def chat(
-        self, source: str, messages: list[dict[str, str]], settings: Any, base_values: dict | None = None
+        self,
+        source: str,
+        messages: list[dict[str, str]],
+        settings: Any,
+        base_values: dict | None = None,
+        images: list[str] | None = None,
     ) -> Iterator[str]:
         """Stream a reply from the base model (`base`: the form's model; `base-of:RUN`: the model a run started
-        from) or a run's weights; yields the text so far."""
+        from) or a run's weights; yields the text so far. A vision-language model sees `images` (this visitor's
+        uploads as `upload:NAME`, or files on this machine where server paths are allowed), one per `<image>` tag
+        in the messages, in order."""
         from finetune.model.inference import stream_reply
 
         self.check_chat(messages, settings)
+        files = self.image_files(images or [])
         model, tokenizer = self._chat_model(source, base_values)
         with self._chat_lock:
-            yield from stream_reply(model, tokenizer, messages, settings)
+            yield from stream_reply(model, tokenizer, messages, settings, *([files] if files else []))
+
+    def image_files(self, images: list[str]) -> list[str]:
+        """Chat images as files: `upload:NAME` from this visitor's uploads; a path only where server paths are
+        allowed (the local app); each must exist. Refused in one line naming `images`."""
+        if not isinstance(images, list) or len(images) > CHAT_IMAGES_LIMIT:
+            raise UserError(f"images: at most {CHAT_IMAGES_LIMIT} images a conversation", field="images")
+        files = []
+        for value in images:
+            if is_upload(value):
+                path = self.uploads.resolve(self.identity, value)
+                if path is None:
+                    raise UserError(
+                        f"images: {str(value)[:80]!r} is not one of your uploads; upload it again", "images"
+                    )
+            elif self.policy.public and not self.policy.allow_server_paths:
+                raise UserError("images: upload the image (files on the server are not allowed here)", "images")
+            else:
+                path = Path(str(value)).expanduser()
+            if not Path(path).is_file():
+                raise UserError(f"images: {str(value)[:80]!r} is not a file", field="images")
+            files.append(str(path))
+        return files
 
     def chat_pair(
-        self, source: str, messages: list[dict[str, str]], base_messages: list[dict[str, str]], settings: Any
+        self,
+        source: str,
+        messages: list[dict[str, str]],
+        base_messages: list[dict[str, str]],
+        settings: Any,
+        images: list[str] | None = None,
     ) -> Iterator[tuple[str, str, BaseException | None]]:
         """Stream a run's reply and its base model's reply (`base-of:RUN`) at the same time: yields (side, text so
         far, None) for side "run" or "base" as either grows, or (side, "", error) when that side fails (the other
-        goes on). Both generate together under the one chat lock: the pair is one request."""
+        goes on). Both generate together under the one chat lock: the pair is one request. `images`: as for `chat`."""
         import queue
 
         from finetune.model.inference import stream_reply
 
         self.check_chat(messages, settings)
         self.check_chat(base_messages, settings)
+        files = self.image_files(images or [])  # a vision-language model's images: both sides see the same ones
         models: dict[str, tuple[Any, Any]] = {}
         for side, which in (("run", source), ("base", BASE_OF + source)):
             try:
@@ -684,7 +725,7 @@ class Studio:
 
         def generate(side: str) -> None:
             try:
-                for text in stream_reply(*models[side], conversations[side], settings):
+                for text in stream_reply(*models[side], conversations[side], settings, *([files] if files else [])):
                     pieces.put((side, text, None))
             except Exception as exc:  # noqa: BLE001 - reported on that side
                 pieces.put((side, "", exc))

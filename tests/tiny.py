@@ -93,3 +93,86 @@ def build_llama(path: Path, vocab_size: int = 384, tokenizer_dir: Path | None = 
     model = LlamaForCausalLM(config)
     model.save_pretrained(path)
     return path
+
+
+# SmolVLM's chat template (Idefics3 layout): "User:<image>question<end_of_utterance>\nAssistant: answer...".
+SMOLVLM_TEMPLATE = (
+    "<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}"
+    "{% if message['content'][0]['type'] == 'image' %}{{ ':' }}{% else %}{{ ': ' }}{% endif %}"
+    "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{ line['text'] }}"
+    "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}<end_of_utterance>\n{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+)
+SMOLVLM_TOKENS = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"] + [
+    f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)
+]
+# The tiny vision tower: 32-pixel tiles of 8-pixel patches (16 patches), merged 2 × 2: 4 image tokens per tile.
+TINY_VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
+TINY_TILE = 32
+TINY_IMAGE_SEQ_LEN = 4
+
+
+def build_smolvlm(path: Path, longest_edge: int = 64, text: dict | None = None, vision: dict | None = None):
+    """A random tiny SmolVLM (Idefics3: 2-layer vision tower on 32-pixel tiles, 4 tokens per tile, the tiny Llama as
+    its language model) and its processor (the PIL image processor: no torchvision), saved to `path`; `text` and
+    `vision` change the shapes of its two parts."""
+    import torch
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
+    from transformers.models.idefics3 import Idefics3ImageProcessorPil
+
+    torch.manual_seed(0)
+    tokenizer = build_tokenizer(path)
+    tokenizer.add_special_tokens({"additional_special_tokens": SMOLVLM_TOKENS})
+    images = Idefics3ImageProcessorPil(size={"longest_edge": longest_edge}, max_image_size={"longest_edge": TINY_TILE})
+    vision = {**TINY_VISION, "image_size": TINY_TILE, "patch_size": 8, **(vision or {})}
+    per_tile = (TINY_TILE // vision["patch_size"]) ** 2 // 4  # patches merged 2 × 2 (scale_factor 2)
+    processor = Idefics3Processor(
+        image_processor=images, tokenizer=tokenizer, image_seq_len=per_tile, chat_template=SMOLVLM_TEMPLATE
+    )
+    config = Idefics3Config(
+        text_config={
+            "model_type": "llama",
+            "vocab_size": len(tokenizer),
+            **TINY_SHAPE,
+            "pad_token_id": tokenizer.pad_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "initializer_range": 0.3,
+            **(text or {}),
+        },
+        vision_config=vision,
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        scale_factor=2,
+    )
+    model = Idefics3ForConditionalGeneration(config)
+    model.save_pretrained(path)
+    processor.save_pretrained(path)
+    return path
+
+
+def write_image_rows(folder: Path, rows: int = 8, images_per_row: int = 1, size: int = 64) -> Path:
+    """A small image data set: PNG squares of a colour and messages asking for it (`data.jsonl` in `folder`)."""
+    import json
+
+    from PIL import Image
+
+    colours = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220), "yellow": (230, 220, 20)}
+    names = list(colours)
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for r in range(rows):
+        files, parts = [], []
+        for k in range(images_per_row):
+            name = names[(r + k) % len(names)]
+            file = f"img{r}_{k}.png"
+            Image.new("RGB", (size, size - 8 * k), colours[name]).save(folder / file)
+            files.append(file)
+            parts.append({"type": "image"})
+        answer = " and ".join(names[(r + k) % len(names)] for k in range(images_per_row))
+        messages = [
+            {"role": "user", "content": [*parts, {"type": "text", "text": "What colour?"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": f"It is {answer}."}]},
+        ]
+        lines.append(json.dumps({"messages": messages, "images": files}))
+    path = folder / "data.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path

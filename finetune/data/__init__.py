@@ -20,6 +20,7 @@ kind's rows.
     classification      a text (and a second one) with a class label
     preference          prompt/chosen/rejected pairs (dpo, orpo, kto) and kto's prompt/completion/label rows
     prompts             prompts for learning from rewards (grpo); the other columns go to the reward functions
+    images              images with a conversation, a prompt and answer or a caption (vision-language models)
 
 The shared pipeline, by job:
 
@@ -35,7 +36,7 @@ The shared pipeline, by job:
     collation    how a micro batch is laid out (padded, or packed)
     stats        token lengths of the data, for the estimate and the advice
 
-Adding a kind (images for vision-language models are next): write its module with its `KindHandler` (see `chat.py`;
+Adding a kind: write its module with its `KindHandler` (see `chat.py`;
 `masking.masked_kind` builds one for a kind whose masking is ours), add its member to `DataKind` and its handler to
 `registry.HANDLERS`, then name it in the `data_kinds` of each objective that learns from it (`finetune/objectives/`),
 in the order detection should try it.

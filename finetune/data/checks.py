@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from finetune.data.kinds import DataFormat
@@ -27,6 +28,7 @@ class Table:
     key: str  # the field that names it: dataset | eval_split
     columns: dict[str, list[Any]]
     lines: list[int] | None = None  # the file line each row starts on (JSON lines, CSV)
+    folder: Path | None = None  # the file's folder: where relative image paths start
 
     def error(self, index: int, column: str, problem: str) -> UserError:
         """One line naming the field, the row (1-based), its line in the file and the column."""

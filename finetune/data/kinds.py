@@ -18,6 +18,7 @@ class DataKind(StrEnum):
     MESSAGES = "messages"  # chat: a list of {role, content} messages per row
     PROMPT_COMPLETION = "prompt_completion"  # a prompt and its answer (the loss on the answer only)
     TEXT = "text"  # plain text, all of it trained
+    IMAGES = "images"  # images with a conversation, a prompt and answer, or a caption (vision-language models)
     CLASSIFICATION = "classification"  # a text (and a second one) with a class label
     PREFERENCE = "preference"  # prompt/chosen/rejected pairs (dpo, orpo; kto splits them)
     UNPAIRED = "unpaired"  # prompt/completion/true-false label rows (kto)

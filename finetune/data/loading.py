@@ -126,7 +126,7 @@ def _read_table(path: Path, key: str, row_key: str | None = None) -> Table:
             columns.setdefault(column, [])
     for column, values in columns.items():
         values.extend(row.get(column) for row in rows)
-    return Table(path.name, row_key, columns, lines)
+    return Table(path.name, row_key, columns, lines, folder=path.parent.resolve())
 
 
 def _read_parquet(path: Path, key: str) -> list[dict[str, Any]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from finetune.data import chat, classification, preference, prompt_completion, prompts, text
+from finetune.data import chat, classification, images, preference, prompt_completion, prompts, text
 from finetune.data.handler import KindHandler, Row, Segments
 from finetune.data.kinds import DataFormat, DataKind
 
@@ -13,6 +13,7 @@ HANDLERS: dict[DataKind, KindHandler] = {
     handler.kind: handler
     for handler in (
         chat.HANDLER,
+        images.HANDLER,
         prompt_completion.HANDLER,
         text.HANDLER,
         classification.HANDLER,

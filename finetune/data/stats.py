@@ -182,6 +182,10 @@ def _tokenizer_for(config: TrainConfig, notes: list[str]) -> tuple[Any, str]:
     from finetune.model import loading
 
     try:
+        from finetune.plan import plan_for, vision_family
+
+        if vision_family(config.model) is not None:  # image tokens are counted by the model's processor
+            return loading.load_processor(plan_for(config)), config.model
         return loading.load_tokenizer(config), config.model
     except UserError:
         if config.model == EMBEDDED_MODEL:
@@ -215,6 +219,10 @@ def _row_length(row: dict[str, Any], fmt: DataFormat, tokenizer: Any) -> int:
     if fmt.kind is DataKind.CLASSIFICATION:
         pair = text_value(row[fmt.columns["text_pair"]]) if "text_pair" in fmt.columns else None
         return len(tokenizer(text_value(row[fmt.columns["text"]]), pair)["input_ids"])
+    if fmt.kind is DataKind.IMAGES and hasattr(tokenizer, "image_processor"):  # the images' tokens included
+        from finetune.data.images import encode
+
+        return len(encode(row, fmt, tokenizer).input_ids)
     if handler(fmt.kind).render is None:  # preference pairs: the prompt with its longer answer is what a step holds
         return _estimated_length(row, fmt, tokenizer)
     segments = render_segments(row, fmt, tokenizer)

@@ -44,9 +44,11 @@ def prepare_run(plan: RunPlan, progress: Progress) -> Prepared:
     if config.trust_remote_code:
         progress.message("warning: trust_remote_code is on: Python code from the model repository runs on this machine")
     progress.set_status("loading", message="loading the tokenizer and data")
-    tokenizer = loading.load_tokenizer(config)
+    # A vision-language model reads its data through its processor (tokenizer + image processor).
+    tokenizer = loading.load_processor(plan) if plan.vision is not None else loading.load_tokenizer(config)
     check_sequence_length(config)
     prepared_data = data.prepare(config, tokenizer)
+    check_vision_data(plan, prepared_data.format.kind)
     progress.message(
         f"data: {prepared_data.format.describe()}, {len(prepared_data.train)} training rows"
         + (f", {len(prepared_data.eval)} eval rows" if prepared_data.eval is not None else ", no eval split")
@@ -72,7 +74,7 @@ def prepare_run(plan: RunPlan, progress: Progress) -> Prepared:
         tokenizer=tokenizer,
         model=model,
         data=prepared_data,
-        collator=data.collator(config, tokenizer, packing=plan.packing),
+        collator=data.collator(config, tokenizer, packing=plan.packing, kind=prepared_data.format.kind),
         prompts=[prompt for prompt, _ in heldout],
         precision=precision,
         plan=plan,
@@ -107,6 +109,23 @@ def packed_plan(model: Any, plan: RunPlan, progress: Progress) -> RunPlan:
     if plan.config.packing:
         progress.message(plan.packing_line)
     return plan
+
+
+def check_vision_data(plan: RunPlan, kind: data.DataKind) -> None:
+    """A vision-language model trains here on image data (images with a conversation, a prompt and answer or a
+    caption), and image data needs one: either mismatch is refused in one line (docs/data.md lists the formats)."""
+    if plan.vision is None and kind == data.DataKind.IMAGES:
+        raise UserError(
+            f"model: {plan.config.model} is not a vision-language model this app knows (SmolVLM / Idefics3, Qwen2-VL, "
+            "Qwen2.5-VL, Qwen3-VL, Gemma 3 with its vision part), but the data has images; choose such a model",
+            field="model",
+        )
+    if plan.vision is not None and kind != data.DataKind.IMAGES:
+        raise UserError(
+            f"dataset: {plan.config.model} is a vision-language model; give data with an images column (messages + "
+            "images, ShareGPT conversations with <image> tags + images, or image + caption), e.g. bundled:shapes",
+            field="dataset",
+        )
 
 
 def check_sequence_length(config: TrainConfig) -> None:

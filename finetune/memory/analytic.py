@@ -157,6 +157,8 @@ def settings_for(plan: Any) -> Settings:
 
 def shape_of(model_config: Any) -> Shape:
     """Read the dimensions the formulas need from a transformers config (Llama-like unless it is GPT-2-like)."""
+    get_text = getattr(model_config, "get_text_config", None)
+    model_config = get_text() if callable(get_text) else model_config  # a vision-language model's language model
     g = lambda *names, default=None: next(  # noqa: E731
         (getattr(model_config, n) for n in names if getattr(model_config, n, None) is not None), default
     )
@@ -239,11 +241,10 @@ def census(model_config: Any, plan: Any) -> Census:
 
 
 def _layers(model: Any) -> Any:
-    """The longest ModuleList (the decoder blocks)."""
-    import torch
+    """The decoder blocks (`finetune.memory.trace.decoder_layers`: a vision-language model's language model's)."""
+    from finetune.memory.trace import decoder_layers
 
-    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 0]
-    return max(lists, key=len) if lists else None
+    return decoder_layers(model)
 
 
 def _not_quantized(model: Any) -> list[str]:

@@ -225,8 +225,17 @@ def estimate_core(plan: RunPlan, trace_it: bool = True) -> MemoryEstimate:
             "kernel cannot be replayed)"
         )
     generation = analytic.components.get("generation_cache", 0)
+    images = None
+    if plan.vision is not None:  # the images of a row and their tokens, from the model's image processor
+        from finetune.memory.images import image_load, smaller_side_note
+
+        images = image_load(plan, model_config)
+        notes.append(images.note())
+        lever = smaller_side_note(plan, model_config, images)
+        if lever:
+            notes.append(lever)
     traceable_here = trace_it and traceable(plan)
-    traced = _traced(plan, model_config, census, notes, liger, generation, segments) if traceable_here else None
+    traced = _traced(plan, model_config, census, notes, liger, generation, segments, images) if traceable_here else None
     if traced is not None:
         tensor_bytes, split, phase = traced
         method = "traced"
@@ -429,6 +438,7 @@ def _traced(
     liger: int | None = None,
     generation: int = 0,
     segments: list[int] | None = None,
+    images: Any = None,
 ) -> tuple[int, dict[str, int], str] | None:
     """Replay the step on fake tensors: (peak bytes, live bytes by component at the peak, phase); None on failure.
     `liger`: the bytes of Liger's fused loss, which take the place of the replayed logits. `generation`: the bytes of
@@ -438,10 +448,18 @@ def _traced(
     from finetune.memory import trace as mt
 
     config, device = plan.config, plan.device
-    key = (_model_key(config), device, plan.precision, plan.liger, _shape_settings(config), tuple(segments or ()))
+    key = (
+        _model_key(config),
+        device,
+        plan.precision,
+        plan.liger,
+        _shape_settings(config),
+        tuple(segments or ()),
+        images,
+    )
     if key not in _TRACE_CACHE:
         try:
-            result = mt.trace(model_config, plan, segments=segments)
+            result = mt.trace(model_config, plan, segments=segments, images=images)
         except Exception as exc:  # noqa: BLE001 - an architecture the replay cannot run: formulas instead
             notes.append(f"replay failed ({type(exc).__name__}: {str(exc)[:120]}); using the formulas")
             return None

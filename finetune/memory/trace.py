@@ -119,6 +119,102 @@ class LiveBytes(TorchDispatchMode):
         return out
 
 
+class ShadowValues(TorchDispatchMode):
+    """Known values beside fake tensors, for vision-language models: their forward passes pick the real image tiles
+    and the image token positions by value (boolean indexing, `.tolist()`), which fake tensors cannot answer. The
+    replay's inputs are real tensors (token ids, masks, pixel values); every op whose tensor inputs all have known
+    values computes its value too (outside the fake and counting modes: nothing of it is counted), so a
+    data-dependent step takes the shape the real run gets. Weights never have values: the values stop there."""
+
+    LIMIT = 1 << 27  # elements: a value larger than this is not kept (only inputs and index arithmetic need them)
+    FACTORY_LIMIT = 1 << 20  # elements of a new integer tensor (arange, zeros) whose value is kept
+
+    def __init__(self, fake_mode: Any, counter: LiveBytes | None = None) -> None:
+        super().__init__()
+        self.fake_mode = fake_mode
+        self.counter = counter  # counts what this mode makes itself (the counter below never sees it)
+
+    @staticmethod
+    def known(x: Any) -> bool:
+        """Whether a value is known: a real tensor, or a fake one with its value beside it."""
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        return not isinstance(x, FakeTensor) or getattr(x, "_shadow", None) is not None
+
+    @staticmethod
+    def real(x: Any) -> Any:
+        """The value of a known tensor (anything else as it is)."""
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        return x._shadow if isinstance(x, FakeTensor) else x
+
+    def _real_call(self, func: Any, args: Any, kwargs: dict) -> Any:
+        from torch.utils._python_dispatch import _disable_current_modes
+        from torch.utils._pytree import tree_map
+
+        with _disable_current_modes():
+            return func(*tree_map(self.real, args), **tree_map(self.real, kwargs))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensor
+        from torch.utils._pytree import tree_leaves, tree_map
+
+        kwargs = kwargs or {}
+        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        known = all(self.known(t) for t in tensors)  # (a factory, with no tensor inputs, is known: see below)
+        if (
+            known
+            and tensors
+            and func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default)
+        ):
+            return self._real_call(func, args, kwargs)
+        try:
+            out = func(*args, **kwargs)
+        except (DynamicOutputShapeException, DataDependentOutputException):
+            if not known:  # indexing an unknown tensor with a known boolean mask: index with its positions
+                return func(*self._bool_masks_as_positions(args), **kwargs)
+            real = self._real_call(func, args, kwargs)
+            out = tree_map(lambda r: self._fake_of(r) if isinstance(r, torch.Tensor) else r, real)
+            if self.counter is not None:  # the run's real op allocates its output: count it as the counter would
+                for fake in tree_leaves(out):
+                    if isinstance(fake, torch.Tensor):
+                        self.counter.track(fake)
+            return out
+        fakes = [o for o in tree_leaves(out) if isinstance(o, FakeTensor)]
+        if not tensors and any(o.is_floating_point() or o.numel() > self.FACTORY_LIMIT for o in fakes):
+            known = False  # factories: only small index tensors (positions, offsets), never buffers to fill
+        if known and fakes and sum(o.numel() for o in fakes) < self.LIMIT:
+            real = self._real_call(func, args, kwargs)
+            for fake, value in zip(tree_leaves(out), tree_leaves(real), strict=False):
+                if isinstance(fake, FakeTensor) and isinstance(value, torch.Tensor):
+                    fake._shadow = value
+        return out
+
+    def _fake_of(self, value: torch.Tensor) -> torch.Tensor:
+        fake = self.fake_mode.from_tensor(value)
+        fake._shadow = value
+        return fake
+
+    def _bool_masks_as_positions(self, args: tuple) -> tuple:
+        """`index` / `index_put` arguments with each known boolean mask replaced by the positions it selects."""
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        def positions(indices: Any) -> Any:
+            if not isinstance(indices, (list, tuple)):
+                return indices
+            out: list[Any] = []
+            for index in indices:
+                if isinstance(index, torch.Tensor) and index.dtype == torch.bool and self.known(index):
+                    with _disable_current_modes():
+                        parts = self.real(index).nonzero().unbind(1)
+                    out += [self._fake_of(p) for p in parts]
+                else:
+                    out.append(index)
+            return out
+
+        return tuple(positions(a) for a in args)
+
+
 # ----------------------------------------------------------------------------- the step's settings, from the plan
 
 
@@ -204,12 +300,17 @@ def no_decay(name: str) -> bool:
     return bool(re.search(r"bias|layernorm|rmsnorm|(?:^|\.)norm(?:$|\.)|_norm(?:$|\.)|ln_", name))
 
 
-def make_batch(plan: RunPlan, segments: list[int] | None = None) -> dict[str, Any]:
+def make_batch(
+    plan: RunPlan, segments: list[int] | None = None, images: Any = None, model_config: Any = None
+) -> dict[str, Any]:
     """A worst-case batch: every row `max_seq_length` tokens long (no padding), labels on every token; DPO / ORPO
     rows are chosen + rejected (two sequences per example), KTO adds the mismatched KL sequences. With `segments`
-    (packing): one row of those examples end to end, as the packing collator lays a micro batch out."""
+    (packing): one row of those examples end to end, as the packing collator lays a micro batch out. With `images`
+    (a vision-language model's `ImageLoad`): each row starts with its images' tokens, the pixels beside them."""
     if segments:
         return packed_batch(segments)
+    if images is not None:
+        return image_batch(plan, images, model_config)
     config = plan.config
     rows = config.per_device_train_batch_size * sequences_per_example(plan)
     length = plan.objective.row_tokens(config)
@@ -221,6 +322,42 @@ def make_batch(plan: RunPlan, segments: list[int] | None = None) -> dict[str, An
         batch["labels"][:, : config.max_seq_length] = -100
     if plan.objective.kl_pass:
         batch["kl_input_ids"] = torch.zeros_like(ids)
+    return batch
+
+
+def image_batch(plan: RunPlan, images: Any, model_config: Any) -> dict[str, Any]:
+    """Rows of `max_seq_length` tokens (longer when the images need it: a run refuses cutting image tokens), each
+    opening with its images' tokens (after the family's vision-start token where it has one), and the pixel inputs
+    of those images from the model's image processor: real tensors, whose values the replay's `ShadowValues` reads."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    from finetune.data.images import token_types
+    from finetune.memory.images import blank, image_inputs, image_processor_for
+
+    config = plan.config
+    rows = config.per_device_train_batch_size
+    length = max(plan.objective.row_tokens(config), images.tokens_per_row + 2 * images.images_per_row + 1)
+    token = getattr(model_config, "image_token_id", None) or getattr(model_config, "image_token_index", 0)
+    start = getattr(model_config, "vision_start_token_id", None)
+    with unset_fake_temporarily():
+        ids = torch.zeros((rows, length), dtype=torch.long)
+        at = 0
+        for _ in range(images.images_per_row):
+            if start is not None:
+                ids[:, at] = start
+                at += 1
+            ids[:, at : at + images.tokens_per_image] = token
+            at += images.tokens_per_image
+        labels = ids.clone()
+        labels[:, :at] = -100
+        processor = image_processor_for(plan, model_config)
+        pictures = [[blank(images.width, images.height)] * images.images_per_row for _ in range(rows)]
+        # No attention mask: rows without padding attend causally, as a text replay's (the real run's all-ones mask
+        # is dropped by transformers' own check).
+        batch = {"input_ids": ids, "labels": labels}
+        if images.images_per_row:
+            batch.update(image_inputs(processor, pictures))
+        batch.update(token_types(plan.vision.family, ids, token))
     return batch
 
 
@@ -461,7 +598,49 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, *args, **kwargs):
     plan = _in_replay()
     if plan is not None and plan.device == "cuda":
         dropout_p = 0.0
+    if plan is not None and _all_true(attn_mask):
+        # A mask that keeps every position (a vision tower's full tiles): the real run's check drops it and runs the
+        # fused kernel; on fake tensors sdpa with a mask would take the math path and hold S x S probabilities.
+        attn_mask = None
     return _ORIGINALS["sdpa"](query, key, value, attn_mask, dropout_p, *args, **kwargs)
+
+
+def _all_true(mask: Any) -> bool:
+    """A boolean mask whose known value (`ShadowValues`) keeps every position."""
+    shadow = getattr(mask, "_shadow", None)
+    return shadow is not None and shadow.dtype == torch.bool and bool(shadow.all())
+
+
+def _trunc_normal(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """torch's truncated normal initialisation redraws until every value is in range (a test of values fake tensors
+    cannot answer: SigLIP vision towers start so); a fake tensor's values do not matter, and nothing is allocated."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if _in_replay() is not None and isinstance(tensor, FakeTensor):
+        return tensor
+    return _ORIGINALS["trunc_normal_"](tensor, *args, **kwargs)
+
+
+def _patch_trunc_normal(install: bool) -> None:
+    """Install (or remove) `_trunc_normal` where torch and transformers' initialisation look it up."""
+    from transformers import initialization
+
+    if install:
+        _ORIGINALS["trunc_normal_"] = torch.nn.init.trunc_normal_
+    value = _trunc_normal if install else _ORIGINALS["trunc_normal_"]
+    torch.nn.init.trunc_normal_ = value
+    if "trunc_normal_" in initialization.TORCH_INIT_FUNCTIONS:
+        initialization.TORCH_INIT_FUNCTIONS["trunc_normal_"] = value
+
+
+def _tensor(data: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """`torch.tensor` of a list holding fake scalars whose values are known (`ShadowValues`: Qwen-VL's position
+    offsets): built from those values, as the real run builds it from real scalars."""
+    if _in_replay() is not None and isinstance(data, (list, tuple)):
+        from torch.utils._pytree import tree_map
+
+        data = tree_map(lambda x: x._shadow if getattr(x, "_shadow", None) is not None else x, data)
+    return _ORIGINALS["tensor"](data, *args, **kwargs)
 
 
 def _deepcopy(self: torch.Tensor, memo: dict) -> torch.Tensor:
@@ -527,6 +706,8 @@ def _replaying(plan: RunPlan):
             torch.utils.swap_tensors, F.dropout, F.scaled_dot_product_attention = _swap_tensors, _dropout, _sdpa
             _ORIGINALS["deepcopy"] = torch.Tensor.__deepcopy__
             torch.Tensor.__deepcopy__ = _deepcopy
+            _ORIGINALS["tensor"], torch.tensor = torch.tensor, _tensor
+            _patch_trunc_normal(install=True)
             _patch_peft_dequantize(install=True)
         _PATCH_USERS[0] += 1
     _LOCAL.plan = plan
@@ -540,13 +721,21 @@ def _replaying(plan: RunPlan):
                 torch.utils.swap_tensors = _ORIGINALS["swap_tensors"]
                 F.dropout, F.scaled_dot_product_attention = _ORIGINALS["dropout"], _ORIGINALS["sdpa"]
                 torch.Tensor.__deepcopy__ = _ORIGINALS["deepcopy"]
+                torch.tensor = _ORIGINALS["tensor"]
+                _patch_trunc_normal(install=False)
                 _patch_peft_dequantize(install=False)
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList | None:
-    """The repeated block list of a transformers model (the longest ModuleList)."""
-    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 0]
+    """The repeated block list of a transformers model: the longest ModuleList (a vision-language model's language
+    model's, whose vision tower may have more blocks)."""
+    named = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 0]
+    language = [(n, m) for n, m in named if n.endswith(LANGUAGE_LAYERS)]
+    lists = [m for _, m in (language or named)]
     return max(lists, key=len) if lists else None
+
+
+LANGUAGE_LAYERS = ("text_model.layers", "language_model.layers")  # vision-language models' decoder blocks
 
 
 def hook_layer_phases(model: torch.nn.Module, counter: LiveBytes) -> None:
@@ -588,22 +777,30 @@ def _on_grad(x: Any, phase: str, counter: LiveBytes) -> None:
         x.register_hook(lambda _g: counter.set_phase(phase))
 
 
+def text_config(model_config: Any) -> Any:
+    """The language model's config (a vision-language model's text part; a text model's own)."""
+    get = getattr(model_config, "get_text_config", None)
+    return get() if callable(get) else model_config
+
+
 def num_layers(model_config: Any) -> int:
-    """Number of decoder blocks in a transformers config."""
-    return int(getattr(model_config, "num_hidden_layers", 0) or getattr(model_config, "n_layer", 0) or 0)
+    """Number of decoder blocks in a transformers config (a vision-language model's language model's)."""
+    cfg = text_config(model_config)
+    return int(getattr(cfg, "num_hidden_layers", 0) or getattr(cfg, "n_layer", 0) or 0)
 
 
 def with_layers(model_config: Any, n: int) -> Any:
-    """A copy of the config with `n` decoder blocks (per-layer lists cut to match)."""
+    """A copy of the config with `n` decoder blocks (per-layer lists cut to match; a vision tower kept whole)."""
     import copy
 
-    cfg = copy.deepcopy(model_config)
+    whole = copy.deepcopy(model_config)
+    cfg = text_config(whole)
     cfg.num_hidden_layers = n
     for key in ("layer_types", "mlp_layer_types"):
         value = getattr(cfg, key, None)
         if isinstance(value, list) and len(value) >= n:
             setattr(cfg, key, value[:n])
-    return cfg
+    return whole
 
 
 @dataclass
@@ -630,7 +827,9 @@ class TraceResult:
         return self.phase_split[self.peak_phase]
 
 
-def trace(model_config: Any, plan: RunPlan, small: int = 2, segments: list[int] | None = None) -> TraceResult:
+def trace(
+    model_config: Any, plan: RunPlan, small: int = 2, segments: list[int] | None = None, images: Any = None
+) -> TraceResult:
     """Replay a steady step on fake tensors; deep models are traced at `small` and `small`+1 blocks and extrapolated.
     `segments`: a packed micro batch's example lengths (None: rows padded to max_seq_length, the worst case).
 
@@ -639,9 +838,9 @@ def trace(model_config: Any, plan: RunPlan, small: int = 2, segments: list[int] 
     """
     total = num_layers(model_config)
     if total <= small + 2:
-        return trace_once(model_config, plan, segments)
-    a = trace_once(with_layers(model_config, small), plan, segments)
-    b = trace_once(with_layers(model_config, small + 1), plan, segments)
+        return trace_once(model_config, plan, segments, images)
+    a = trace_once(with_layers(model_config, small), plan, segments, images)
+    b = trace_once(with_layers(model_config, small + 1), plan, segments, images)
     k = total - small - 1
     # The middle blocks' peak lies within one block's worth of the first or last block's: those two stand for it.
     linear = [p for p in b.phase_peak if p in a.phase_peak and p != "backward_blocks"]
@@ -652,6 +851,16 @@ def trace(model_config: Any, plan: RunPlan, small: int = 2, segments: list[int] 
         base = a.phase_split.get(p, {})
         splits[p] = {c: v + k * (v - base.get(c, 0)) for c, v in split.items()}
     return TraceResult(peaks, splits, layers_traced=small + 1)
+
+
+@contextlib.contextmanager
+def _shadows(mode: Any, on: bool, counter: LiveBytes | None = None):
+    """`ShadowValues` over the fake mode when the replay has images (text replays do without)."""
+    if not on:
+        yield None
+        return
+    with ShadowValues(mode, counter) as shadows:
+        yield shadows
 
 
 @contextlib.contextmanager
@@ -666,11 +875,12 @@ def fake_tensors(plan: RunPlan):
         yield mode
 
 
-def trace_once(model_config: Any, plan: RunPlan, segments: list[int] | None = None) -> TraceResult:
-    """Build the model on fake tensors with the engine's function and replay one steady step, counting storages."""
+def trace_once(model_config: Any, plan: RunPlan, segments: list[int] | None = None, images: Any = None) -> TraceResult:
+    """Build the model on fake tensors with the engine's function and replay one steady step, counting storages (a
+    vision-language model's data-dependent steps read the values `ShadowValues` keeps)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    with fake_tensors(plan), LiveBytes() as counter:
+    with fake_tensors(plan) as mode, LiveBytes() as counter:
         model = build(model_config, plan)
         reference = reference_copy(model_config, plan) if plan.reference == "copy" else None
         with unset_fake_temporarily():  # bitsandbytes builds its lookup tables from values
@@ -681,9 +891,10 @@ def trace_once(model_config: Any, plan: RunPlan, segments: list[int] | None = No
             for t in [*reference.parameters(), *reference.buffers()]:
                 counter.track(t, "reference_model")
         hook_layer_phases(model, counter)
-        batch = make_batch(plan, segments)
+        batch = make_batch(plan, segments, images, model_config)
         counter.reset("setup")
-        train_step(model, optimizer, batch, plan, counter, reference)
+        with _shadows(mode, images is not None, counter):  # the step only: building the model needs no values
+            train_step(model, optimizer, batch, plan, counter, reference)
         result = TraceResult(dict(counter.phase_peak), dict(counter.phase_split), num_layers(model_config))
         del model, optimizer, batch, reference
     result.phase_peak.pop("done", None)

@@ -201,7 +201,8 @@ def load_for_chat(plan: RunPlan, run_path: Path | None = None, weights: Path | N
             raise UserError(f"run: {Path(run_path).name} has no saved weights yet (no checkpoint so far)", field="run")
     if plan.is_classifier:
         raise UserError("run: a sequence-classification run answers with labels: classify a text instead", field="run")
-    tokenizer = loading.load_tokenizer(base)
+    # A vision-language model answers through its processor (its tokenizer and image processor).
+    tokenizer = loading.load_processor(plan) if plan.vision is not None else loading.load_tokenizer(base)
     if weights is not None and not (weights / "adapter_config.json").is_file():
         # A full fine-tune: its own weights, in the dtype its matmuls ran in.
         model = plan.auto_class().from_pretrained(str(weights), dtype=plan.torch_dtype(plan.compute_dtype))
@@ -222,24 +223,55 @@ def _place(model: Any, plan: RunPlan) -> Any:
     return model
 
 
+def image_chat_inputs(processor: Any, messages: list[dict[str, str]], images: list[str]) -> Any:
+    """A conversation with images for a vision-language model: each `<image>` tag in a message's text takes the next
+    of `images` (files), as image data's ShareGPT rows do; the processor's chat template and image processor make the
+    model's inputs, ready for the assistant's turn. A tag count that differs from the images is refused in one line."""
+    from finetune.data.images import IMAGE_TAG, conversation, load_image
+    from finetune.data.kinds import DataFormat, DataKind
+
+    row = {"conversations": [dict(m) for m in messages], "images": list(images)}
+    parts = conversation(row, DataFormat(DataKind.IMAGES, {"messages": "conversations", "images": "images"}))
+    tags = sum(1 for m in parts for p in m["content"] if p["type"] == "image")
+    if tags != len(images):
+        raise UserError(
+            f"images: {len(images)} image(s) for {tags} {IMAGE_TAG} tag(s) in the conversation; one image per tag",
+            field="images",
+        )
+    text = processor.apply_chat_template(parts, add_generation_prompt=True)
+    pictures = [load_image(path) for path in images]
+    return processor(text=[text], images=[pictures] if pictures else None, return_tensors="pt")
+
+
 def stream_reply(
-    model: Any, tokenizer: Any, messages: list[dict[str, str]], settings: GenerationSettings
+    model: Any,
+    tokenizer: Any,
+    messages: list[dict[str, str]],
+    settings: GenerationSettings,
+    images: list[str] | None = None,
 ) -> Iterator[str]:
-    """Yield the reply as it grows (the whole text so far each time), from a generate() running in a thread."""
+    """Yield the reply as it grows (the whole text so far each time), from a generate() running in a thread. A
+    vision-language model's processor takes `images` (files), one for each `<image>` tag in the messages, in order."""
     import torch
     from transformers import TextIteratorStreamer
 
     if settings.system_prompt:
         messages = [{"role": "system", "content": settings.system_prompt}, *messages]
-    inputs = chat_input_ids(tokenizer, messages).to(next(model.parameters()).device)
-    streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=300)
+    if hasattr(tokenizer, "image_processor"):
+        inputs = image_chat_inputs(tokenizer, messages, images or [])
+        text_tokenizer = tokenizer.tokenizer
+    else:
+        inputs = chat_input_ids(tokenizer, messages)
+        text_tokenizer = tokenizer
+    inputs = inputs.to(next(model.parameters()).device)
+    streamer = TextIteratorStreamer(text_tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=300)
     errors: list[BaseException] = []
 
     def run() -> None:
         try:
             with torch.no_grad():
                 model.generate(
-                    **inputs, streamer=streamer, pad_token_id=tokenizer.pad_token_id, **settings.generate_kwargs()
+                    **inputs, streamer=streamer, pad_token_id=text_tokenizer.pad_token_id, **settings.generate_kwargs()
                 )
         except BaseException as exc:  # surfaced to the caller below instead of dying silently in the thread
             errors.append(exc)

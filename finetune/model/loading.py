@@ -164,6 +164,7 @@ def check_model(plan: RunPlan) -> None:
     mapping = {
         "AutoModelForSequenceClassification": modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
         "AutoModelForCausalLM": modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        "AutoModelForImageTextToText": modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
     }[model_class]
     model_type = getattr(model_config, "model_type", "")
     if model_type not in mapping:
@@ -174,15 +175,22 @@ def check_model(plan: RunPlan) -> None:
             "task",
         )
     if plan.lora is None or plan.lora.target_modules == "all-linear":
-        return
+        return  # (a vision-language model's targets are a pattern over its language model: checked below)
     targets = plan.lora.target_modules
     import torch
 
     with torch.device("meta"):
         model = getattr(transformers, model_class).from_config(model_config)
     names = [name for name, _ in model.named_modules()]
-    # PEFT's rule for a list of names: a module matches when its name is the target or ends with ".target".
-    if not any(name == t or name.endswith("." + t) for name in names for t in targets):
+    # PEFT's rules: a string is a pattern the whole module name must match; a module matches a list of names when its
+    # name is one of them or ends with ".name".
+    if isinstance(targets, str):
+        import re
+
+        found = any(re.fullmatch(targets, name) for name in names)
+    else:
+        found = any(name == t or name.endswith("." + t) for name in names for t in targets)
+    if not found:
         raise_if_no_target(ValueError("target_modules not found"), config)
 
 
@@ -220,6 +228,40 @@ def load_tokenizer(config: TrainConfig) -> Any:
     return tokenizer
 
 
+def load_processor(plan: RunPlan) -> Any:
+    """A vision-language model's processor (its tokenizer and image processor), its image size set as the plan says,
+    its tokenizer padding on the right for training. On a machine without torchvision transformers falls back to the
+    image processors' PIL path by itself."""
+    from transformers import AutoProcessor
+
+    config = plan.config
+    path = resolve_model_path(config.model)
+    processor = from_pretrained(AutoProcessor, path, trust_remote_code=config.trust_remote_code)
+    tokenizer = processor.tokenizer
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "right"
+    if plan.vision is not None:
+        set_image_size(processor.image_processor, plan.vision.image_longest_side)
+    return processor
+
+
+def set_image_size(image_processor: Any, longest_side: int) -> None:
+    """Resize images to at most `longest_side` pixels on their longest side (0: the processor's own setting).
+    Idefics3 / SmolVLM: the longest edge before splitting into tiles; Qwen-VL: `max_pixels` = the side squared;
+    Gemma 3 always uses 896 × 896 (its image token count is fixed)."""
+    if not longest_side:
+        return
+    size = dict(getattr(image_processor, "size", None) or {})
+    if hasattr(image_processor, "max_pixels") or "max_pixels" in size or "shortest_edge" in size:  # Qwen-VL
+        pixels = longest_side * longest_side
+        image_processor.max_pixels = pixels
+        if "longest_edge" in size:
+            image_processor.size = {**size, "longest_edge": pixels, "shortest_edge": min(size["shortest_edge"], pixels)}
+    elif "longest_edge" in size:  # Idefics3 / SmolVLM
+        image_processor.size = {**size, "longest_edge": longest_side}
+
+
 # ----------------------------------------------------------------------------- model
 def load_model(plan: RunPlan, num_labels: int | None = None) -> Any:
     """The model ready to train: full, LoRA-wrapped or 4-bit QLoRA-wrapped, as the run plan says."""
@@ -243,7 +285,16 @@ def build_model(plan: RunPlan, num_labels: int | None = None, model_config: Any 
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=plan.config.gradient_checkpointing)
     if plan.lora is not None:
         model = wrap_lora(model, plan)
+    elif plan.vision is not None:
+        freeze(model, plan.vision.frozen_prefixes())
     return model
+
+
+def freeze(model: Any, prefixes: tuple[str, ...]) -> None:
+    """Full fine-tuning of a vision-language model: the weights under these module paths stay as they are."""
+    for name, param in model.named_parameters():
+        if any(name == p or name.startswith(p + ".") for p in prefixes):
+            param.requires_grad_(False)
 
 
 def enable_checkpointing(model: Any) -> None:
@@ -300,7 +351,8 @@ def labels_of(plan: RunPlan, num_labels: int | None) -> int:
 
 def _fill_pad_token(model: Any) -> None:
     """A model without a pad token pads with its EOS (batches of several rows need one)."""
-    if model.config.pad_token_id is None and getattr(model.config, "eos_token_id", None) is not None:
+    # (getattr: a vision-language model's config may keep its token ids in its text part only)
+    if getattr(model.config, "pad_token_id", None) is None and getattr(model.config, "eos_token_id", None) is not None:
         eos = model.config.eos_token_id
         model.config.pad_token_id = eos[0] if isinstance(eos, list) else eos
 
@@ -318,7 +370,7 @@ def quantize_4bit(model: Any, plan: RunPlan) -> None:
 
     qc = plan.quantization_config()
     originals = {n: m.weight for n, m in model.named_modules() if isinstance(m, (torch.nn.Linear, Conv1D))}
-    skip = get_keys_to_not_convert(model)
+    skip = get_keys_to_not_convert(model) + (list(plan.vision.unquantized()) if plan.vision else [])
     with unset_fake_temporarily():  # Linear4bit is built on the meta device; its weight is replaced below
         replace_with_bnb_linear(model, modules_to_not_convert=skip, quantization_config=qc)
     for name, module in model.named_modules():

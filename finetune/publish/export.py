@@ -93,6 +93,12 @@ def export_run(
     config = run.load_config()
     if run.load_plan().is_classifier:  # the run's own plan says what it trained
         raise UserError(f"format: export supports causal_lm runs, not {config.task}; push the adapter", "format")
+    if fmt in GGUF_FORMATS and run.load_plan().vision is not None:
+        raise UserError(
+            f"format: {fmt} of a vision-language model is not written here (llama.cpp needs its image encoder as a "
+            "separate mmproj file); export --format merged, which loads in transformers with its processor",
+            "format",
+        )
     check_weights_readable(run, source)
     if fmt == "gguf-lora":
         _check_lora(source, config)  # refuse before any folder is made

@@ -60,6 +60,8 @@ TOKENIZER_FILES = (
     "spiece.model",
     "sentencepiece.bpe.model",
     "*.tiktoken",
+    "processor_config.json",  # a vision-language model's processor (its image settings) with its tokenizer
+    "preprocessor_config.json",
 )
 
 EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"

@@ -54,8 +54,9 @@ def model_ready(config: TrainConfig) -> None:
     loading.load_model_config(config.model, config.trust_remote_code)
 
 
-def data_ready(config: TrainConfig) -> None:
-    """The training data can be found and read, and has the columns the settings name (needs no model)."""
+def data_ready(config: TrainConfig) -> list[str] | None:
+    """The training data can be found and read, and has the columns the settings name (needs no model); its columns
+    when it was read here (local data), else None."""
     from finetune.data.loading import FILE_TYPES, load_raw
 
     path = Path(config.dataset).expanduser()
@@ -63,8 +64,9 @@ def data_ready(config: TrainConfig) -> None:
         # Local data is small enough to read now: a bad file is refused before any run directory exists.
         train_raw, _ = load_raw(config)
         columns_ready(config, list(train_raw.column_names))
-    else:
-        hub_dataset_ready(config)
+        return list(train_raw.column_names)
+    hub_dataset_ready(config)
+    return None
 
 
 def preflight(plan: RunPlan) -> None:
@@ -75,7 +77,12 @@ def preflight(plan: RunPlan) -> None:
     from finetune.model import loading
 
     config = plan.config
-    data_ready(config)
+    columns = data_ready(config)
+    if columns is not None:  # image data needs a vision-language model, and such a model image data
+        from finetune.data.detection import detect_format
+        from finetune.engines.common import check_vision_data
+
+        check_vision_data(plan, detect_format(columns, config).kind)
     if config.model != EMBEDDED_MODEL or loading.embedded_cache_dir().is_dir():
         from finetune.engines.common import check_sequence_length
 
