@@ -300,11 +300,46 @@ class Studio:
         self.prune_uploads()
         return self.uploads.add(identity, source, name)
 
+    def add_uploads(self, files: list[tuple[str | Path, str]]) -> str:
+        """Keep uploaded data: one data file as `add_upload`, or a data file with its images (several files, or one
+        .zip holding both) kept together in a folder of their own; returns the data file's `upload:NAME`."""
+        identity = self.identity
+        if identity is None:
+            raise UserError(self.policy.needs_identity("dataset", "upload data"), "dataset")
+        if len(files) == 1 and not str(files[0][1]).lower().endswith(".zip"):
+            return self.add_upload(*files[0])
+        self.prune_uploads()
+        return self.uploads.add_set(identity, files)
+
+    def add_image(self, source: str | Path, name: str | None = None) -> str:
+        """Keep an image for the chat in this visitor's uploads (the same limits); returns its `upload:NAME`."""
+        identity = self.identity
+        if identity is None:
+            raise UserError(self.policy.needs_identity("images", "upload images"), "images")
+        self.prune_uploads()
+        return self.uploads.add_image(identity, source, name)
+
     def upload_names(self) -> list[str]:
         """This visitor's uploads as `upload:NAME` values, newest first."""
         if self.identity is None:
             return []
-        return [f"upload:{p.name}" for p in reversed(self.uploads.files(self.identity))]
+        return [self.uploads.name_of(self.identity, p) for p in reversed(self.uploads.files(self.identity))]
+
+    def takes_images(self, source: str | None, base_values: dict | None = None) -> bool:
+        """Whether a chat source is a vision-language model (the base: the form's model, from its config alone)."""
+        from finetune.plan import vision_family
+
+        try:
+            if source in (None, "", BASE):
+                model = str((base_values or {}).get("model") or "").strip()
+                if self.policy.problems({"model": model}):  # a server path where visitors may not name one
+                    return False
+                return vision_family(model) is not None
+            run = self._run(source[len(BASE_OF) :] if source.startswith(BASE_OF) else source)
+            self._check_run_allowed(run)
+            return run.load_plan().vision is not None
+        except Exception:  # noqa: BLE001 - a model or run that cannot be read takes no images (chat says why)
+            return False
 
     def _with_uploads(self, values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
         """The values with each `upload:NAME` replaced by this visitor's file of that name, and {field: refusal} for
