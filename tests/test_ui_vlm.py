@@ -242,9 +242,9 @@ def test_upload_images_preview_thumbnails_train_and_chat_with_a_picture(page, se
     expect(page.locator("#cfg-image_longest_side")).to_be_visible()
 
     # The JSONL and its pictures in one upload: kept together, the dataset field names the kept JSONL.
-    page.locator("#cfg-upload-data input[type=file]").set_input_files(
-        [str(image_set["data"]), *map(str, image_set["images"])]
-    )
+    with page.expect_file_chooser() as chooser:
+        page.locator("#cfg-upload-data").click()
+    chooser.value.set_files([str(image_set["data"]), *map(str, image_set["images"])])
     expect(page.locator("#cfg-dataset").locator("input, textarea").first).to_have_value("upload:data/data.jsonl")
     fill(page, "cfg-eval_split", "")
     open_group(page, "Optimisation", "max_steps")

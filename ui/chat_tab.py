@@ -13,6 +13,7 @@ reply bubble); requests queue, one at a time.
 
 from __future__ import annotations
 
+import mimetypes
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,7 +151,9 @@ class ChatTab:
             raise UserError(TEXT_ONLY, "images")
         path = Path(getattr(image, "name", None) or str(image))
         kept = self.studio.add_image(path, path.name)
-        parts: list[dict[str, Any]] = [{"type": "file", "file": {"path": str(path)}, "alt_text": kept}]
+        mime = mimetypes.guess_type(path.name)[0] or "image/png"  # the chatbot shows a file as a picture by its type
+        picture = {"path": str(path), "mime_type": mime}
+        parts: list[dict[str, Any]] = [{"type": "file", "file": picture, "alt_text": kept}]
         if message:
             parts.append({"type": "text", "text": message})
         return {"role": "user", "content": parts}
