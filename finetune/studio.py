@@ -378,7 +378,24 @@ class Studio:
         config = plan.config
         # A vision-language model's rows are rendered by its processor (each row's "images" then lists their files).
         tokenizer = loading.load_processor(plan) if plan.vision is not None else loading.load_tokenizer(config)
-        return data.preview(config, tokenizer, n=n)
+        preview = data.preview(config, tokenizer, n=n)
+        self._confine_images(preview)
+        return preview
+
+    def _confine_images(self, preview: dict[str, Any]) -> None:
+        """Where visitors may not name server files, a previewed row's images (whose pictures the page shows) must
+        be this visitor's uploads or bundled data: a data file naming any other file is refused in one line."""
+        if self.policy.server_paths:
+            return
+        roots = [self.uploads_dir.resolve(), (Path(__file__).parent / "bundled").resolve()]
+        for example in preview.get("examples") or []:
+            for image in example.get("images") or []:
+                if not any(Path(image).resolve().is_relative_to(root) for root in roots):
+                    raise UserError(
+                        f"dataset: the image {Path(image).name!r} is not among your uploads; upload it with the data "
+                        "file (paths relative to it)",
+                        "dataset",
+                    )
 
     def commands(self, values: dict[str, Any], gpus: int = 2, nodes: int = 1) -> dict[str, str]:
         """The CLI, torchrun and deepspeed commands that run these settings (saved as run.yaml), each command once.

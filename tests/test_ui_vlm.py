@@ -308,3 +308,23 @@ def test_upload_images_preview_thumbnails_train_and_chat_with_a_picture(page, se
         expect(page.locator(f"#{chatbot} img").first).to_be_visible()  # the picture in the conversation
     expect(box.locator("img")).to_have_count(0)  # the picture went with the message
     page.screenshot(path=str(ARTIFACTS / "03-chat.png"), full_page=True)
+
+
+def test_on_a_public_app_the_preview_shows_only_the_visitors_own_pictures(studio_home, image_set):
+    """A data file may name any path; where visitors may not name server files, a previewed image that is not among
+    the visitor's uploads (another visitor's, a server file) refuses the preview in one line: its picture is never
+    shown."""
+    from finetune.access.policy import AccessPolicy
+
+    alice = Studio(studio_home / "runs", policy=AccessPolicy(public=True)).as_visitor("alice")
+    bob = alice.as_visitor("bob")
+    value = alice.add_uploads([(image_set["data"], "data.jsonl"), *((p, p.name) for p in image_set["images"])])
+    own = str(alice.uploads.resolve("alice", value).parent / "img0_0.png")
+    alice._confine_images({"examples": [{"images": [own]}]})  # her own upload: shown
+    members = {"data.jsonl": image_set["data"], **{f"pictures/{p.name}": p for p in image_set["images"]}}
+    archive = zipped(studio_home / "set.zip", members)
+    assert alice.add_uploads([(archive, "set.zip")]) == "upload:data-2/data.jsonl"  # one zip: a set too
+    for elsewhere in (own, str(image_set["images"][0])):  # hers seen from bob's side; a file on the server
+        with pytest.raises(UserError, match="is not among your uploads") as refused:
+            bob._confine_images({"examples": [{"images": [elsewhere]}]})
+        assert refused.value.field == "dataset"
