@@ -110,9 +110,10 @@ class ChatTab:
             for target, _, _ in targets:
                 self.studio.check_chat([*_conversation(target), {"role": "user", "content": said}], settings)
             turn = self._with_image(message, chat_image, source, form)
-        except UserError as exc:
-            warn(str(exc))
-            refusal = {"role": "assistant", "content": ERROR_PREFIX + plain(str(exc))}
+        except (UserError, OSError) as exc:  # OSError: the picture could not be kept (a full disk)
+            line = str(exc) if isinstance(exc, UserError) else f"images: cannot keep the picture: {one_line(exc)}"
+            warn(line)
+            refusal = {"role": "assistant", "content": ERROR_PREFIX + plain(line)}
             yield [gr.skip(), [*history, refusal], gr.skip()]
             return
         for target, _, _ in targets:
