@@ -301,11 +301,46 @@ class Studio:
         self.prune_uploads()
         return self.uploads.add(identity, source, name)
 
+    def add_uploads(self, files: list[tuple[str | Path, str]]) -> str:
+        """Keep uploaded data: one data file as `add_upload`, or a data file with its images (several files, or one
+        .zip holding both) kept together in a folder of their own; returns the data file's `upload:NAME`."""
+        identity = self.identity
+        if identity is None:
+            raise UserError(self.policy.needs_identity("dataset", "upload data"), "dataset")
+        if len(files) == 1 and not str(files[0][1]).lower().endswith(".zip"):
+            return self.add_upload(*files[0])
+        self.prune_uploads()
+        return self.uploads.add_set(identity, files)
+
+    def add_image(self, source: str | Path, name: str | None = None) -> str:
+        """Keep an image for the chat in this visitor's uploads (the same limits); returns its `upload:NAME`."""
+        identity = self.identity
+        if identity is None:
+            raise UserError(self.policy.needs_identity("images", "upload images"), "images")
+        self.prune_uploads()
+        return self.uploads.add_image(identity, source, name)
+
     def upload_names(self) -> list[str]:
         """This visitor's uploads as `upload:NAME` values, newest first."""
         if self.identity is None:
             return []
-        return [f"upload:{p.name}" for p in reversed(self.uploads.files(self.identity))]
+        return [self.uploads.name_of(self.identity, p) for p in reversed(self.uploads.files(self.identity))]
+
+    def takes_images(self, source: str | None, base_values: dict | None = None) -> bool:
+        """Whether a chat source is a vision-language model (the base: the form's model, from its config alone)."""
+        from finetune.plan import vision_family
+
+        try:
+            if source in (None, "", BASE):
+                model = str((base_values or {}).get("model") or "").strip()
+                if self.policy.problems({"model": model}):  # a server path where visitors may not name one
+                    return False
+                return vision_family(model) is not None
+            run = self._run(source[len(BASE_OF) :] if source.startswith(BASE_OF) else source)
+            self._check_run_allowed(run)
+            return run.load_plan().vision is not None
+        except Exception:  # noqa: BLE001 - a model or run that cannot be read takes no images (chat says why)
+            return False
 
     def _with_uploads(self, values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
         """The values with each `upload:NAME` replaced by this visitor's file of that name, and {field: refusal} for
@@ -344,7 +379,24 @@ class Studio:
         config = plan.config
         # A vision-language model's rows are rendered by its processor (each row's "images" then lists their files).
         tokenizer = loading.load_processor(plan) if plan.vision is not None else loading.load_tokenizer(config)
-        return data.preview(config, tokenizer, n=n)
+        preview = data.preview(config, tokenizer, n=n)
+        self._confine_images(preview)
+        return preview
+
+    def _confine_images(self, preview: dict[str, Any]) -> None:
+        """Where visitors may not name server files, a previewed row's images (whose pictures the page shows) must
+        be this visitor's uploads or bundled data: a data file naming any other file is refused in one line."""
+        if self.policy.server_paths:
+            return
+        roots = [self.uploads_dir.resolve(), (Path(__file__).parent / "bundled").resolve()]
+        for example in preview.get("examples") or []:
+            for image in example.get("images") or []:
+                if not any(Path(image).resolve().is_relative_to(root) for root in roots):
+                    raise UserError(
+                        f"dataset: the image {Path(image).name!r} is not among your uploads; upload it with the data "
+                        "file (paths relative to it)",
+                        "dataset",
+                    )
 
     def commands(self, values: dict[str, Any], gpus: int = 2, nodes: int = 1) -> dict[str, str]:
         """The CLI, torchrun and deepspeed commands that run these settings (saved as run.yaml), each command once.

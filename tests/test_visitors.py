@@ -224,6 +224,28 @@ def test_upload_limits_refuse_a_file_one_byte_over_and_keep_nothing(app, tmp_pat
     assert refusal(lambda: bob.predict({"path": "/etc/hostname"}, api_name="/upload")).startswith("file: send the file")
 
 
+def test_a_zip_of_image_data_uploads_as_one_set_and_a_zip_leaving_its_folder_keeps_nothing(app, tmp_path):
+    """/upload takes a zip of a data file and its pictures: unpacked into carol's own folder, the data file's value
+    returned; a zip naming `../` is refused whole."""
+    import zipfile
+
+    from gradio_client import handle_file
+
+    carol = app.client("carol")
+    good, bad = tmp_path / "shapes.zip", tmp_path / "evil.zip"
+    with zipfile.ZipFile(good, "w") as archive:
+        archive.writestr("shapes/data.jsonl", '{"image": "pics/a.png", "caption": "A dot."}\n')
+        archive.writestr("shapes/pics/a.png", b"not read here")
+    with zipfile.ZipFile(bad, "w") as archive:
+        archive.writestr("../data.jsonl", "{}")
+    assert refusal(lambda: carol.predict(handle_file(str(bad)), api_name="/upload")).endswith("outside its folder")
+    value = carol.predict(handle_file(str(good)), api_name="/upload")
+    assert value == "upload:data/data.jsonl"
+    studio = app.studio.as_visitor("carol")
+    assert (studio.uploads.resolve("carol", value).parent / "pics" / "a.png").read_bytes() == b"not read here"
+    assert [p.name for p in studio.uploads_dir.iterdir()] == ["data"]  # the refused zip left nothing
+
+
 # ----------------------------------------------------------------------------------------------- carol
 def test_the_admin_sees_and_stops_every_run_which_stays_its_owners(app, alice_run):
     carol = app.client("carol")

@@ -58,16 +58,18 @@ class StudioAPI:
 
     # ----------------------------------------------------------------------------------------- data and settings
     def upload(self, file: FileData, request: gr.Request = None, oauth_token: gr.OAuthToken | None = None) -> str:
-        """Keep a data file (.jsonl, .json, .csv, .parquet) in your own uploads folder.
+        """Keep a data file (.jsonl, .json, .csv, .parquet) in your own uploads folder; or a .zip of image data (a
+        data file with the pictures it names), unpacked into a folder of its own.
 
         Args:
             file: the file to upload (gradio_client: handle_file(path)).
 
         Returns:
-            The value to give as the dataset (or eval_split) setting: upload:NAME, your upload's own name.
+            The value to give as the dataset (or eval_split) setting: upload:NAME, your upload's own name (a zip:
+            upload:FOLDER/NAME, its data file).
         """
         with refusals():
-            return self._for(request, oauth_token).add_upload(*_uploaded(file))
+            return self._for(request, oauth_token).add_uploads([_uploaded(file)])
 
     def estimate(
         self,

@@ -64,6 +64,11 @@ CSS = """
 .fs-example-text { white-space: pre-wrap; font-size: 0.9em; margin: 4px 0; background: none; }
 .fs-trained { background: #fde68a; color: #111827; border-radius: 3px; }
 .fs-masked { color: #9ca3af; }
+.fs-example-row { display: flex; gap: 10px; align-items: flex-start; }
+.fs-thumbs { display: flex; flex-wrap: wrap; gap: 6px; flex: 0 0 auto; max-width: 40%; }
+.fs-thumb { margin: 0; text-align: center; font-size: 0.75em; color: var(--body-text-color-subdued); }
+.fs-thumb img { width: 72px; height: 72px; object-fit: contain; border: 1px solid var(--border-color-primary);
+  border-radius: 4px; background: #fff; }
 .fs-plan { border-left: 4px solid var(--color-accent); padding-left: 10px; }
 .fs-prefs { font-variant-numeric: tabular-nums; margin: 6px 0; }
 /* Narrow screens: tables scroll sideways instead of breaking words letter by letter. */

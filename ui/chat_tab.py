@@ -2,6 +2,10 @@
 side by side with the base model, the same prompt sent to both. A sequence-classification run is offered as what it
 is: a text (or a pair) in, its labels with their probabilities out.
 
+A vision-language model (the form's, or a run of one) also takes a picture beside the message: it is kept among the
+visitor's uploads, shown in the conversation, and stands as an `<image>` tag before the message's text (both sides
+see it when side by side).
+
 Runs are listed by their readable name (model · method · date), the newest finished run first chosen. Replies stream;
 side by side, both replies stream at the same time. The first message to a model loads it (shown as "loading" in the
 reply bubble); requests queue, one at a time.
@@ -9,8 +13,10 @@ reply bubble); requests queue, one at a time.
 
 from __future__ import annotations
 
+import mimetypes
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import gradio as gr
@@ -25,6 +31,8 @@ from ui.visitor import per_visitor
 LOADING = "⏳ Loading the model (first use of it takes a few seconds)…"
 ERROR_PREFIX = "⚠️ "
 EMPTY = "(the model answered with nothing: it ended its reply at once)"
+IMAGE_TAG = "<image>"  # where a message's picture goes (the backend's ShareGPT-style tag)
+TEXT_ONLY = "images: this model reads text only; choose a vision-language model (or a run of one) to send a picture"
 
 
 @dataclass
@@ -50,6 +58,7 @@ class ChatTab:
     classify_btn: Any = None
     classify_result: Any = None
     picked: Any = None  # gr.State: the user chose the model themselves (a refresh keeps their choice)
+    image: Any = None  # a picture to send with the next message (vision-language models only)
 
     @per_visitor
     def sources(self, current: str | None = None, picked: bool = False, request: gr.Request | None = None) -> dict:
@@ -74,13 +83,15 @@ class ChatTab:
         chat_temperature: float,  # (not `temperature`: the form's GRPO setting reaches this handler by that name)
         top_p: float,
         system_prompt: str,
+        chat_image: str | None = None,
         request: gr.Request | None = None,
         **form: Any,
     ) -> Iterator[list]:
-        """Stream replies: yields [textbox, chatbot, base chatbot] as the text grows."""
+        """Stream replies: yields [textbox, chatbot, base chatbot] as the text grows. `chat_image`: a picture's
+        file (gradio's upload) sent with this message to a vision-language model."""
         history, base_history = list(history or []), list(base_history or [])
         message = (message or "").strip()
-        if not message:
+        if not message and not chat_image:
             yield [gr.skip(), gr.skip(), gr.skip()]
             return
         source = source or BASE
@@ -95,24 +106,27 @@ class ChatTab:
                 top_p=_number(top_p, 1.0, "top-p"),
                 system_prompt=str(system_prompt or "").strip(),
             )
+            said = (IMAGE_TAG + "\n" + message if message else IMAGE_TAG) if chat_image else message
             for target, _, _ in targets:
-                self.studio.check_chat([*_conversation(target), {"role": "user", "content": message}], settings)
-        except UserError as exc:
-            warn(str(exc))
-            refusal = {"role": "assistant", "content": ERROR_PREFIX + plain(str(exc))}
+                self.studio.check_chat([*_conversation(target), {"role": "user", "content": said}], settings)
+            turn = self._with_image(message, chat_image, source, form)
+        except (UserError, OSError) as exc:  # OSError: the picture could not be kept (a full disk)
+            line = str(exc) if isinstance(exc, UserError) else f"images: cannot keep the picture: {one_line(exc)}"
+            warn(line)
+            refusal = {"role": "assistant", "content": ERROR_PREFIX + plain(line)}
             yield [gr.skip(), [*history, refusal], gr.skip()]
             return
         for target, _, _ in targets:
-            target.append({"role": "user", "content": message})
+            target.append(turn)
         if len(targets) == 2:
             yield from self._respond_pair(source, history, base_history, settings)
             return
         for target, which, base_values in targets:
-            conversation = _conversation(target)
+            conversation, images = _conversation(target), _images(target)
             target.append({"role": "assistant", "content": LOADING})
             yield ["", [*history], [*base_history]]
             try:
-                for text in self.studio.chat(which, conversation, settings, base_values):
+                for text in self.studio.chat(which, conversation, settings, base_values, *([images] if images else [])):
                     target[-1] = {"role": "assistant", "content": text}
                     yield ["", [*history], [*base_history]]
             except UserError as exc:
@@ -128,16 +142,39 @@ class ChatTab:
                 target[-1] = {"role": "assistant", "content": EMPTY}
                 yield ["", [*history], [*base_history]]
 
+    def _with_image(self, message: str, image: str | None, source: str, form: dict[str, Any]) -> dict[str, Any]:
+        """The user's turn as the chat shows it: the text, after the picture when there is one (kept among this
+        visitor's uploads; its `upload:NAME` travels as the picture's alt text). Refused in one line for a model that
+        reads text only, or past the upload limits."""
+        if not image:
+            return {"role": "user", "content": message}
+        if not self.studio.takes_images(source, form):
+            raise UserError(TEXT_ONLY, "images")
+        path = Path(getattr(image, "name", None) or str(image))
+        kept = self.studio.add_image(path, path.name)
+        mime = mimetypes.guess_type(path.name)[0] or "image/png"  # the chatbot shows a file as a picture by its type
+        picture = {"path": str(path), "mime_type": mime}
+        parts: list[dict[str, Any]] = [{"type": "file", "file": picture, "alt_text": kept}]
+        if message:
+            parts.append({"type": "text", "text": message})
+        return {"role": "user", "content": parts}
+
+    @per_visitor
+    def image_box(self, source: str | None, request: gr.Request | None = None, **form: Any) -> Any:
+        """The picture upload: shown only when the chosen model reads images."""
+        return gr.update(visible=self.studio.takes_images(source or BASE, form))
+
     def _respond_pair(self, source: str, history: list, base_history: list, settings: Any) -> Iterator[list]:
-        """Both replies at once, each streaming into its own column as it grows."""
+        """Both replies at once, each streaming into its own column as it grows (the same pictures for both)."""
         targets = {"run": history, "base": base_history}
         conversations = {side: _conversation(target) for side, target in targets.items()}
+        images = _images(history)
         for target in targets.values():
             target.append({"role": "assistant", "content": LOADING})
         yield ["", [*history], [*base_history]]
         try:
             for side, text, error in self.studio.chat_pair(
-                source, conversations["run"], conversations["base"], settings
+                source, conversations["run"], conversations["base"], settings, *([images] if images else [])
             ):
                 if error is not None:
                     shown = str(error) if isinstance(error, UserError) else one_line(error)
@@ -217,7 +254,8 @@ def _whole(value: Any, default: int, label: str) -> int:
 
 
 def _conversation(messages: list) -> list[dict[str, str]]:
-    """The chat so far as the model reads it: plain-text messages, without this tab's error and loading bubbles."""
+    """The chat so far as the model reads it: plain-text messages (a picture as an `<image>` tag where it stood),
+    without this tab's error and loading bubbles."""
     out = []
     for m in messages:
         if not isinstance(m, dict):
@@ -229,12 +267,28 @@ def _conversation(messages: list) -> list[dict[str, str]]:
     return out
 
 
+def _images(messages: list) -> list[str]:
+    """The pictures of the chat so far, in order, as the `upload:NAME` values they were kept under (each picture's
+    alt text; else its file's name: the backend resolves either among this visitor's uploads only)."""
+    found = []
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) and m.get("role") == "user" else None
+        for part in content if isinstance(content, list) else [content]:
+            if isinstance(part, dict) and (part.get("type") == "file" or "file" in part):
+                alt = str(part.get("alt_text") or "")
+                name = Path(str((part.get("file") or {}).get("path") or "")).name
+                found.append(alt if alt.startswith("upload:") else "upload:" + name)
+    return found
+
+
 def _text(content: Any) -> str:
-    """Chatbot messages may come back as a list of parts; the model needs plain text."""
+    """Chatbot messages may come back as a list of parts; the model needs plain text (a picture: an image tag)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return " ".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
+        return "\n".join(_text(p) for p in content)
+    if isinstance(content, dict) and (content.get("type") == "file" or "file" in content):
+        return IMAGE_TAG
     if isinstance(content, dict):
         return str(content.get("text", ""))
     return str(content)
@@ -289,6 +343,16 @@ def _build_chat(tab: ChatTab) -> None:
             label=BASE_LABEL, elem_id="chat-base", height=380, visible=False, buttons=["copy"]
         )
     with gr.Row():
+        tab.image = gr.Image(
+            type="filepath",
+            sources=["upload", "clipboard"],
+            label="Picture (sent with the message)",
+            height=120,
+            scale=1,
+            min_width=140,
+            visible=False,
+            elem_id="chat-image",
+        )
         tab.textbox = gr.Textbox(
             placeholder="Type a message and press Enter",
             show_label=False,
@@ -341,8 +405,11 @@ def wire(tab: ChatTab, config: ConfigTab, demo: gr.Blocks, chat_tab: Any) -> Non
     outputs = [tab.textbox, tab.chatbot, tab.base_chatbot]
     streaming = {"show_progress": "minimal", "concurrency_id": "chat", "concurrency_limit": 1}
     # The Configure form reaches `respond` by field name (the base model is the form's model).
+    named = {**config.form, "chat_image": tab.image}
     for trigger in (tab.send_btn.click, tab.textbox.submit):  # API clients use /chat (ui/api.py)
-        trigger(tab.respond, inputs, outputs, inputs_kwargs=config.form, api_visibility="private", **streaming)
+        trigger(tab.respond, inputs, outputs, inputs_kwargs=named, api_visibility="private", **streaming).then(
+            lambda: None, None, tab.image, queue=False, api_visibility="private", show_progress="hidden"
+        )
     tab.clear_btn.click(
         lambda: [[], []], None, [tab.chatbot, tab.base_chatbot], queue=False, api_visibility="undocumented"
     )
@@ -359,6 +426,15 @@ def wire(tab: ChatTab, config: ConfigTab, demo: gr.Blocks, chat_tab: Any) -> Non
             api_visibility="undocumented",
             show_progress="hidden",
             queue=False,
+        )
+    for trigger in (tab.source.change, chat_tab.select):  # the base model is the form's: it may change meanwhile
+        trigger(
+            tab.image_box,
+            tab.source,
+            tab.image,
+            inputs_kwargs=config.form,
+            api_visibility="private",
+            show_progress="hidden",
         )
     tab.source.change(
         tab.mode,

@@ -32,7 +32,7 @@ from finetune.config import (
     field_optional,
 )
 from finetune.errors import UserError
-from finetune.studio import Studio, field_problem
+from finetune.studio import BASE, Studio, field_problem
 from ui.formatting import one_line, plain, preview_html, size
 from ui.visitor import per_visitor
 
@@ -48,10 +48,12 @@ COMMAND_TITLES = {
 }
 STALE = "The settings changed while this was running, so its answer was dropped; press {button} again."
 # The fields whose value decides which other fields apply (a change of one of them shows or hides others).
-DECIDING_FIELDS = ("task", "method", "objective", "zero_stage")
+DECIDING_FIELDS = ("task", "method", "objective", "zero_stage", "model")
 LORA_FIELDS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_dora", "use_rslora")
 LORA_FIELDS += ("init_lora_weights",)
 OFFLOAD_FIELDS = ("offload_optimizer", "offload_param", "nvme_path")
+VISION_FIELDS = ("image_longest_side", "freeze_vision_tower", "freeze_projector")  # a vision-language model's only
+DATA_UPLOAD_TYPES = (*DATA_TYPES, ".zip", ".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp")  # a data file + images
 
 
 # ----------------------------------------------------------------------------------------------- the form
@@ -70,11 +72,14 @@ def help_of(name: str) -> str:
     return f"{FIELDS[name].metadata['help'].replace('`', '')} · YAML key: {name}"
 
 
-def hidden_fields(values: dict[str, Any]) -> set[str]:
+def hidden_fields(values: dict[str, Any], vision: bool = False) -> set[str]:
     """The fields that do not apply to these settings (LoRA knobs for full fine-tuning, 4-bit knobs unless QLoRA,
-    offload unless ZeRO, and another objective's knobs: the objectives registry says which apply). They are hidden,
-    never dropped: their values still travel with the form."""
+    offload unless ZeRO, image settings unless the model is a vision-language one (`vision`), and another
+    objective's knobs: the objectives registry says which apply). They are hidden, never dropped: their values still
+    travel with the form."""
     hidden = objectives.fields_not_applying(values)
+    if not vision:
+        hidden.update(VISION_FIELDS)
     method = values.get("method")
     if method == "full":
         hidden.update(LORA_FIELDS)
@@ -250,7 +255,7 @@ class ConfigTab:
 
     def visibility(self, **values: Any) -> list:
         """Updates for every field's cell (FIELD_NAMES order): shown when it applies to these settings."""
-        hidden = hidden_fields(values)
+        hidden = hidden_fields(values, vision=self.studio.takes_images(BASE, values))
         return [gr.update(visible=n not in hidden) for n in FIELD_NAMES]
 
     # ----- slow actions: pending first, the answer only while it is still for the form on the page
@@ -306,7 +311,8 @@ class ConfigTab:
         if problems:
             return self.fresh(values, {"html": "", "problems": problems})
         try:
-            html = preview_html(self.studio.preview_data(values))
+            preview = self.studio.preview_data(values)
+            html = preview_html(preview, thumbnails(preview))
         except Exception as exc:  # a missing file, a tokenizer that fails in an unforeseen way: one line
             return self.fresh(values, {"html": "", "problems": field_problem(exc, "dataset")})
         return self.fresh(values, {"html": html, "problems": {}})
@@ -357,12 +363,15 @@ class ConfigTab:
     @per_visitor
     def use_data_file(self, file: Any, request: gr.Request | None = None) -> tuple[Any, Any, str]:
         """Keep an uploaded data file (this visitor's, under a name of its own, within the operator's limits) and
-        point the `dataset` field at it (`upload:NAME`)."""
+        point the `dataset` field at it (`upload:NAME`). Several files (a data file and its images) or a .zip of
+        them are kept together, so the data file's image paths find their images beside it."""
         try:
-            if file is None:
+            files = [f for f in (file if isinstance(file, list) else [file]) if f is not None]
+            if not files:
                 raise UserError("dataset: no file was uploaded", "dataset")
-            path = Path(getattr(file, "name", None) or str(file))
-            target = self.studio.add_upload(path, path.name)
+            paths = [Path(getattr(f, "name", None) or str(f)) for f in files]
+            target = self.studio.add_uploads([(p, p.name) for p in paths])
+            path = paths[0] if len(paths) == 1 else Path(target.rsplit("/", 1)[-1])
         except UserError as exc:
             warn(str(exc))
             return gr.update(), error_update(str(exc)), ""
@@ -419,6 +428,34 @@ class ConfigTab:
             )
 
 
+THUMB_PIXELS = 96  # the longest side of a preview thumbnail
+
+
+def thumbnails(preview: dict[str, Any]) -> dict[str, str]:
+    """A small PNG data URL for each image file the preview's rows name (files the backend read and checked); one
+    that cannot be read is left out (the preview then shows its name)."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    out: dict[str, str] = {}
+    for example in preview.get("examples") or []:
+        for path in example.get("images") or []:
+            if path in out or not isinstance(path, str):
+                continue
+            try:
+                with Image.open(path) as image:
+                    small = image.convert("RGB")
+                    small.thumbnail((THUMB_PIXELS, THUMB_PIXELS))
+                    buffer = io.BytesIO()
+                    small.save(buffer, format="PNG")
+            except (OSError, ValueError, Image.DecompressionBombError):
+                continue
+            out[path] = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+    return out
+
+
 def _count_problem(value: Any, field_name: str, label: str) -> dict[str, str]:
     """{field: message} unless `value` is a whole number ≥ 1."""
     if value is None or value == "":
@@ -447,7 +484,7 @@ def build(studio: Studio) -> ConfigTab:
     tab = ConfigTab(studio)
     defaults = studio.default_values()
     notes = public_notes(studio)
-    hidden = hidden_fields(defaults)
+    hidden = hidden_fields(defaults, vision=studio.takes_images(BASE, defaults))
     gr.Markdown(
         "Every setting of a run, with what it does. **The defaults work as they are**: the embedded SmolLM2 model "
         "learns to answer like a pirate from the bundled dataset in a few minutes on a CPU. The grey line under "
@@ -494,8 +531,9 @@ def build(studio: Studio) -> ConfigTab:
             if group == "Data":
                 with gr.Row():
                     tab.upload_data = gr.UploadButton(
-                        "Upload a data file (.jsonl, .json, .csv, .parquet)",
-                        file_types=list(DATA_TYPES),
+                        "Upload a data file (.jsonl, .json, .csv, .parquet), with its images or as a .zip",
+                        file_types=list(DATA_UPLOAD_TYPES),
+                        file_count="multiple",
                         elem_id="cfg-upload-data",
                         size="sm",
                         scale=0,

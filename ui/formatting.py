@@ -315,11 +315,13 @@ def run_rows(runs: list[RunSummary]) -> list[list[Any]]:
 
 
 # ----------------------------------------------------------------------------------------------- data preview
-def preview_html(preview: dict[str, Any]) -> str:
+def preview_html(preview: dict[str, Any], thumbnails: dict[str, str] | None = None) -> str:
     """The first examples as the model sees them: trained text highlighted, masked text greyed, token counts.
     Preference rows (examples with `sides`) show the prompt, then the chosen and the rejected answer (or kto's one
-    answer and its label), each as the model reads it."""
+    answer and its label), each as the model reads it. Image rows show their images beside the text (`thumbnails`:
+    an image URL by file path), each image's placeholder masked as the prompt is."""
     examples = preview.get("examples") or []
+    thumbnails = thumbnails or {}
     head = (
         f"<p><b>Format:</b> {esc(preview.get('format', '?'))} · <b>{preview.get('rows', 0)}</b> training rows · "
         f"<b>{preview.get('eval_rows', 0)}</b> evaluation rows</p>"
@@ -345,6 +347,11 @@ def preview_html(preview: dict[str, Any]) -> str:
         '(counted in the loss); <span class="fs-masked">grey text</span> is the prompt and chat markup, '
         "masked from the loss.</p>"
     )
+    if any(ex.get("images") for ex in examples):
+        head += (
+            '<p class="fs-legend">Each <span class="fs-masked">&lt;image&gt;</span> stands for the next picture of '
+            "the row, shown beside it: the model sees it as image tokens, never trained.</p>"
+        )
     parts = []
     for i, ex in enumerate(examples, start=1):
         spans = "".join(
@@ -356,11 +363,25 @@ def preview_html(preview: dict[str, Any]) -> str:
             counts += f", {ex['trained_tokens']} trained"
         if ex.get("label") is not None:
             counts += f", label {esc(ex['label'])}"
-        parts.append(
-            f'<div class="fs-example"><div class="fs-example-head">Example {i} · {counts}</div>'
-            f'<pre class="fs-example-text">{spans}</pre></div>'
-        )
+        text = f'<pre class="fs-example-text">{spans}</pre>'
+        images = ex.get("images") or []
+        if images:
+            counts += f", {len(images)} image{'s' if len(images) != 1 else ''}"
+            text = f'<div class="fs-example-row">{_thumbs_html(images, thumbnails)}{text}</div>'
+        parts.append(f'<div class="fs-example"><div class="fs-example-head">Example {i} · {counts}</div>{text}</div>')
     return f'<div class="fs-preview">{head}{"".join(parts)}</div>'
+
+
+def _thumbs_html(images: list[str], thumbnails: dict[str, str]) -> str:
+    """A row's pictures in order, each titled by its file name (its name alone where no thumbnail could be made)."""
+    shown = []
+    for number, path in enumerate(images, start=1):
+        name = esc(str(path).replace("\\", "/").rsplit("/", 1)[-1])
+        uri = thumbnails.get(str(path))
+        picture = f'<img src="{esc(uri)}" alt="{name}">' if uri else '<span class="fs-thumb-missing">?</span>'
+        caption = f"<figcaption>{number}. {name}</figcaption>"
+        shown.append(f'<figure class="fs-thumb" title="{name}">{picture}{caption}</figure>')
+    return f'<div class="fs-thumbs">{"".join(shown)}</div>'
 
 
 # How each side of a preference row is titled and styled in the preview.
