@@ -28,3 +28,17 @@ def runs_root() -> Path:
 def model_cache() -> Path:
     """Directory for converted models (the embedded GGUF → safetensors)."""
     return studio_home() / "models"
+
+
+UPLOADS_MARKER = ".finetune-uploads"  # in the root of the visitors' upload folders (finetune/access/uploads.py)
+
+
+def mark_uploads_root(root: Path) -> None:
+    """Mark `root` as holding visitors' uploads, so data read from under it names only files beside it."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / UPLOADS_MARKER).touch(exist_ok=True)
+
+
+def is_uploaded(path: Path) -> bool:
+    """Whether `path` lies in a visitors' upload folder (a parent holds UPLOADS_MARKER)."""
+    return any((parent / UPLOADS_MARKER).is_file() for parent in Path(path).resolve().parents)

@@ -12,6 +12,7 @@ Run: .venv/bin/python -m pytest -p no:randomly tests/test_ui_vlm.py
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -328,3 +329,31 @@ def test_on_a_public_app_the_preview_shows_only_the_visitors_own_pictures(studio
         with pytest.raises(UserError, match="is not among your uploads") as refused:
             bob._confine_images({"examples": [{"images": [elsewhere]}]})
         assert refused.value.field == "dataset"
+
+
+def test_uploaded_data_reads_only_the_images_uploaded_with_it(studio_home, vlm_dir, image_set):
+    """A visitor's data file that names another visitor's picture (`../`) or a server file (an absolute path) is
+    refused in one line naming the row before anything trains: training would read the picture."""
+    from finetune import data
+    from finetune.access.policy import AccessPolicy
+    from tests.helpers import write_jsonl
+    from tests.test_vlm import vlm_config
+
+    alice = Studio(studio_home / "runs", policy=AccessPolicy(public=True)).as_visitor("alice")
+    bob = alice.as_visitor("bob")
+    sent = [(image_set["data"], "data.jsonl"), *((p, p.name) for p in image_set["images"])]
+    hers = alice.uploads.resolve("alice", alice.add_uploads(sent))
+    own = bob.uploads.resolve("bob", bob.add_uploads(sent))
+    row = json.loads(image_set["data"].read_text(encoding="utf-8").splitlines()[0])
+    assert data.load_raw(vlm_config(vlm_dir, own))  # bob's own set reads (the model is not opened here)
+    theirs = os.path.relpath(hers.parent / "img0_0.png", own.parent)
+    for elsewhere in (theirs, str(image_set["images"][0])):
+        forged = write_jsonl(own.parent / "forged.jsonl", [row, {**row, "images": [elsewhere]}])
+        with pytest.raises(UserError) as caught:
+            data.load_raw(vlm_config(vlm_dir, forged))
+        assert caught.value.field == "dataset" and "row 2" in str(caught.value), caught.value
+        assert "is not among the files uploaded with the data" in str(caught.value)
+    # The same file outside the uploads (a local user's own data) may name pictures anywhere.
+    anywhere = {**row, "images": [str(image_set["images"][0])]}
+    local = write_jsonl(studio_home / "local.jsonl", [anywhere, anywhere])
+    assert data.load_raw(vlm_config(vlm_dir, local))

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune.errors import UserError
+from finetune.paths import mark_uploads_root
 
 PREFIX = "upload:"
 DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")  # finetune.data.FILE_TYPES (not imported: it pulls datasets)
@@ -210,6 +211,7 @@ class Uploads:
         stem = safe_name(Path(data[0][0]).stem)
         with self._lock:
             self._check_room(identity, stem, total)
+            mark_uploads_root(self.root)
             folder.mkdir(parents=True, exist_ok=True)
             incoming = folder / f"{INCOMING}{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"
             incoming.mkdir()
@@ -285,6 +287,7 @@ class Uploads:
 
     @staticmethod
     def _copy(source: Path, folder: Path, name: str) -> str:
+        mark_uploads_root(folder.parent)
         folder.mkdir(parents=True, exist_ok=True)
         stem, suffix = name[: -len(Path(name).suffix)], Path(name).suffix
         for n in range(1, 10_000):

@@ -22,6 +22,7 @@ from finetune.data.kinds import DataFormat, DataKind, PreparedData
 from finetune.data.masking import IGNORE, chat_segments
 from finetune.data.names import MESSAGES_NAMES, PAIR_NAMES, TEXT_NAMES, first
 from finetune.errors import UserError
+from finetune.paths import is_uploaded
 
 IMAGE_NAMES = ("images", "image", "image_path", "image_paths")
 CAPTION_NAMES = ("caption", *TEXT_NAMES)
@@ -187,11 +188,17 @@ def open_checked(value: Any, folder: Path | None) -> Any:
         path = Path(value).expanduser()
         if not path.is_absolute() and folder is not None:
             path = folder / path
+        unpacked = None
         if not path.is_file() and folder is not None and not Path(value).is_absolute():
-            path = from_zip(folder, value) or path  # a zip of the images beside the data file
+            unpacked = from_zip(folder, value)  # a zip of the images beside the data file (names kept inside it)
+            path = unpacked or path
         if not path.is_file():
             where = f" (looked in {path.parent} and its .zip files)" if folder is not None else ""
             raise Bad(f"image {value!r} not found{where}")
+        inside = unpacked is not None or path.resolve().is_relative_to(Path(folder or "/").resolve())
+        if folder is not None and not inside and is_uploaded(folder):
+            # Uploaded data names only the files uploaded with it: never another visitor's or the server's.
+            raise Bad(f"image {value!r} is not among the files uploaded with the data; upload it with the data file")
         try:
             with Image.open(path) as image:
                 image.verify()
