@@ -82,11 +82,11 @@ def studio_home(tmp_path, monkeypatch):
 # Workers take whole modules (`--dist loadfile`) in collection order, so handing out the longest first keeps one
 # worker from starting a long module while the others have nothing left; the other modules follow in their order.
 SLOWEST_MODULES = (
-    "test_deepspeed", "test_ui_browser", "test_slurm", "test_export", "test_bench_scripts", "test_llama_cpp",
-    "test_ui_first_screen",
-    "test_ui_wiring", "test_launch_group", "test_safety", "test_default_path", "test_grpo", "test_training",
-    "test_cli", "test_reliability", "test_preference", "test_publish_privacy", "test_push_gguf", "test_evaluation",
-    "test_launch_lifecycle", "test_hub", "test_propose", "test_space_mode", "test_visitors", "test_memory",
+    "test_deepspeed", "test_ui_browser", "test_ui_first_screen", "test_export", "test_bench_scripts",
+    "test_launch_group", "test_slurm", "test_llama_cpp", "test_grpo", "test_ui_wiring", "test_evaluation",
+    "test_safety", "test_cli", "test_push_gguf", "test_publish_privacy", "test_launch_lifecycle", "test_reliability",
+    "test_default_path", "test_training", "test_memory", "test_space_mode", "test_propose", "test_vlm", "test_hub",
+    "test_packing", "test_memory_plan", "test_lora_variants", "test_preference", "test_ui_vlm", "test_visitors",
 )  # fmt: skip
 
 
