@@ -74,9 +74,9 @@ def worker_ours(args: argparse.Namespace) -> None:
     counts = {"real": 0, "padded": 0}
     layout = data.collator
 
-    def counting(config: Any, tokenizer: Any, packing: bool = False) -> Any:
+    def counting(config: Any, tokenizer: Any, packing: bool = False, **more: Any) -> Any:
         """The run's own collator, counting each batch's real tokens and what padding it to its longest row costs."""
-        inner = layout(config, tokenizer, packing=packing)
+        inner = layout(config, tokenizer, packing=packing, **more)
 
         def collate(features: list[dict[str, Any]]) -> Any:
             lengths = [len(f["input_ids"]) for f in features]

@@ -389,7 +389,7 @@ class TrainTab:
             "then the loss plot fills in."
         )
         clean = dict(zip(problems_out, self.config.problem_updates({}), strict=True))
-        script = self.studio.submitted_script(state.run_id)
+        script = self.studio.submitted_script(state.run_id) if values.get("runs_on") == "slurm" else ""
         if not script:
             return {self.message: message, self.viewing: state.run_id, self.shown: None, **clean}
         message = (
