@@ -35,14 +35,18 @@ from tests.test_ui_support import (
     RunGate,
     app_page,
     browser_expect,
+    choose,
+    fill,
     greedy_reply,
     human,
     letters,
     open_app,
+    open_group,
     pushed_files_hold_no_secret,
     record_chat_replies,
     set_reply_tokens,
     standin_hub,
+    tab,
 )
 from ui.formatting import run_title
 
@@ -136,47 +140,12 @@ def shot(page, name: str) -> None:
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
 
 
-def tab(page, name: str) -> None:
-    page.get_by_role("tab", name=name, exact=True).click()
-
-
-def fill(page, elem_id: str, value) -> None:
-    """Type into a textbox or number field and leave it with Tab, as a person does (the field is checked then).
-
-    A field that has just appeared (an accordion opening) can be redrawn right after a fast fill, resetting it; so
-    the value is typed again until the field holds it, and then it must hold it."""
-    box = page.locator(f"#{elem_id}").locator("input, textarea").first
-    expect(box).to_be_editable()
-    for _ in range(3):
-        box.fill(str(value))
-        box.press("Tab")
-        try:
-            expect(box).to_have_value(str(value), timeout=2_000)
-            break
-        except AssertionError:
-            continue
-    expect(box).to_have_value(str(value))
-
-
-def open_group(page, group: str, field: str) -> None:
-    """Open a Configure accordion (Optimisation, Output ...) unless `field` is already showing."""
-    if not page.locator(f"#cfg-{field}").is_visible():
-        page.locator(f"#cfg-group-{group.lower()}").get_by_text(group, exact=True).first.click()
-        expect(page.locator(f"#cfg-{field}").locator("input, textarea").first).to_be_editable()
-
-
 def text_of(page, elem_id: str) -> str:
     return page.locator(f"#{elem_id}").inner_text()
 
 
 def value_of(page, elem_id: str) -> str:
     return page.locator(f"#{elem_id}").locator("input, textarea").first.input_value()
-
-
-def choose(page, elem_id: str, option: str) -> None:
-    """Pick an option of a gradio Dropdown by (part of) its label."""
-    page.locator(f"#{elem_id} input").first.click()
-    page.get_by_role("option", name=re.compile(re.escape(option))).first.click()
 
 
 BOT_TEXT = (

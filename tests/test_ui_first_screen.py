@@ -17,16 +17,15 @@ Run: .venv/bin/python -m pytest tests/test_ui_first_screen.py
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
 import pytest
 
 from tests.test_ui_support import (
-    CHROMIUM,
     app_page,
     browser_expect,
+    browser_test,
     greedy_reply,
     letters,
     record_chat_replies,
@@ -36,12 +35,6 @@ from tests.test_ui_support import (
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts" / "first-screen"
 STEPS = 12  # set in Configure after the proposal: a short run, and an expert edit the summary must show
 REPLY_TOKENS = 12
-
-
-def browser_test(test):
-    """A test that drives the app in Chromium (skipped where Chromium or Playwright is missing)."""
-    test = pytest.mark.browser(test)
-    return pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is missing")(test)
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +136,7 @@ def test_the_first_screen_picks_model_and_data_and_proposes(page, server, tiny_m
 
 @browser_test
 def test_an_expert_edit_shows_in_the_start_summary(page):
-    from tests.test_ui_browser import fill, open_group
+    from tests.test_ui_support import fill, open_group
 
     page.get_by_role("tab", name="Configure", exact=True).click()
     open_group(page, "Optimisation", "max_steps")
@@ -169,7 +162,8 @@ def test_start_trains_on_the_train_tab(page, server):
 
 @browser_test
 def test_chat_answers_with_the_run(page, server, tiny_model_dir):
-    from tests.test_ui_browser import choose, expect_reply
+    from tests.test_ui_browser import expect_reply
+    from tests.test_ui_support import choose
     from ui.formatting import run_title
 
     run_id = run_id_of(server["studio"].runs()[0])
@@ -224,7 +218,7 @@ DECIDED = ("method", "per_device_train_batch_size", "gradient_accumulation_steps
 
 def pick_card(page, card: str) -> None:
     page.locator("#start-hardware").get_by_text("A GPU card").click()
-    from tests.test_ui_browser import choose
+    from tests.test_ui_support import choose
 
     choose(page, "start-card", card)
 
@@ -274,7 +268,7 @@ def test_70b_on_a_24gb_card_names_the_card_it_needs_and_start_is_off(page):
 
 @browser_test
 def test_a_1b_model_on_an_8gb_card_cuts_long_rows_only_because_nothing_else_fits(page):
-    from tests.test_ui_browser import choose
+    from tests.test_ui_support import choose
 
     type_choice(page, "start-model", LLAMA_1B)
     expect(page.locator("#start-proposal")).to_contain_text("Proposed for A100 (80 GB)", timeout=180_000)
@@ -297,7 +291,7 @@ def test_the_data_changed_after_a_proposal_is_measured_again(page, data_file):
 
 @browser_test
 def test_check_refuses_an_offline_hub_dataset_and_a_number_is_kept_as_typed(page):
-    from tests.test_ui_browser import open_group
+    from tests.test_ui_support import open_group
 
     page.get_by_role("tab", name="Configure", exact=True).click()
     box = page.locator("#cfg-dataset textarea, #cfg-dataset input").first

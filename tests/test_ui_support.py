@@ -249,3 +249,53 @@ def pushed_files_hold_no_secret(standin: HubStandin, secret: str) -> bool:
     """The secret is in no file of any repo and in no request body the stand-in received."""
     blobs = [data for repo in standin.repos.values() for data in repo.files.values()]
     return all(secret.encode() not in blob for blob in blobs) and secret.encode() not in standin.recorded_bytes()
+
+
+# ----------------------------------------------------------------------------------------------- page actions
+def tab(page: Any, name: str) -> None:
+    """Open a tab of the app by its name."""
+    page.get_by_role("tab", name=name, exact=True).click()
+
+
+def fill(page: Any, elem_id: str, value: Any) -> None:
+    """Type into a textbox or number field and leave it with Tab, as a person does (the field is checked then).
+
+    A field that has just appeared (an accordion opening) can be redrawn right after a fast fill, resetting it; so
+    the value is typed again until the field holds it, and then it must hold it."""
+    expect = browser_expect()
+    box = page.locator(f"#{elem_id}").locator("input, textarea").first
+    expect(box).to_be_editable()
+    for _ in range(3):
+        box.fill(str(value))
+        box.press("Tab")
+        try:
+            expect(box).to_have_value(str(value), timeout=2_000)
+            break
+        except AssertionError:
+            continue
+    expect(box).to_have_value(str(value))
+
+
+def open_group(page: Any, group: str, field: str) -> None:
+    """Open a Configure accordion (Optimisation, Output ...) unless `field` is already showing."""
+    if not page.locator(f"#cfg-{field}").is_visible():
+        page.locator(f"#cfg-group-{group.lower()}").get_by_text(group, exact=True).first.click()
+        browser_expect()(page.locator(f"#cfg-{field}").locator("input, textarea").first).to_be_editable()
+
+
+def choose(page: Any, elem_id: str, option: str) -> None:
+    """Pick an option of a gradio Dropdown by (part of) its label."""
+    page.locator(f"#{elem_id} input").first.click()
+    page.get_by_role("option", name=re.compile(re.escape(option))).first.click()
+
+
+def browser_test(test: Callable) -> Callable:
+    """A test that drives the app in Chromium (skipped with the reason where Chromium is missing)."""
+    import os
+
+    import pytest
+
+    test = pytest.mark.browser(test)
+    return pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is missing (apt-get install chromium)")(
+        test
+    )

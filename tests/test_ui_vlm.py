@@ -26,7 +26,7 @@ from finetune.access.uploads import UploadLimits, Uploads
 from finetune.config import FIELD_NAMES
 from finetune.errors import UserError
 from finetune.studio import BASE, Studio
-from tests.test_ui_support import CHROMIUM, app_page, browser_expect, letters
+from tests.test_ui_support import app_page, browser_expect, browser_test, fill, letters, open_group, tab
 from tests.tiny import build_smolvlm, write_image_rows
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts" / "ui-vlm"
@@ -207,33 +207,7 @@ def page(server):
         yield page
 
 
-def tab(page, name: str) -> None:
-    page.get_by_role("tab", name=name, exact=True).click()
-
-
-def fill(page, elem_id: str, value) -> None:
-    """Type into a field and leave it with Tab (the page checks it then), until it holds the value."""
-    expect = browser_expect()
-    box = page.locator(f"#{elem_id}").locator("input, textarea").first
-    for _ in range(3):
-        box.fill(str(value))
-        box.press("Tab")
-        try:
-            expect(box).to_have_value(str(value), timeout=2_000)
-            break
-        except AssertionError:
-            continue
-    expect(box).to_have_value(str(value))
-
-
-def open_group(page, group: str, field: str) -> None:
-    if not page.locator(f"#cfg-{field}").is_visible():
-        page.locator(f"#cfg-group-{group.lower()}").get_by_text(group, exact=True).first.click()
-        browser_expect()(page.locator(f"#cfg-{field}").locator("input, textarea").first).to_be_editable()
-
-
-@pytest.mark.browser
-@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is missing (apt-get install chromium)")
+@browser_test
 def test_upload_images_preview_thumbnails_train_and_chat_with_a_picture(page, server, vlm_dir, image_set):
     expect = browser_expect()
     tab(page, "Configure")
