@@ -151,31 +151,30 @@ def _stand_in(bin_dir: Path, name: str, body: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
-def test_the_first_stop_signals_the_batch_script_and_the_second_cancels(tmp_path, monkeypatch):
+def job_with_stand_ins(tmp_path, monkeypatch, job: str, squeue_line: str) -> tuple:
+    """A run folder recording Slurm job `job`, with stand-in squeue (answering `squeue_line`) and scancel (recording
+    its arguments) first on PATH: (run folder, the file of scancel calls)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     calls = tmp_path / "calls"
-    _stand_in(bin_dir, "squeue", "echo 'RUNNING|None|node[1-2]'")
+    _stand_in(bin_dir, "squeue", f"echo '{squeue_line}'")
     _stand_in(bin_dir, "scancel", f'echo "$@" >> {calls}')
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     run = tmp_path / "run"
     run.mkdir()
-    scheduler.update_job(run, job_id="42", jobs=["42"])
+    scheduler.update_job(run, job_id=job, jobs=[job])
+    return run, calls
+
+
+def test_the_first_stop_signals_the_batch_script_and_the_second_cancels(tmp_path, monkeypatch):
+    run, calls = job_with_stand_ins(tmp_path, monkeypatch, "42", "RUNNING|None|node[1-2]")
     assert "every rank finishes its step" in scheduler.stop_run(run)
     assert "cancelled now (second Stop)" in scheduler.stop_run(run)
     assert calls.read_text().splitlines() == ["--signal USR1 --batch 42", "42"]
 
 
 def test_stop_cancels_a_job_still_waiting_and_refuses_a_run_without_a_job(tmp_path, monkeypatch):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    calls = tmp_path / "calls"
-    _stand_in(bin_dir, "squeue", "echo 'PENDING|Priority|'")
-    _stand_in(bin_dir, "scancel", f'echo "$@" >> {calls}')
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    run = tmp_path / "run"
-    run.mkdir()
-    scheduler.update_job(run, job_id="43", jobs=["43"])
+    run, calls = job_with_stand_ins(tmp_path, monkeypatch, "43", "PENDING|Priority|")
     assert "waiting in the queue; it is cancelled" in scheduler.stop_run(run)
     assert calls.read_text().splitlines() == ["43"]
     with pytest.raises(UserError, match="^run: other has no Slurm job running"):

@@ -669,28 +669,22 @@ def wire(tab: TrainTab, config: ConfigTab, demo: gr.Blocks, train_tab: Any = Non
     # What Start would run: said when the tab opens (pending first), shown only for the form it was computed for.
     # Its own queue: a slow estimate (a Hub model's config) never holds up a chat reply or a Check.
     pending = {"queue": False, "show_progress": "hidden", "api_visibility": "private"}
+    # One description at a time, whichever change asked for it.
+    describing = {
+        "inputs_kwargs": config.form,
+        "api_visibility": "private",
+        "show_progress": "hidden",
+        "concurrency_id": "describe-run",
+        "concurrency_limit": 1,
+    }
     if train_tab is not None:
         train_tab.select(lambda: "⏳ Reading the settings and estimating the memory…", None, tab.plan, **pending).then(
-            tab.describe,
-            None,
-            [tab.plan, tab.plan_stamp],
-            inputs_kwargs=config.form,
-            api_visibility="private",
-            show_progress="hidden",
-            concurrency_id="describe-run",
-            concurrency_limit=1,
+            tab.describe, None, [tab.plan, tab.plan_stamp], **describing
         ).then(tab.show_plan, [tab.plan, tab.plan_stamp], tab.plan, inputs_kwargs=config.form, **pending)
     # Where it runs: the Train tab's choice is the config's runs_on (the Slurm settings are in Configure).
     runs_on = config.fields["runs_on"]
     tab.where.input(lambda value: value, tab.where, runs_on, api_visibility="private", show_progress="hidden").then(
-        tab.describe,
-        None,
-        [tab.plan, tab.plan_stamp],
-        inputs_kwargs=config.form,
-        api_visibility="private",
-        show_progress="hidden",
-        concurrency_id="describe-run",
-        concurrency_limit=1,
+        tab.describe, None, [tab.plan, tab.plan_stamp], **describing
     )
     runs_on.change(lambda value: value, runs_on, tab.where, api_visibility="private", show_progress="hidden")
     tab.script_btn.click(
