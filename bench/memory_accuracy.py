@@ -364,16 +364,7 @@ def measure_preference(config: Any, device: str) -> dict[str, int]:
             **kwargs,
         )
         preference.drop_reference_adapter(trainer, plan)
-        counter = LiveBytes()
-        for t in [*trainer.model.parameters(), *trainer.model.buffers()]:
-            counter.track(t)
-        if reference is not None:
-            for t in [*reference.parameters(), *reference.buffers()]:
-                counter.track(t)
-        counter.reset("train")
-        with counter:
-            trainer.train()
-        result = {"peak": counter.peak}
+        result = {"peak": LiveBytes().training_peak(trainer, *([reference] if reference is not None else []))}
         trainer.model = trainer.model_wrapped = trainer.optimizer = trainer.lr_scheduler = None
     del model, trainer, reference
     gc.collect()
@@ -411,16 +402,8 @@ def measure_grpo(config: Any, device: str, prompts: list[str]) -> dict[str, int]
             processing_class=tokenizer,
         )  # fmt: skip
         preference.drop_reference_adapter(trainer, plan)
-        counter = LiveBytes()
-        for t in [*trainer.model.parameters(), *trainer.model.buffers()]:
-            counter.track(t)
-        if trainer.ref_model is not None:
-            for t in [*trainer.ref_model.parameters(), *trainer.ref_model.buffers()]:
-                counter.track(t)
-        counter.reset("train")
-        with counter:
-            trainer.train()
-        result = {"peak": counter.peak}
+        held = [trainer.ref_model] if trainer.ref_model is not None else []
+        result = {"peak": LiveBytes().training_peak(trainer, *held)}
         trainer.model = trainer.model_wrapped = trainer.optimizer = trainer.lr_scheduler = trainer.ref_model = None
     del model, trainer
     gc.collect()

@@ -145,13 +145,7 @@ def measure(config: Any) -> int:
             train_dataset=prepared.train,
             data_collator=data.collator(config, processor, kind=prepared.format.kind),
         )
-        counter = LiveBytes()
-        for t in [*model.parameters(), *model.buffers()]:
-            counter.track(t)
-        counter.reset("train")
-        with counter:
-            trainer.train()
-        peak = counter.peak
+        peak = LiveBytes().training_peak(trainer)
         trainer.model = trainer.model_wrapped = trainer.optimizer = trainer.lr_scheduler = None
     del model, trainer
     gc.collect()

@@ -236,13 +236,8 @@ def measured_peak(config: TrainConfig) -> int:
         args = training_arguments(plan, Path(out), has_eval=False)
         args.logging_strategy, args.save_strategy = "no", "no"
         trainer = Trainer(model=model, args=args, train_dataset=rows, data_collator=collate)
-        counter = LiveBytes()
-        for t in [*model.parameters(), *model.buffers()]:
-            counter.track(t)
-        counter.reset("train")
-        with counter:
-            trainer.train()
-    return counter.peak
+        peak = LiveBytes().training_peak(trainer)
+    return peak
 
 
 ESTIMATED_CHARS_PER_TOKEN = 4  # finetune.data.stats.CHARS_PER_TOKEN: lengths where the model's tokenizer is offline

@@ -78,6 +78,17 @@ class LiveBytes(TorchDispatchMode):
         self.phase_split.clear()
         self.set_phase(phase)
 
+    def training_peak(self, trainer: Any, *held: Any) -> int:
+        """The peak of live tensors while `trainer` trains, counting the weights and buffers of its model and of each
+        module in `held` (a reference model) from the start."""
+        for module in (trainer.model, *held):
+            for t in [*module.parameters(), *module.buffers()]:
+                self.track(t)
+        self.reset("train")
+        with self:
+            trainer.train()
+        return self.peak
+
     def _bump(self) -> None:
         if self.current > self.phase_peak.get(self.phase, -1):
             self.phase_peak[self.phase] = self.current
