@@ -361,3 +361,26 @@ def test_gemma_3_from_the_offline_catalogue_is_estimated_by_replay_with_256_toke
     assert estimate.method == "traced", estimate.notes
     assert "256 tokens each" in " ".join(estimate.notes)
     assert estimate.tensor_bytes > 2 * 4.3e9  # at least its 16-bit weights
+
+
+def test_the_model_card_says_it_reads_images_and_its_snippet_answers_a_picture(
+    lora_run, image_data, tmp_path, monkeypatch, capsys
+):
+    """The card of a vision-language run names the family and its image settings, and its "Use it" code, run as a
+    reader would run it against the merged export, loads the model with its processor and answers a picture."""
+    import shutil
+
+    from finetune.publish.export import export_run
+    from finetune.publish.model_card import build_model_card
+
+    merged = export_run(lora_run.path, "merged", out=tmp_path / "merged").folder
+    card = build_model_card(lora_run.path, str(merged), merged=True)
+    assert "pipeline_tag: image-text-to-text" in card
+    assert "| Vision-language model | " in card and "| Images | longest side " in card
+    assert "vision tower frozen, projector frozen" in card
+    snippet = card.split("## Use it", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    assert "AutoModelForImageTextToText" in snippet and "AutoProcessor" in snippet
+    shutil.copy(image_data.parent / "img0_0.png", tmp_path / "picture.png")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(snippet, "model-card-snippet", "exec"), {})  # noqa: S102 - the card's own code, as a reader runs it
+    assert capsys.readouterr().out.endswith("\n")  # it printed its answer

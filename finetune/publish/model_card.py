@@ -328,6 +328,8 @@ def build_model_card(
         tags.append("gguf")
     objective = s.plan.objective
     pipeline = "text-classification" if objective.is_classifier else "text-generation"
+    if s.plan.vision is not None:
+        pipeline = "image-text-to-text"
     tags.append(objective.card_tag)
     tags = list(dict.fromkeys(tags))
     extra: dict[str, Any] = {}
@@ -416,6 +418,7 @@ def _body(s: RunSummary, repo_id: str, *, merged: bool, license: str | None, los
         ("Dataset", s.dataset.description),
         ("Method", _method_text(c)),
         ("Task", c.task),
+        *_vision_rows(s),
         *_objective_rows(s),
         ("Optimisation", _optim_text(c)),
         ("Steps", _steps_text(s)),
@@ -465,6 +468,20 @@ def _body(s: RunSummary, repo_id: str, *, merged: bool, license: str | None, los
     fence = _fence(text)
     lines += ["", f"{fence}yaml", text.rstrip("\n"), fence, ""]
     return "\n".join(lines)
+
+
+def _vision_rows(s: RunSummary) -> list[tuple[str, str]]:
+    """A vision-language run: the model family and the image settings it trained with (none for a text model)."""
+    vision = s.plan.vision
+    if vision is None:
+        return []
+    side = f"{vision.image_longest_side} pixels" if vision.image_longest_side else "the processor's own setting"
+    tower = "frozen" if vision.freeze_vision_tower else "trained"
+    projector = "frozen" if vision.freeze_projector else "trained"
+    return [
+        ("Vision-language model", f"{vision.family}: images and text in, text out"),
+        ("Images", f"longest side {side}; vision tower {tower}, projector {projector}"),
+    ]
 
 
 def _objective_rows(s: RunSummary) -> list[tuple[str, str]]:
@@ -664,21 +681,25 @@ def _snippet(s: RunSummary, repo_id: str, *, merged: bool) -> str:
             break
     prompt = prompt.replace("\\", "\\\\").replace('"', '\\"')
     model_cls = s.plan.model_class
+    vision = s.plan.vision is not None
+    reader = "AutoProcessor" if vision else "AutoTokenizer"  # a VLM reads images through its processor
+    held = "processor" if vision else "tokenizer"
+    prompt = prompt.replace("<image>", " ").strip() or "What is in this picture?"
     full_model = merged or c.method == "full"
     lines: list[str] = []
     if full_model:
         lines += [
-            f"from transformers import {model_cls}, AutoTokenizer",
+            f"from transformers import {model_cls}, {reader}",
             "",
             f'model = {model_cls}.from_pretrained("{repo_id}")',
-            f'tokenizer = AutoTokenizer.from_pretrained("{repo_id}")',
+            f'{held} = {reader}.from_pretrained("{repo_id}")',
         ]
     else:
-        imports = f"from transformers import {model_cls}, AutoTokenizer"
+        imports = f"from transformers import {model_cls}, {reader}"
         load_kwargs = ""
         if c.method == "qlora":
             lines += ["import torch"]
-            imports = f"from transformers import {model_cls}, AutoTokenizer, BitsAndBytesConfig"
+            imports = f"from transformers import {model_cls}, {reader}, BitsAndBytesConfig"
             load_kwargs = (
                 ",\n    quantization_config=BitsAndBytesConfig(\n"
                 f'        load_in_4bit=True, bnb_4bit_quant_type="{c.quant_type}", '
@@ -694,9 +715,21 @@ def _snippet(s: RunSummary, repo_id: str, *, merged: bool) -> str:
             lines += ["# DoRA: PEFT reads use_dora from adapter_config.json; nothing else to set"]
         lines += [
             f'model = PeftModel.from_pretrained(base, "{repo_id}")',
-            f'tokenizer = AutoTokenizer.from_pretrained("{repo_id}")',
+            f'{held} = {reader}.from_pretrained("{repo_id}")',
         ]
-    if s.plan.is_classifier:
+    if vision:
+        lines[:0] = ["from PIL import Image"]
+        lines += [
+            "",
+            'image = Image.open("picture.png")',
+            f'question = [{{"type": "image"}}, {{"type": "text", "text": "{prompt}"}}]',
+            'messages = [{"role": "user", "content": question}]',
+            "text = processor.apply_chat_template(messages, add_generation_prompt=True)",
+            'inputs = processor(text=text, images=[image], return_tensors="pt")',
+            "output = model.generate(**inputs, max_new_tokens=128, do_sample=False)",
+            'print(processor.decode(output[0][inputs["input_ids"].shape[1]:], skip_special_tokens=True))',
+        ]
+    elif s.plan.is_classifier:
         lines += [
             "",
             f'inputs = tokenizer("{prompt}", return_tensors="pt")',
