@@ -29,6 +29,7 @@ from tests.test_ui_support import (
     greedy_reply,
     letters,
     record_chat_replies,
+    served_app,
     set_reply_tokens,
 )
 
@@ -49,27 +50,13 @@ def data_file(tmp_path_factory) -> Path:
 def server(tmp_path_factory):
     """The app on a free port, served from this process (the tiny model is on its disk), in an empty home; chat
     replies are recorded when their generation ends."""
-    from finetune.engines.world import free_port
     from finetune.studio import Studio
-    from ui.app import build_app, launch
 
     home = tmp_path_factory.mktemp("first-screen-home")
-    # The server's threads read the studio home from the environment; between tests (each sets its own) it must
-    # still be this one, never ~/.cache: a proposal or a run can outlive the test that started it.
-    patch = pytest.MonkeyPatch()
-    patch.setenv("FINETUNE_STUDIO_HOME", str(home))
     studio = Studio(home / "runs")
     replies = record_chat_replies(studio)
-    demo = build_app(studio)
-    port = free_port()
-    launch(demo, port=port, block=False, quiet=True)
-    try:
-        yield {"url": f"http://127.0.0.1:{port}", "studio": studio, "replies": replies}
-    finally:
-        studio.stop()
-        demo.close()
-        studio.manager.wait(timeout=60)
-        patch.undo()
+    with served_app(studio, home) as url:
+        yield {"url": url, "studio": studio, "replies": replies}
 
 
 @pytest.fixture(scope="module")

@@ -140,6 +140,29 @@ def app_page(url: str, ready_text: str | None = None, viewport: dict[str, int] |
             browser.close()
 
 
+@contextmanager
+def served_app(studio: Any, home: Path) -> Iterator[str]:
+    """The app of `studio` on a free port, served from this process, with FINETUNE_STUDIO_HOME at `home` while it
+    serves (its threads read the home from the environment: a proposal or a run can outlive the test that started
+    it); yields its URL, and at the end stops any run and waits for it."""
+    import pytest
+
+    from finetune.engines.world import free_port
+    from ui.app import build_app, launch
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FINETUNE_STUDIO_HOME", str(home))
+        demo = build_app(studio)
+        port = free_port()
+        launch(demo, port=port, block=False, quiet=True)
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            studio.stop()
+            demo.close()
+            studio.manager.wait(timeout=60)
+
+
 def record_chat_replies(studio: Any) -> queue.Queue:
     """Pass the studio's chat through unchanged, and put each reply on the returned queue once its generation has
     ended ({"source", "prompt", "text"}): a test waits for the queue, not for the page's text to stop changing."""

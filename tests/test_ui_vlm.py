@@ -26,7 +26,16 @@ from finetune.access.uploads import UploadLimits, Uploads
 from finetune.config import FIELD_NAMES
 from finetune.errors import UserError
 from finetune.studio import BASE, Studio
-from tests.test_ui_support import app_page, browser_expect, browser_test, fill, letters, open_group, tab
+from tests.test_ui_support import (
+    app_page,
+    browser_expect,
+    browser_test,
+    fill,
+    letters,
+    open_group,
+    served_app,
+    tab,
+)
 from tests.tiny import build_smolvlm, write_image_rows
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts" / "ui-vlm"
@@ -168,9 +177,6 @@ def test_upload_preview_fields_and_chat_handlers(ui, vlm_dir, image_set):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """The app on a free port, served from this process, each chat reply recorded once its generation ended."""
-    from finetune.engines.world import free_port
-    from ui.app import build_app, launch
-
     home = tmp_path_factory.mktemp("ui-vlm-home")
     studio = Studio(home / "runs")
     replies: queue.Queue = queue.Queue()
@@ -184,17 +190,10 @@ def server(tmp_path_factory):
         replies.put({"images": images, "prompt": messages[-1]["content"], **last})
 
     studio.chat_pair = chat_pair
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.setenv("FINETUNE_STUDIO_HOME", str(home))
-        demo = build_app(studio)
-        port = free_port()
-        launch(demo, port=port, block=False, quiet=True)
+    with served_app(studio, home) as url:
         try:
-            yield {"url": f"http://127.0.0.1:{port}", "studio": studio, "replies": replies}
+            yield {"url": url, "studio": studio, "replies": replies}
         finally:
-            studio.stop()
-            demo.close()
-            studio.manager.wait(timeout=60)
             for thread in threading.enumerate():  # a reply still generating: let it end before the interpreter
                 if thread.name == "generate":
                     thread.join(timeout=60)
