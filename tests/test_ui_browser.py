@@ -102,7 +102,8 @@ def server(tmp_path_factory):
             last[side] = text if error is None else None
             yield side, text, error
         for side, which in (("run", source), ("base", BASE_OF + source)):
-            replies.put({"source": which, "prompt": messages[-1]["content"], "text": last.get(side)})
+            said = {"source": which, "prompt": messages[-1]["content"], "text": last.get(side)}
+            replies.put({**said, "tokens": settings.max_new_tokens})
 
     studio.chat_pair = chat_pair
     with pytest.MonkeyPatch.context() as monkeypatch, standin_hub(monkeypatch) as hub:
@@ -383,6 +384,7 @@ def test_chat_answers_with_the_trained_adapter(page, server, tiny_model_dir):
     box.press("Enter")
     reply = finished_reply(server)
     expected = greedy_reply(tiny_model_dir, run_dir, "Question 7?", REPLY_TOKENS)
+    assert reply["tokens"] == REPLY_TOKENS, "the message went out before the page's max new tokens reached the server"
     assert (reply["source"], reply["prompt"], reply["text"]) == (run_id, "Question 7?", expected)
     assert expected.startswith("Arr")  # what a user notices: the tuned model talks like a pirate
     expect_reply(page, "chat-main", expected)

@@ -173,7 +173,8 @@ def record_chat_replies(studio: Any) -> queue.Queue:
         text = None
         for text in real_chat(source, messages, settings, *args, **kwargs):
             yield text
-        replies.put({"source": source, "prompt": messages[-1]["content"], "text": text})
+        said = {"source": source, "prompt": messages[-1]["content"], "text": text}
+        replies.put({**said, "tokens": settings.max_new_tokens})
 
     studio.chat = chat
     return replies

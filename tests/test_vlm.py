@@ -250,6 +250,29 @@ def test_the_estimate_counts_the_image_tokens_the_processor_makes(vlm_dir, image
         )
 
 
+def test_the_proposal_offers_smaller_images_with_the_tokens_they_save(vlm_dir, tmp_path, monkeypatch):
+    """On a card between the run and the run with half-size images, "Smaller images" is an option that fits: it
+    names the side and the tokens an image becomes, and applying it gives the figure it promised."""
+    from finetune import memory
+    from finetune.memory import search
+
+    monkeypatch.setattr(search, "MIN_IMAGE_SIDE", 16)  # the tiny model's images are 64 pixels (real ones: ≥ 224)
+    data = write_image_rows(tmp_path, rows=4, images_per_row=2)
+    config = vlm_config(vlm_dir, data, max_seq_length=16, per_device_train_batch_size=4)  # rows: their images
+    plan = plan_for(config, "cpu")
+    base = memory.estimate(plan)
+    halved = memory.estimate(plan.replanned(image_longest_side=32))
+    capacity = (base.total_bytes + halved.total_bytes) // 2
+    found = search.search(plan, capacity, base)
+    option = next((a for a in found.options if a.changes == {"image_longest_side": 32}), None)
+    assert option is not None, [a.title for a in found.options]
+    assert option.fits and option.title == (
+        "Smaller images (longest image side 32 px: 4 tokens an image instead of 20)"
+    )
+    # Its figure: the formulas scaled by the replay (only the first fitting option is replayed to confirm it).
+    assert option.new_total_bytes == pytest.approx(halved.total_bytes, rel=0.15)
+
+
 # ----------------------------------------------------------------------------- chat
 def test_chat_answers_with_an_image_from_the_base_and_the_tuned_run(lora_run, vlm_dir, image_data):
     from finetune.model.inference import GenerationSettings

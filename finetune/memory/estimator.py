@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -217,6 +218,18 @@ def estimate_core(plan: RunPlan, trace_it: bool = True) -> MemoryEstimate:
     segments = packed_segments(plan, notes)
     if segments:
         settings = replace(settings, packed_tokens=sum(segments))
+    images = None
+    if plan.vision is not None:  # the images of a row and their tokens, from the model's image processor
+        from finetune.memory.images import smaller_side_note
+
+        images = image_load_of(plan, model_config)
+        notes.append(images.note())
+        lever = smaller_side_note(plan, model_config, images) if trace_it else None  # not while pricing
+        if lever:
+            notes.append(lever)
+        # A row is at least as long as its images' tokens (a run never cuts them): the formulas price that length,
+        # so a smaller image side is priced by the search as the replay would measure it.
+        settings = replace(settings, seq=images.row_length(settings.seq))
     analytic = ma.analyse(shape, census, settings)
     liger = ma.logits_loss_bytes(shape, census, settings) if settings.loss_kernel == "liger" else None
     if liger is not None:
@@ -225,15 +238,6 @@ def estimate_core(plan: RunPlan, trace_it: bool = True) -> MemoryEstimate:
             "kernel cannot be replayed)"
         )
     generation = analytic.components.get("generation_cache", 0)
-    images = None
-    if plan.vision is not None:  # the images of a row and their tokens, from the model's image processor
-        from finetune.memory.images import image_load, smaller_side_note
-
-        images = image_load(plan, model_config)
-        notes.append(images.note())
-        lever = smaller_side_note(plan, model_config, images)
-        if lever:
-            notes.append(lever)
     traceable_here = trace_it and traceable(plan)
     traced = _traced(plan, model_config, census, notes, liger, generation, segments, images) if traceable_here else None
     if traced is not None:
@@ -589,6 +593,7 @@ def _comparisons(census: Any, s: Any) -> dict[str, int]:
 # ----------------------------------------------------------------------------- model config + census (cached)
 
 _CONFIG_CACHE: dict[tuple, Any] = {}
+_IMAGE_CACHE: dict[tuple, Any] = {}
 _CENSUS_CACHE: dict[tuple, Any] = {}
 
 
@@ -616,13 +621,30 @@ def _bounded(cache: dict) -> dict:
 
 def _model_key(config: TrainConfig) -> tuple:
     """What identifies the model's shape (a local directory's config.json may be rewritten: its mtime counts)."""
-    import os
-
     try:
         stamp = os.stat(os.path.join(config.model, "config.json")).st_mtime_ns
     except OSError:
         stamp = 0
     return (config.model, config.trust_remote_code, stamp)
+
+
+def image_load_of(plan: RunPlan, model_config: Any = None) -> Any:
+    """The images of `plan`'s rows and their tokens (`finetune.memory.images.image_load`), cached by everything that
+    changes them: the search prices many image sides, and building a processor takes milliseconds each time."""
+    from finetune.memory.images import image_load
+
+    config = plan.config
+    data = os.path.expanduser(config.dataset)
+    try:
+        data_stamp = os.stat(data).st_mtime_ns
+    except OSError:
+        data_stamp = 0
+    columns = tuple(getattr(config, f) for f in ("messages_column", "prompt_column", "completion_column"))
+    key = (_model_key(config), plan.vision, config.dataset, config.dataset_split, columns, data_stamp)
+    if key not in _IMAGE_CACHE:
+        model_config = model_config if model_config is not None else model_config_of(config)
+        _bounded(_IMAGE_CACHE)[key] = image_load(plan, model_config)
+    return _IMAGE_CACHE[key]
 
 
 def census_of(plan: RunPlan, model_config: Any = None) -> Any:

@@ -36,6 +36,11 @@ class ImageLoad:
         """Image tokens in one row."""
         return self.images_per_row * self.tokens_per_image
 
+    def row_length(self, text_tokens: int) -> int:
+        """A row's length: `text_tokens`, or longer where its images need it (their tokens, each image's start and
+        end markers, and a token of text), since a run never cuts image tokens."""
+        return max(text_tokens, self.tokens_per_row + 2 * self.images_per_row + 1)
+
     def note(self) -> str:
         """One line for the estimate's notes."""
         where = "the data's largest" if self.from_data else "assumed (no local data to measure)"

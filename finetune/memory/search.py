@@ -6,7 +6,8 @@ failure all read this one answer (`judge` fills it into an estimate; `finetune.m
 The levers a run has: gradient checkpointing, micro batch x accumulation at the same effective batch (the effective
 batch is never given up: accumulation keeps it at any micro batch), 8-bit / paged optimizers, LoRA rank, LoRA /
 QLoRA, DeepSpeed ZeRO stage and CPU offload, the sequence length, whose positions come from the data's own token
-lengths: the length that keeps every row whole, then halvings of it, and packing where the plan can pack (it is off).
+lengths: the length that keeps every row whole, then halvings of it, packing where the plan can pack (it is off), and
+for a vision-language model the images' longest side (fewer image tokens a row).
 Every combination is priced with the estimator's formulas, scaled by how far they were from the replay of the
 settings searched (about a millisecond each), and the first fitting ones are replayed to confirm the figure. A packed
 micro batch is priced as the estimate prices it: by the real tokens of the data's longest rows (`stats_for` is the
@@ -59,12 +60,14 @@ SPEED_COST = {
     "packing": -0.30,
 }
 # What a change costs in what the model can learn, in the same points (a judgement, stated so it can be argued with).
-QUALITY_COST = {"optim8bit": 1, "lora": 30, "qlora": 8, "lora_rank_halving": 3}
+# Halving the images' longest side keeps a quarter of their pixels: fine detail (small text, small objects) may be lost.
+QUALITY_COST = {"optim8bit": 1, "lora": 30, "qlora": 8, "lora_rank_halving": 3, "image_side_halving": 12}
 POINTS_PER_PERCENT_LOST = 10  # cutting 1% of the training tokens weighs like a 10% slowdown
 UNKNOWN_LOSS = 0.10  # a cut of data whose lengths are unknown is priced as if it lost 10% of the tokens
 NEGLIGIBLE_ROWS = 0.01  # a cut of at most 1% of the rows ...
 NEGLIGIBLE_TOKENS = 0.005  # ... losing at most 0.5% of the tokens costs nothing worth a slower run
 MIN_SEQ = 128  # the shortest sequence proposed
+MIN_IMAGE_SIDE = 224  # the smallest longest image side proposed (pixels; vision encoders' common input size)
 HEADROOM_SHARE = 0.05  # a fit leaves at least 5% of the card ...
 HEADROOM_MIN = 1 * GiB  # ... and on a GPU at least 1 GiB (the CUDA allocator's swings; RAM has no such floor)
 MAX_RESULTS = 6
@@ -88,6 +91,7 @@ KINDS = {
     "shorter": (10, "Shorter sequences", "faster; rows longer than this are cut"),
     "combine": (11, "Combine", ""),
     "packing": (12, "Skip padding (packing)", "faster; the same loss and gradients, no memory spent on padding"),
+    "image_side": (13, "Smaller images", "fewer image tokens a row; fine detail may be lost"),
 }
 
 
@@ -205,6 +209,7 @@ def _levers(plan: RunPlan, stats: Any, pinned: tuple[str, ...]) -> list[list[Ste
     levers.append([keep, *_methods(plan)])
     levers.append([keep, *_sharding(config, plan.device, plan.world_size)])
     levers.append([keep, *_sequence_lengths(config, stats)])
+    levers.append([keep, *_image_sides(plan)])
     if not config.packing and plan.replanned(packing=True).packing:
         levers.append([keep, Step("packing", {"packing": True}, SPEED_COST["packing"], 0, "packing on")])
     return [lever for lever in levers if len(lever) > 1 and not any(k in pinned for s in lever for k in s.changes)]
@@ -269,6 +274,29 @@ def _sequence_lengths(config: TrainConfig, stats: Any) -> list[Step]:
             out.append(Step("whole", {"max_seq_length": seq}, 0.0, 0, f"{seq} tokens per row (every row whole)"))
         else:
             out.append(Step("shorter", {"max_seq_length": seq}, 0.0, 0, f"{seq} tokens per row"))
+    return out
+
+
+def _image_sides(plan: RunPlan) -> list[Step]:
+    """A vision-language run's images at a smaller longest side: halvings of the side they have now (the data's
+    largest image, or the setting when it is smaller) down to MIN_IMAGE_SIDE, each naming the tokens an image then
+    becomes. None where the side does not change the tokens (Gemma 3: always 256)."""
+    if plan.vision is None:
+        return []
+    load = core.image_load_of(plan)
+    side = max(load.width, load.height)
+    if plan.vision.image_longest_side:
+        side = min(side, plan.vision.image_longest_side)
+    out: list[Step] = []
+    fewest, halvings = load.tokens_per_image, 0
+    while side // 2 >= MIN_IMAGE_SIDE:
+        side, halvings = side // 2, halvings + 1
+        tokens = core.image_load_of(plan.replanned(image_longest_side=side)).tokens_per_image
+        if tokens < fewest:
+            label = f"longest image side {side} px: {tokens} tokens an image instead of {load.tokens_per_image}"
+            quality = QUALITY_COST["image_side_halving"] * halvings
+            out.append(Step("image_side", {"image_longest_side": side}, 0.0, quality, label))
+            fewest = tokens
     return out
 
 
@@ -344,7 +372,7 @@ def combo_title(steps: list[Step]) -> str:
     """What a combination changes, in words."""
     if len(steps) == 1:
         kind = steps[0].kind
-        detail = kind in ("microbatch", "shorter", "lora_rank")
+        detail = kind in ("microbatch", "shorter", "lora_rank", "image_side")
         if kind == "whole":
             return f"{KINDS[kind][1]} ({steps[0].changes['max_seq_length']} tokens per row)"
         return KINDS[kind][1] + (f" ({steps[0].label})" if detail else "")

@@ -347,7 +347,7 @@ def image_batch(plan: RunPlan, images: Any, model_config: Any) -> dict[str, Any]
 
     config = plan.config
     rows = config.per_device_train_batch_size
-    length = max(plan.objective.row_tokens(config), images.tokens_per_row + 2 * images.images_per_row + 1)
+    length = images.row_length(plan.objective.row_tokens(config))
     token = getattr(model_config, "image_token_id", None) or getattr(model_config, "image_token_index", 0)
     start = getattr(model_config, "vision_start_token_id", None)
     with unset_fake_temporarily():
