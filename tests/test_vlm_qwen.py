@@ -5,6 +5,7 @@ export loads back in plain transformers. One test runs Qwen3-VL through the same
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import re
@@ -97,6 +98,30 @@ def test_the_qwen_processor_loads_for_images_and_saves_as_the_real_one(qwen_dir,
     assert again.chat_template == processor.chat_template
 
 
+def test_only_a_missing_torchvision_falls_back_and_only_for_qwen(qwen_dir, image_data, monkeypatch):
+    import transformers
+
+    from finetune.model import loading
+
+    plan = plan_for(qwen_config(qwen_dir, image_data))
+
+    def broken(*args, **kwargs):
+        raise ImportError("SomeProcessor requires the sentencepiece library")
+
+    monkeypatch.setattr(transformers.AutoProcessor, "from_pretrained", broken)
+    with pytest.raises(ImportError, match="sentencepiece"):  # another missing package is the user's to install
+        loading.load_processor(plan)
+
+    def no_torchvision(*args, **kwargs):
+        raise ImportError("Idefics3VideoProcessor requires the Torchvision library")
+
+    monkeypatch.setattr(transformers.AutoProcessor, "from_pretrained", no_torchvision)
+    smolvlm = dataclasses.replace(plan, vision=dataclasses.replace(plan.vision, family="idefics3"))
+    with pytest.raises(ImportError, match="Torchvision"):  # no image-only stand-in for other families
+        loading.load_processor(smolvlm)
+    assert type(loading.load_processor(plan)).__name__ == "ImageOnlyQwen2_5_VLProcessor"
+
+
 # ----------------------------------------------------------------------------- data
 def test_only_the_answer_is_trained_and_image_tokens_never(qwen_dir, image_data):
     from finetune.data.images import ImageCollator
@@ -113,6 +138,9 @@ def test_only_the_answer_is_trained_and_image_tokens_never(qwen_dir, image_data)
     positions = [i for i, t in enumerate(ids) if t == image_id]
     assert len(positions) == IMAGE_TOKENS and positions == list(range(positions[0], positions[0] + IMAGE_TOKENS))
     assert all(labels[i] == -100 for i in range(positions[-1] + 2))  # the image, its markers and the prompt
+    from finetune.data.stats import data_stats  # the Start tab's lengths count the image tokens too
+
+    assert data_stats(qwen_config(qwen_dir, image_data)).max == max(len(i) for i in data.train["input_ids"])
     batch = ImageCollator(processor, "qwen2_5_vl")([data.train[0], data.train[1]])
     assert batch["image_grid_thw"].tolist() == [[1, 8, 8], [1, 8, 8]]
     assert torch.equal(batch["mm_token_type_ids"], (batch["input_ids"] == image_id).long())
@@ -209,6 +237,10 @@ def test_the_estimate_counts_the_image_tokens_the_processor_makes(qwen_dir, imag
     estimate = memory.estimate(plan_for(config, "cpu"))
     assert estimate.method == "traced", estimate.notes
     assert f"64 × 64 (the data's largest): {made} tokens each, {made} a row" in " ".join(estimate.notes)
+    if not side:  # the lever: half the side, a quarter of the pixels and of the tokens
+        assert "lever: image_longest_side: 32 would make each image 4 tokens instead of 16 (12 fewer a row)" in (
+            estimate.notes
+        )
 
 
 def test_image_tokens_follow_the_processor_at_any_size_and_about_one_per_784_pixels():
