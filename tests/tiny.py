@@ -176,3 +176,74 @@ def write_image_rows(folder: Path, rows: int = 8, images_per_row: int = 1, size:
     path = folder / "data.jsonl"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+# Qwen-VL's chat template (as its models ship it, shortened): a default system turn, each image part as
+# "<|vision_start|><|image_pad|><|vision_end|>" (the processor expands the pad into the image's tokens).
+QWEN_VL_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] %}{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+QWEN_VL_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+QWEN_PATCH = {"qwen2_5_vl": 8, "qwen3_vl": 16}  # the tiny towers' patch sides (Qwen3-VL's as its models use)
+
+
+def build_qwen_vl(path: Path, family: str = "qwen2_5_vl"):
+    """A random tiny Qwen2.5-VL (or Qwen3-VL: `family`) with its processor files as its models ship them on the Hub
+    (preprocessor_config.json naming the processor class, chat_template.json, the tokenizer), saved to `path`: a
+    2-layer vision tower on 8-pixel patches (Qwen3-VL: 16) merged 2 × 2, so a 64 × 64 image is 16 tokens (Qwen3-VL
+    4), and the tiny language model. Built without the processor class, whose video part needs torchvision."""
+    import json
+
+    import torch
+    import transformers
+    from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
+
+    torch.manual_seed(0)
+    tokenizer = build_tokenizer(path)
+    tokenizer.add_special_tokens({"additional_special_tokens": QWEN_VL_TOKENS})
+    tokenizer.chat_template = QWEN_VL_TEMPLATE
+    tokenizer.save_pretrained(path)
+    patch = QWEN_PATCH[family]
+    images = Qwen2VLImageProcessorPil(
+        patch_size=patch, merge_size=2, temporal_patch_size=2, min_pixels=(2 * patch) ** 2, max_pixels=128 * 128
+    )
+    images.save_pretrained(path)
+    settings = json.loads((path / "preprocessor_config.json").read_text(encoding="utf-8"))
+    processor_class = {"qwen2_5_vl": "Qwen2_5_VLProcessor", "qwen3_vl": "Qwen3VLProcessor"}[family]
+    settings["processor_class"] = processor_class
+    (path / "preprocessor_config.json").write_text(json.dumps(settings, indent=2), encoding="utf-8")
+    (path / "chat_template.json").write_text(json.dumps({"chat_template": QWEN_VL_TEMPLATE}), encoding="utf-8")
+    ids = {f"{name}_token_id": tokenizer.convert_tokens_to_ids(f"<|{name}_pad|>") for name in ("image", "video")}
+    ids["vision_start_token_id"] = tokenizer.convert_tokens_to_ids("<|vision_start|>")
+    ids["vision_end_token_id"] = tokenizer.convert_tokens_to_ids("<|vision_end|>")
+    text = {
+        "vocab_size": len(tokenizer),
+        **TINY_SHAPE,
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "initializer_range": 0.3,
+        "tie_word_embeddings": True,
+    }
+    vision = {"depth": 2, "num_heads": 2, "patch_size": patch, "spatial_merge_size": 2, "hidden_size": 32}
+    vision.update(intermediate_size=64, out_hidden_size=64)
+    if family == "qwen2_5_vl":
+        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
+        vision.update(window_size=32, fullatt_block_indexes=[1])
+        config = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vision, **ids)
+        model = transformers.Qwen2_5_VLForConditionalGeneration(config)
+    else:
+        text["head_dim"] = 16
+        text["rope_parameters"] = {
+            "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3], "mrope_interleaved": True
+        }  # fmt: skip
+        vision.update(num_position_embeddings=64, deepstack_visual_indexes=[0])
+        config = transformers.Qwen3VLConfig(text_config=text, vision_config=vision, **ids)
+        model = transformers.Qwen3VLForConditionalGeneration(config)
+    model.save_pretrained(path)
+    return path

@@ -2,9 +2,11 @@
 becomes, counted from the model's own image processor (as the run's collator calls it).
 
 Per image: SmolVLM / Idefics3 make tiles × image_seq_len tokens (the tiles of the resized image plus one global view;
-64 tokens a tile for SmolVLM); Qwen-VL about H·W / 784 after its resize (the patch grid over merge_size², 14-pixel
-patches merged 2 × 2); Gemma 3 always 256. The rows' images come from the data when it is here (the most images in a
-row, the largest image); otherwise one square image a row of the `image_longest_side` setting (1024 when it is 0).
+64 tokens a tile for SmolVLM); Qwen-VL the patch grid of the resized image over merge_size² (Qwen2-VL / Qwen2.5-VL:
+14-pixel patches merged 2 × 2, about H·W / 784; Qwen3-VL: 16-pixel patches, about H·W / 1024), its size capped by
+`max_pixels` (image_longest_side squared); Gemma 3 always 256. The rows' images come from the data when it is here
+(the most images in a row, the largest image); otherwise one square image a row of the `image_longest_side` setting
+(1024 when it is 0).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.util
 import json
 import logging
@@ -231,12 +232,22 @@ def load_tokenizer(config: TrainConfig) -> Any:
 def load_processor(plan: RunPlan) -> Any:
     """A vision-language model's processor (its tokenizer and image processor), its image size set as the plan says,
     its tokenizer padding on the right for training. On a machine without torchvision transformers falls back to the
-    image processors' PIL path by itself."""
+    image processors' PIL path by itself; a Qwen-VL processor, whose video processor needs torchvision, is then built
+    for images only (`image_only_processor`)."""
     from transformers import AutoProcessor
 
     config = plan.config
     path = resolve_model_path(config.model)
-    processor = from_pretrained(AutoProcessor, path, trust_remote_code=config.trust_remote_code)
+    try:
+        processor = from_pretrained(AutoProcessor, path, trust_remote_code=config.trust_remote_code)
+    except ImportError as exc:
+        # transformers 5's Qwen-VL processors hold a video processor, and every video processor needs torchvision,
+        # which the CPU torch wheels come without. Only then (the load above failed for that reason) the same
+        # processor is built without its video part; where torchvision is installed the real one loads unchanged.
+        family = plan.vision.family if plan.vision is not None else ""
+        if "torchvision" not in str(exc).lower() or family not in QWEN_PROCESSORS:
+            raise
+        processor = image_only_processor(path, family)
     tokenizer = processor.tokenizer
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -244,6 +255,69 @@ def load_processor(plan: RunPlan) -> Any:
     if plan.vision is not None:
         set_image_size(processor.image_processor, plan.vision.image_longest_side)
     return processor
+
+
+# The Qwen-VL families' processor classes (each with an image and a video processor).
+QWEN_PROCESSORS = {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor", "qwen3_vl": "Qwen3VLProcessor"}
+# Their video processors (AutoVideoProcessor's classes for these model types).
+QWEN_VIDEO_PROCESSORS = {
+    "qwen2_vl": "Qwen2VLVideoProcessor", "qwen2_5_vl": "Qwen2VLVideoProcessor", "qwen3_vl": "Qwen3VLVideoProcessor"
+}  # fmt: skip
+
+
+def image_only_processor(path: str, family: str) -> Any:
+    """A Qwen-VL family's processor without its video processor (which needs torchvision): the model's image
+    processor (its PIL path), tokenizer and chat template, read from `path`. It reads and makes images exactly as the
+    full processor does; videos it refuses. Saved, it writes the full processor's files (its class name and the
+    model's video processor settings), so the copy in a run or an export loads as the real one where torchvision
+    is installed."""
+    processor = from_pretrained(image_only_class(family), path)
+    processor.video_processor_settings = _video_processor_settings(path, family)
+    return processor
+
+
+@functools.cache
+def image_only_class(family: str) -> Any:
+    """The image-only subclass of a Qwen-VL family's processor class (made once)."""
+    import transformers
+
+    base = getattr(transformers, QWEN_PROCESSORS[family])
+
+    class ImageOnly(base):
+        """The family's processor with no video processor: its attributes (what it loads and saves) are the image
+        processor and the tokenizer only, read from the signature of `__init__`."""
+
+        video_processor_settings: dict[str, Any] | None = None
+
+        def __init__(self, image_processor: Any = None, tokenizer: Any = None, chat_template: Any = None, **kwargs):
+            kwargs.pop("video_processor", None)  # (the saved settings are read from the files instead)
+            super().__init__(image_processor=image_processor, tokenizer=tokenizer, chat_template=chat_template)
+
+        def to_dict(self) -> dict[str, Any]:
+            """The full processor's settings: its class name, and the model's video processor beside the images'."""
+            out = super().to_dict()
+            out["processor_class"] = base.__name__
+            if self.video_processor_settings:
+                out["video_processor"] = copy.deepcopy(self.video_processor_settings)
+            return out
+
+    ImageOnly.__name__ = ImageOnly.__qualname__ = f"ImageOnly{base.__name__}"
+    return ImageOnly
+
+
+def _video_processor_settings(path: str, family: str) -> dict[str, Any] | None:
+    """The model's video processor settings where transformers finds them (its processor_config.json, else its video
+    or its image preprocessor config), naming the family's video processor class when they do not; None when the
+    model has none."""
+    from transformers.video_processing_utils import BaseVideoProcessor
+
+    try:
+        settings, _ = BaseVideoProcessor.get_video_processor_dict(path, local_files_only=True)
+    except (OSError, ValueError):
+        return None
+    settings = {k: v for k, v in settings.items() if k not in ("processor_class", "image_processor_type")}
+    settings.setdefault("video_processor_type", QWEN_VIDEO_PROCESSORS[family])
+    return settings
 
 
 def set_image_size(image_processor: Any, longest_side: int) -> None:
