@@ -4,7 +4,9 @@ Each file in `finetune/bundled/models/` is the architecture of one Hub model (`o
 published values (sizes, layers, heads, vocabulary, context, tied embeddings, dtype); its parameter count under the
 meta device matches the published size (tests/test_catalogue.py). It lets the estimator answer for
 `meta-llama/Llama-3.1-8B` and the others offline, for gated repositories, and in well under a second. Rope scaling
-tables that do not change memory (Phi-3.5's longrope factors) are left out.
+tables that do not change memory (Phi-3.5's longrope factors) are left out. A vision-language model's file is its
+whole config.json (text_config, vision_config, the image settings: SmolVLM's scale_factor, Qwen-VL's patch and merge
+sizes, Gemma 3's mm_tokens_per_image), so that it is detected as one and its image tokens are counted offline.
 
 Also here: the common GPU cards and the memory a program can use on each (what the Start and Memory tabs offer, and
 what a proposal names when a run needs a larger card); and whether the Hugging Face Hub can be reached, asked once
