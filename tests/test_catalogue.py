@@ -54,6 +54,28 @@ PUBLISHED = {
     "HuggingFaceTB/SmolLM2-135M-Instruct": 0.1345,
     "HuggingFaceTB/SmolLM2-360M-Instruct": 0.362,
     "HuggingFaceTB/SmolLM2-1.7B-Instruct": 1.71,
+    # Vision-language models: the whole model (vision tower, projector, language model), as the Hub counts it.
+    "HuggingFaceTB/SmolVLM-256M-Instruct": 0.2565,
+    "HuggingFaceTB/SmolVLM-500M-Instruct": 0.5075,
+    "HuggingFaceTB/SmolVLM-Instruct": 2.246,
+    "HuggingFaceTB/SmolVLM2-2.2B-Instruct": 2.247,
+    "Qwen/Qwen2.5-VL-3B-Instruct": 3.755,
+    "Qwen/Qwen2.5-VL-7B-Instruct": 8.292,
+    "Qwen/Qwen3-VL-8B-Instruct": 8.767,
+}
+# The vision-language entries: config.json's model_type, and the tokens one image becomes at an `image_longest_side`
+# (SmolVLM: 64 or 81 a tile, its tiles plus one global view when the image is split; Qwen2.5-VL: H·W / 28²; Qwen3-VL:
+# H·W / 32²; Gemma 3: always 256).
+VISION = {
+    "HuggingFaceTB/SmolVLM-256M-Instruct": ("idefics3", 1024, (2 * 2 + 1) * 64),
+    "HuggingFaceTB/SmolVLM-500M-Instruct": ("idefics3", 512, 64),
+    "HuggingFaceTB/SmolVLM-Instruct": ("idefics3", 768, (2 * 2 + 1) * 81),
+    "HuggingFaceTB/SmolVLM2-2.2B-Instruct": ("smolvlm", 384, 81),
+    "Qwen/Qwen2.5-VL-3B-Instruct": ("qwen2_5_vl", 448, 448 * 448 // 28**2),
+    "Qwen/Qwen2.5-VL-7B-Instruct": ("qwen2_5_vl", 448, 448 * 448 // 28**2),
+    "Qwen/Qwen3-VL-8B-Instruct": ("qwen3_vl", 448, 448 * 448 // 32**2),
+    "google/gemma-3-4b-it": ("gemma3", 448, 256),
+    "google/gemma-3-12b-it": ("gemma3", 0, 256),
 }
 
 
@@ -73,11 +95,42 @@ def test_bundled_config_builds_the_published_size(model_id):
     from transformers.models.auto import modeling_auto
 
     config = catalogue.load_config(model_id)
-    cls = getattr(transformers, modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type])
+    vision = hasattr(config, "vision_config")  # the class a vision-language run loads: tower and projector included
+    names = (
+        modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+        if vision
+        else modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    )
+    cls = getattr(transformers, names[config.model_type])
     with torch.device("meta"):
         model = cls._from_config(config)
     billions = sum(p.numel() for p in model.parameters()) / 1e9
     assert billions == pytest.approx(PUBLISHED[model_id], rel=0.01), f"{model_id}: {billions:.4f}B"
+
+
+@pytest.mark.parametrize("model_id", sorted(VISION))
+def test_a_bundled_vision_language_model_is_planned_and_estimated_as_one_offline(model_id):
+    """Detected from the bundled config alone (no Hub: conftest), loaded as an image-text-to-text model, and the
+    estimate says how many tokens its images make, counted by the family's image processor."""
+    from finetune.memory.estimator import estimate_core
+    from finetune.plan import vision_family
+
+    family, side, tokens = VISION[model_id]
+    assert vision_family(model_id) == family
+    plan = plan_for(TrainConfig(model=model_id, max_seq_length=512, image_longest_side=side), "cuda")
+    assert plan.model_class == "AutoModelForImageTextToText" and plan.vision.family == family
+    est = estimate_core(plan, trace_it=False)  # the formula: the replay of an 8B model takes a minute here
+    note = next(n for n in est.notes if n.startswith("images:"))
+    assert f": {tokens} tokens each" in note, note
+    assert est.total_bytes > 2 * PUBLISHED[model_id] * 1e9  # at least its 16-bit weights
+
+
+def test_the_model_lists_group_text_and_vision_language_models_by_family_smallest_first():
+    names = catalogue.names()
+    assert names.index("HuggingFaceTB/SmolLM2-1.7B-Instruct") < names.index("HuggingFaceTB/SmolVLM-256M-Instruct")
+    assert names.index("HuggingFaceTB/SmolVLM-500M-Instruct") < names.index("HuggingFaceTB/SmolVLM-Instruct")
+    qwen = [n for n in names if n.startswith("Qwen/")]
+    assert qwen[-3:] == ["Qwen/Qwen2.5-VL-3B-Instruct", "Qwen/Qwen2.5-VL-7B-Instruct", "Qwen/Qwen3-VL-8B-Instruct"]
 
 
 def test_estimate_answers_for_a_popular_model_offline_in_seconds():

@@ -4,7 +4,9 @@ Each file in `finetune/bundled/models/` is the architecture of one Hub model (`o
 published values (sizes, layers, heads, vocabulary, context, tied embeddings, dtype); its parameter count under the
 meta device matches the published size (tests/test_catalogue.py). It lets the estimator answer for
 `meta-llama/Llama-3.1-8B` and the others offline, for gated repositories, and in well under a second. Rope scaling
-tables that do not change memory (Phi-3.5's longrope factors) are left out.
+tables that do not change memory (Phi-3.5's longrope factors) are left out. A vision-language model's file is its
+whole config.json (text_config, vision_config, the image settings: SmolVLM's scale_factor, Qwen-VL's patch and merge
+sizes, Gemma 3's mm_tokens_per_image), so that it is detected as one and its image tokens are counted offline.
 
 Also here: the common GPU cards and the memory a program can use on each (what the Start and Memory tabs offer, and
 what a proposal names when a run needs a larger card); and whether the Hugging Face Hub can be reached, asked once
@@ -52,6 +54,7 @@ GPU_CARDS: dict[str, float] = {
 HUB_HOST = "huggingface.co"
 REACH_TIMEOUT = 3.0  # seconds to resolve and connect to the Hub before calling it unreachable
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+SIZE_IN_NAME = r"(\d+(?:\.\d+)?)([BM])\b"  # the parameter count a Hub name carries (8B, 256M)
 REACH_TTL = 60.0  # seconds an answer is reused (the form asks on every edit)
 _reach: dict[str, tuple[float, bool]] = {}
 _reach_lock = threading.Lock()
@@ -75,14 +78,15 @@ def names() -> list[str]:
 
 
 def _sort_key(model_id: str) -> tuple:
-    """Family, then size in parameters (from the name), then the name."""
+    """Family, text models before vision-language ones, version, size in parameters (from the name; last when the
+    name has none), then the name."""
     import re
 
-    family = model_id.split("/")[0].lower()
-    match = re.search(r"(\d+(?:\.\d+)?)([BM])\b", model_id, re.IGNORECASE)
-    size = float(match.group(1)) * (1e-3 if match.group(2).upper() == "M" else 1.0) if match else 0.0
-    version = re.findall(r"\d+(?:\.\d+)?", model_id.split("/")[1])
-    return (family, version[0] if version else "", size, model_id.lower())
+    family, name = model_id.split("/", 1)
+    match = re.search(SIZE_IN_NAME, name, re.IGNORECASE)
+    size = float(match.group(1)) * (1e-3 if match.group(2).upper() == "M" else 1.0) if match else float("inf")
+    version = re.findall(r"\d+(?:\.\d+)?", re.sub(SIZE_IN_NAME, "", name, flags=re.IGNORECASE))
+    return (family.lower(), "VL" in name, version[0] if version else "", size, model_id.lower())
 
 
 def bundled_path(model_id: str) -> Path | None:
