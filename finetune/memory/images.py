@@ -163,8 +163,14 @@ def _family_default(family: str, model_config: Any) -> Any:
 
         patch = int(vision.patch_size)
         merge = int(vision.spatial_merge_size)
+        # The pixel bounds the models' published preprocessor_config.json files set (the class defaults cap images at
+        # 1,003,520 pixels; Qwen2/2.5-VL ship 3136-12,845,056 pixels, Qwen3-VL 65,536-16,777,216).
+        low, high = (65536, 16777216) if family == "qwen3_vl" else (3136, 12845056)
         return Qwen2VLImageProcessorPil(
-            patch_size=patch, merge_size=merge, temporal_patch_size=int(getattr(vision, "temporal_patch_size", 2))
+            patch_size=patch,
+            merge_size=merge,
+            temporal_patch_size=int(getattr(vision, "temporal_patch_size", 2)),
+            size={"shortest_edge": low, "longest_edge": high},
         )
     if family == "gemma3":
         from transformers.models.gemma3 import Gemma3ImageProcessorPil
