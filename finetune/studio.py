@@ -29,6 +29,7 @@ from finetune.access.policy import AccessPolicy
 from finetune.access.uploads import Uploads, is_upload
 from finetune.cluster import scheduler, slurm
 from finetune.config import FIELDS, TrainConfig, field_kind, field_label, field_optional
+from finetune.data.images import IMAGE_TAG  # noqa: F401 - the chat's picture tag, for the UI and the API
 from finetune.errors import BusyError, ConfigError, UserError
 from finetune.model.inference import MAX_NEW_TOKENS, Classification, GenerationSettings
 from finetune.paths import BUNDLED
@@ -56,6 +57,9 @@ CHAT_MESSAGE_LIMIT = 8000  # characters of one chat message (or the system promp
 CHAT_CONVERSATION_LIMIT = 64000  # characters of the whole conversation sent to the model
 CHAT_TURNS_LIMIT = 200  # messages in one conversation
 CHAT_IMAGES_LIMIT = 16  # images in one conversation (a vision-language model's chat)
+TEXT_ONLY_CHAT = (
+    "images: this model reads text only; choose a vision-language model (or a run of one) to send a picture"
+)
 CHAT_MAX_NEW_TOKENS = MAX_NEW_TOKENS
 PREVIEW_LIMIT = 50  # examples one data preview shows
 DOWNLOAD_KEEP_SECONDS = 3600  # a downloaded YAML file is removed after an hour
@@ -722,6 +726,8 @@ class Studio:
 
         self.check_chat(messages, settings)
         files = self.image_files(images or [])
+        if files and not self.takes_images(source, base_values):
+            raise UserError(TEXT_ONLY_CHAT, "images")
         model, tokenizer = self._chat_model(source, base_values)
         with self._chat_lock:
             yield from stream_reply(model, tokenizer, messages, settings, *([files] if files else []))

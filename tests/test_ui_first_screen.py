@@ -397,6 +397,17 @@ def test_the_first_screen_offers_popular_models_and_takes_an_upload(studio_home,
     wrong.write_text("hello", encoding="utf-8")
     refused = tab.use_upload(str(wrong))
     assert tab.data not in refused and refused[tab.message].startswith("⚠ dataset: notes.txt is not a")
+    # Image data: the data file with its pictures, kept together so the file's relative paths still find them.
+    from tests.tiny import write_image_rows
+
+    image_data = write_image_rows(tmp_path / "pictures", rows=2)
+    pictures = sorted(image_data.parent.glob("*.png"))
+    kept = tab.use_upload([str(image_data), *map(str, pictures)])
+    chosen = kept[tab.data]["value"]
+    assert chosen.startswith("upload:") and chosen.endswith("/data.jsonl"), kept
+    folder = ui.studio.uploads.resolve(ui.studio.identity, chosen).parent
+    assert sorted(p.name for p in folder.glob("*.png")) == [p.name for p in pictures]
+    assert "data.jsonl" in kept[tab.message]
 
 
 def test_the_preferences_goal_takes_the_bundled_pairs(studio_home):

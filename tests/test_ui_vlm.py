@@ -284,6 +284,29 @@ def test_upload_images_preview_thumbnails_train_and_chat_with_a_picture(page, se
     page.screenshot(path=str(ARTIFACTS / "03-chat.png"), full_page=True)
 
 
+def test_the_chat_api_takes_a_picture_with_the_message(server, image_set, tiny_model_dir):
+    """/chat through gradio_client with a picture (handle_file): the tuned run's reply is what the backend generates
+    for that picture; the same call to a model that reads text only is refused in one line."""
+    from gradio_client import handle_file
+
+    from finetune.model.inference import GenerationSettings
+    from tests.test_ui_support import api_client
+
+    studio = server["studio"]
+    run = next(r.run_id for r in studio.runs() if r.status == "completed")  # the browser story's run
+    picture = image_set["images"][1]
+    client = api_client(server["url"])
+    reply = client.predict("What colour?", run, image=handle_file(str(picture)), max_new_tokens=4, api_name="/chat")
+    asked = [{"role": "user", "content": "<image>\nWhat colour?"}]
+    expected = list(studio.chat(run, asked, GenerationSettings(max_new_tokens=4), images=[str(picture)]))[-1]
+    assert reply == expected
+    with pytest.raises(Exception, match="images: this model reads text only"):
+        client.predict(
+            "What colour?", "base", settings={"model": str(tiny_model_dir)}, image=handle_file(str(picture)),
+            api_name="/chat",
+        )  # fmt: skip
+
+
 def test_on_a_public_app_the_preview_shows_only_the_visitors_own_pictures(studio_home, image_set):
     """A data file may name any path; where visitors may not name server files, a previewed image that is not among
     the visitor's uploads (another visitor's, a server file) refuses the preview in one line: its picture is never

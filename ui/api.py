@@ -27,7 +27,7 @@ from gradio.data_classes import FileData
 
 from finetune import objectives
 from finetune.errors import UserError
-from finetune.studio import GenerationSettings, Studio
+from finetune.studio import IMAGE_TAG, GenerationSettings, Studio
 from ui.formatting import one_line
 from ui.visitor import for_visitor
 
@@ -230,10 +230,12 @@ class StudioAPI:
         temperature: float = 0.0,
         top_p: float = 1.0,
         system_prompt: str = "",
+        image: FileData | None = None,
         request: gr.Request = None,
         oauth_token: gr.OAuthToken | None = None,
     ) -> Iterator[str]:
-        """Talk to a run's tuned model, or to a base model; the reply streams.
+        """Talk to a run's tuned model, or to a base model; the reply streams. A vision-language model (or a run of
+        one) also takes a picture with the message.
 
         Args:
             message: your message.
@@ -244,17 +246,23 @@ class StudioAPI:
             temperature: 0 answers the same every time; up to 2.
             top_p: with temperature above 0, sample only from the most likely words (above 0, at most 1).
             system_prompt: an instruction for the whole conversation.
+            image: a picture sent with this message (gradio_client: handle_file(path)); it goes where the message
+                says <image>, else before the text. Kept in your uploads like a data file.
 
         Returns:
             The reply so far, streamed.
         """
         with refusals():
             studio = self._for(request, oauth_token)
+            images = []
+            if image is not None:
+                images.append(studio.add_image(*_uploaded(image, "image", "images")))
+                message = message if IMAGE_TAG in message else f"{IMAGE_TAG}\n{message}"
             conversation = [*(history or []), {"role": "user", "content": message}]
             options = GenerationSettings(
                 max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, system_prompt=system_prompt
             )
-            yield from studio.chat(run or "base", conversation, options, _form(settings or {}))
+            yield from studio.chat(run or "base", conversation, options, _form(settings or {}), images or None)
 
     def classify(
         self,
@@ -413,9 +421,9 @@ def build(studio: Studio) -> StudioAPI:
     return api
 
 
-def _uploaded(file: Any) -> tuple[Path, str]:
-    """(path in gradio's upload folder, the name it was sent with) of an uploaded file. A path anywhere else (a
-    client can send any path as a file's) is refused: only what was uploaded is kept."""
+def _uploaded(file: Any, param: str = "file", field: str = "dataset") -> tuple[Path, str]:
+    """(path in gradio's upload folder, the name it was sent with) of an uploaded file, the endpoint's `param`. A
+    path anywhere else (a client can send any path as a file's) is refused: only what was uploaded is kept."""
     from gradio.utils import get_upload_folder
 
     if isinstance(file, dict):
@@ -423,10 +431,10 @@ def _uploaded(file: Any) -> tuple[Path, str]:
     else:
         path, name = getattr(file, "path", file), getattr(file, "orig_name", None)
     if not isinstance(path, str) or not path:
-        raise UserError("file: no file was uploaded", "dataset")
+        raise UserError(f"{param}: no file was uploaded", field)
     resolved = Path(path).resolve()
     if not resolved.is_relative_to(Path(get_upload_folder()).resolve()):
-        raise UserError("file: send the file itself (gradio_client: handle_file(path))", "dataset")
+        raise UserError(f"{param}: send the file itself (gradio_client: handle_file(path))", field)
     return resolved, str(name or resolved.name)
 
 

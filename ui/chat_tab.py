@@ -22,7 +22,7 @@ from typing import Any
 import gradio as gr
 
 from finetune.errors import UserError
-from finetune.studio import BASE, BASE_OF, GenerationSettings, Studio
+from finetune.studio import BASE, BASE_OF, IMAGE_TAG, TEXT_ONLY_CHAT, GenerationSettings, Studio
 from ui.config_tab import ConfigTab, warn
 from ui.formatting import STATUS_WORDS, one_line, plain, run_title
 from ui.visitor import per_visitor
@@ -31,8 +31,6 @@ from ui.visitor import per_visitor
 LOADING = "⏳ Loading the model (first use of it takes a few seconds)…"
 ERROR_PREFIX = "⚠️ "
 EMPTY = "(the model answered with nothing: it ended its reply at once)"
-IMAGE_TAG = "<image>"  # where a message's picture goes (the backend's ShareGPT-style tag)
-TEXT_ONLY = "images: this model reads text only; choose a vision-language model (or a run of one) to send a picture"
 
 
 @dataclass
@@ -149,7 +147,7 @@ class ChatTab:
         if not image:
             return {"role": "user", "content": message}
         if not self.studio.takes_images(source, form):
-            raise UserError(TEXT_ONLY, "images")
+            raise UserError(TEXT_ONLY_CHAT, "images")
         path = Path(getattr(image, "name", None) or str(image))
         kept = self.studio.add_image(path, path.name)
         mime = mimetypes.guess_type(path.name)[0] or "image/png"  # the chatbot shows a file as a picture by its type

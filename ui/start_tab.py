@@ -23,7 +23,7 @@ from finetune import objectives
 from finetune.config import BUNDLED_DATASET, EMBEDDED_MODEL, FIELD_NAMES, field_label
 from finetune.errors import BusyError, UserError
 from finetune.studio import Studio
-from ui.config_tab import ConfigTab, number_box, parse_number
+from ui.config_tab import DATA_UPLOAD_TYPES, ConfigTab, number_box, parse_number
 from ui.formatting import one_line, plain, preview_html, size
 from ui.visitor import per_visitor
 
@@ -530,11 +530,13 @@ class StartTab:
         }
 
     @per_visitor
-    def use_upload(self, file: Any, request: gr.Request | None = None) -> dict:
-        """Keep an uploaded data file (the app's upload rules) and choose it as the data."""
+    def use_upload(self, files: Any, request: gr.Request | None = None) -> dict:
+        """Keep uploaded data (the app's upload rules) and choose it as the data: one data file, a data file with
+        its images, or a .zip holding both (the images stay beside the data file, as its paths name them)."""
         try:
-            path = Path(getattr(file, "name", None) or str(file))
-            target = self.studio.add_upload(path, path.name)
+            paths = [Path(getattr(f, "name", None) or str(f)) for f in (files if isinstance(files, list) else [files])]
+            target = self.studio.add_uploads([(p, p.name) for p in paths])
+            path = paths[0] if len(paths) == 1 else Path(target.rsplit("/", 1)[-1])
         except UserError as exc:
             return {self.message: f"⚠ {plain(exc)}"}
         except OSError as exc:
@@ -661,8 +663,9 @@ def build(studio: Studio) -> StartTab:
                 elem_id="start-data",
             )
             tab.upload = gr.UploadButton(
-                "Upload a data file (.jsonl, .json, .csv, .parquet)",
-                file_types=[".jsonl", ".json", ".csv", ".parquet"],
+                "Upload a data file (.jsonl, .json, .csv, .parquet), with its images or as a .zip",
+                file_types=list(DATA_UPLOAD_TYPES),
+                file_count="multiple",
                 size="sm",
                 elem_id="start-upload",
             )
