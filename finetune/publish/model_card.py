@@ -719,6 +719,8 @@ def _snippet(s: RunSummary, repo_id: str, *, merged: bool) -> str:
         ]
     if vision:
         lines[:0] = ["from PIL import Image"]
+        if s.plan.vision.family.startswith("qwen"):  # transformers gives Qwen-VL processors a torchvision video part
+            lines[:0] = ["# Qwen-VL's processor needs torchvision: pip install torchvision"]
         lines += [
             "",
             'image = Image.open("picture.png")',
