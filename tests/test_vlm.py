@@ -15,6 +15,7 @@ from finetune.errors import UserError
 from finetune.plan import plan_for
 from tests.helpers import train, write_jsonl
 from tests.tiny import TINY_IMAGE_SEQ_LEN, build_smolvlm, write_image_rows
+from tests.vlm_support import PICTURE_QUESTION, chat_with_a_picture, prepared, trained_text, vlm_config
 
 
 @pytest.fixture(scope="module")
@@ -26,31 +27,6 @@ def vlm_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def image_data(tmp_path_factory) -> Path:
     return write_image_rows(tmp_path_factory.mktemp("image-data"), rows=8)
-
-
-def vlm_config(model: Path, dataset: Path | str, **overrides) -> TrainConfig:
-    values = {
-        "model": str(model),
-        "dataset": str(dataset),
-        "eval_split": "",
-        "max_steps": 4,
-        "learning_rate": 3e-2,
-        "warmup_steps": 0,
-        "lr_scheduler_type": "constant",
-        "max_seq_length": 128,
-        "per_device_train_batch_size": 2,
-        "save_steps": 4,
-        **overrides,
-    }
-    return TrainConfig.from_dict(values)
-
-
-def prepared(config: TrainConfig):
-    from finetune import data
-    from finetune.model import loading
-
-    processor = loading.load_processor(plan_for(config))
-    return processor, data.prepare(config, processor)
 
 
 # ----------------------------------------------------------------------------- plan
@@ -87,9 +63,7 @@ def test_only_the_answer_is_trained_and_image_tokens_never(vlm_dir, image_data):
     assert data.format.kind == "images" and len(data.train) == 8
     row = data.train[0]
     ids, labels = row["input_ids"], row["labels"]
-    trained = [i for i, label in zip(ids, labels, strict=True) if label != -100]
-    assert processor.tokenizer.decode(trained) == " It is red.<end_of_utterance>\n"
-    assert [label for label in labels if label != -100] == trained  # labels are the ids where trained
+    assert trained_text(processor.tokenizer, row) == " It is red.<end_of_utterance>\n"
     image_id = processor.tokenizer.convert_tokens_to_ids("<image>")
     positions = [i for i, t in enumerate(ids) if t == image_id]
     assert len(positions) == 5 * TINY_IMAGE_SEQ_LEN  # 4 tiles + the global view
@@ -276,20 +250,12 @@ def test_the_proposal_offers_smaller_images_with_the_tokens_they_save(vlm_dir, t
 # ----------------------------------------------------------------------------- chat
 def test_chat_answers_with_an_image_from_the_base_and_the_tuned_run(lora_run, vlm_dir, image_data):
     from finetune.model.inference import GenerationSettings
-    from finetune.studio import Studio
 
-    studio = Studio(runs_root=lora_run.path.parent)
-    messages = [{"role": "user", "content": "<image>What colour?"}]
-    settings = GenerationSettings(max_new_tokens=4)
     picture = str(image_data.parent / "img0_0.png")
-    tuned = list(studio.chat(lora_run.path.name, messages, settings, images=[picture]))
-    base = list(studio.chat("base", messages, settings, base_values={"model": str(vlm_dir)}, images=[picture]))
-    assert tuned and base  # both generate from the image (random tiny models: the words themselves mean nothing)
-    pair = list(studio.chat_pair(lora_run.path.name, messages, messages, settings, images=[picture]))
+    studio = chat_with_a_picture(lora_run.path, vlm_dir, picture)
+    settings = GenerationSettings(max_new_tokens=4)
+    pair = list(studio.chat_pair(lora_run.path.name, PICTURE_QUESTION, PICTURE_QUESTION, settings, images=[picture]))
     assert {side for side, _, error in pair if error is None} == {"run", "base"}, pair
-    with pytest.raises(UserError, match=r"images: 0 image\(s\) for 1 <image> tag") as caught:
-        list(studio.chat(lora_run.path.name, messages, settings))
-    assert caught.value.field == "images"
 
 
 def test_stop_and_resume_continue_a_vlm_run_exactly(lora_run, vlm_dir, monkeypatch):

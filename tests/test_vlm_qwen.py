@@ -17,6 +17,7 @@ import torch
 from finetune.config import TrainConfig
 from finetune.plan import plan_for
 from tests.tiny import build_qwen_vl, write_image_rows
+from tests.vlm_support import chat_with_a_picture, prepared, trained_text, vlm_config
 
 HAS_TORCHVISION = importlib.util.find_spec("torchvision") is not None
 IMAGE_TOKENS = 16  # a 64 × 64 image on the tiny tower's 8-pixel patches (an 8 × 8 grid) merged 2 × 2
@@ -33,28 +34,7 @@ def image_data(tmp_path_factory) -> Path:
 
 
 def qwen_config(model: Path, dataset: Path | str, **overrides) -> TrainConfig:
-    values = {
-        "model": str(model),
-        "dataset": str(dataset),
-        "eval_split": "",
-        "max_steps": 3,
-        "learning_rate": 3e-2,
-        "warmup_steps": 0,
-        "lr_scheduler_type": "constant",
-        "max_seq_length": 96,
-        "per_device_train_batch_size": 2,
-        "save_steps": 3,
-        **overrides,
-    }
-    return TrainConfig.from_dict(values)
-
-
-def prepared(config: TrainConfig):
-    from finetune import data
-    from finetune.model import loading
-
-    processor = loading.load_processor(plan_for(config))
-    return processor, data.prepare(config, processor)
+    return vlm_config(model, dataset, **{"max_steps": 3, "max_seq_length": 96, "save_steps": 3, **overrides})
 
 
 @pytest.fixture(scope="module")
@@ -130,9 +110,8 @@ def test_only_the_answer_is_trained_and_image_tokens_never(qwen_dir, image_data)
     assert data.format.kind == "images" and len(data.train) == 4
     row = data.train[0]
     ids, labels = row["input_ids"], row["labels"]
+    assert trained_text(processor.tokenizer, row) == "It is red.<|im_end|>\n"
     trained = [i for i, label in zip(ids, labels, strict=True) if label != -100]
-    assert processor.tokenizer.decode(trained) == "It is red.<|im_end|>\n"
-    assert [label for label in labels if label != -100] == trained  # labels are the ids where trained
     assert labels[-len(trained) :] == trained  # one trained piece, at the end: the answer
     image_id = processor.image_token_id
     positions = [i for i, t in enumerate(ids) if t == image_id]
@@ -206,20 +185,7 @@ def docs_snippet() -> str:
 
 
 def test_chat_answers_a_picture_from_the_tuned_run_and_the_base(lora_run, qwen_dir, image_data):
-    from finetune.errors import UserError
-    from finetune.model.inference import GenerationSettings
-    from finetune.studio import Studio
-
-    studio = Studio(runs_root=lora_run.path.parent)
-    messages = [{"role": "user", "content": "<image>What colour?"}]
-    settings = GenerationSettings(max_new_tokens=4)
-    picture = str(image_data.parent / "img0_0.png")
-    tuned = list(studio.chat(lora_run.path.name, messages, settings, images=[picture]))
-    base = list(studio.chat("base", messages, settings, base_values={"model": str(qwen_dir)}, images=[picture]))
-    assert tuned and base  # both generate from the image (random tiny models: the words themselves mean nothing)
-    with pytest.raises(UserError, match=r"images: 0 image\(s\) for 1 <image> tag") as caught:
-        list(studio.chat(lora_run.path.name, messages, settings))
-    assert caught.value.field == "images"
+    chat_with_a_picture(lora_run.path, qwen_dir, str(image_data.parent / "img0_0.png"))
 
 
 # ----------------------------------------------------------------------------- memory
