@@ -156,7 +156,8 @@ def check_inputs(run: RunDir, options: EvalOptions) -> Inputs:
     tasks = harness.check_tasks(options.lm_eval, options.include_path) if options.lm_eval else None
     fit = judge.check_fits(judge.plan_of(options.judge, plan)) if options.judge else None
     predictions = _predictions_path(options.predictions, run)
-    tokenizer = loading.load_tokenizer(config)
+    # A vision-language run answers through its processor (its tokenizer and image processor), as chat loads it.
+    tokenizer = loading.load_processor(plan) if plan.vision is not None else loading.load_tokenizer(config)
     names = label_names(run.path, config) if not answers else []
     selection = rows.select(config, tokenizer, options.data, options.split, options.limit, names)
     if fit is not None and not any(row.prompt for row in selection.rows):
@@ -407,6 +408,8 @@ def answer_rows(selection: rows.Selection, tuned: Outputs, base: Outputs | None)
         }
         if base is not None and base.answers is not None:
             entry["base"] = base.answers[i]
+        if row.images:
+            entry["images"] = [str(path) for path in row.images]
         out.append(entry)
     return out
 
@@ -422,6 +425,8 @@ def write_predictions(
     lines = []
     for i, row in enumerate(selection.rows):
         line: dict[str, Any] = {"prompt": _question(row) if row.prompt else None, "reference": row.reference}
+        if row.images:
+            line["images"] = [str(path) for path in row.images]
         if row.label is not None:
             line.update(text=row.text, text_pair=row.text_pair or None, label=names[row.label])
         if row.good is not None:

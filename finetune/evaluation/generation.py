@@ -31,9 +31,14 @@ def answers(
 
         torch.manual_seed(SAMPLING_SEED)
     out: list[str] = []
+    images = hasattr(tokenizer, "image_processor")  # a vision-language model's processor reads each row's pictures
     for start in range(0, len(rows), BATCH):
-        batch = [row.prompt or [] for row in rows[start : start + BATCH]]
-        out += generate_answers(model, tokenizer, batch, max_new_tokens=max_new_tokens, temperature=temperature)
+        chunk = rows[start : start + BATCH]
+        batch = [row.prompt or [] for row in chunk]
+        pictures = [row.images for row in chunk] if images else None
+        out += generate_answers(
+            model, tokenizer, batch, max_new_tokens=max_new_tokens, temperature=temperature, images=pictures
+        )
         _tick(tick, len(batch))
     return out
 

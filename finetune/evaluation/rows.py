@@ -19,6 +19,7 @@ from finetune.data import preference, prompts
 from finetune.data.checks import as_conversation, kto_label, label_value, text_value
 from finetune.data.detection import detect_format
 from finetune.data.heldout import heldout_samples
+from finetune.data.images import as_text, conversation, image_count, image_list
 from finetune.data.kinds import DataFormat, DataKind
 from finetune.data.loading import FILE_TYPES, load_raw
 from finetune.data.registry import render_segments, to_messages
@@ -42,6 +43,7 @@ class EvalRow:
     label: int | None = None  # a classification row: the class index
     text: str = ""
     text_pair: str = ""
+    images: list[str] = field(default_factory=list)  # image data: the prompt's pictures (files), one per <image> tag
 
 
 @dataclass
@@ -143,8 +145,12 @@ def _heldout(config: TrainConfig, tokenizer: Any, limit: int | None) -> Selectio
         raise UserError("data: this run has no evaluation split and no held-out prompts; give --data FILE", "data")
     rows = []
     for prompt, reference in samples:
-        conversation = [{"role": "user", "content": prompt}]
+        conversation = [{"role": "user", "content": str(prompt)}]
         scored = None
+        pictures = list(getattr(prompt, "images", ()))  # an image prompt's pictures (finetune.data.images.ImagePrompt)
+        if pictures or hasattr(tokenizer, "image_processor"):
+            rows.append(EvalRow(prompt=conversation, reference=reference, images=pictures))
+            continue
         if reference is not None:
             scored = render_segments({"prompt": prompt, "completion": reference}, PAIR_FORMAT, tokenizer)
         rows.append(EvalRow(prompt=conversation, reference=reference, scored=scored))
@@ -163,12 +169,25 @@ def _row(row: dict[str, Any], fmt: DataFormat, tokenizer: Any, label_names: list
         return _preference_row(row, fmt, tokenizer)
     if fmt.kind is DataKind.PROMPTS:
         return _prompts_row(row, fmt, tokenizer)
+    if fmt.kind is DataKind.IMAGES:
+        return _image_row(row, fmt)
     scored = render_segments(row, fmt, tokenizer)
     if fmt.kind is DataKind.TEXT:
         return EvalRow(scored=scored)
     messages = to_messages(row, fmt)
     last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
     return EvalRow(prompt=messages[:last], reference=messages[last]["content"], scored=scored)
+
+
+def _image_row(row: dict[str, Any], fmt: DataFormat) -> EvalRow:
+    """An image row (checked: its images are files found and readable, or in-memory images): the conversation up to
+    its last answer, each image an `<image>` tag, with the pictures those tags place; the answer is the reference.
+    Only answers are scored: the loss of an answer after its images is not taken here."""
+    messages = conversation(row, fmt)
+    last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    pictures = image_list(row.get(fmt.columns["images"]))[: image_count(messages[:last])]
+    text = as_text(messages)
+    return EvalRow(prompt=text[:last], reference=text[last]["content"], images=pictures)
 
 
 def _preference_row(row: dict[str, Any], fmt: DataFormat, tokenizer: Any) -> EvalRow:
