@@ -157,7 +157,7 @@ def answer_lines(result: dict[str, Any]) -> list[str]:
     for row in answers[:ANSWERS_SHOWN]:
         lines.append(f"  prompt: {_one_line(prompt_with_images(row.get('prompt') or '', row.get('images') or []))}")
         for who in ("reference", "base", "tuned"):
-            if row.get(who) is not None and who in row:
+            if row.get(who) is not None:
                 lines.append(f"    {who}: {_one_line(row[who])}")
     return lines
 
