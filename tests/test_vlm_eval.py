@@ -55,15 +55,15 @@ def run(vlm_dir, caption_data, tmp_path_factory):
         "model": str(vlm_dir),
         "dataset": str(caption_data),
         "eval_split": str(caption_data.parent / "heldout.jsonl"),
-        "eval_steps": 10,
-        "max_steps": 10,
+        "eval_steps": 8,
+        "max_steps": 8,
         "learning_rate": 3e-2,
         "warmup_steps": 0,
         "lr_scheduler_type": "constant",
         "max_seq_length": 128,
         "image_longest_side": 32,  # one 32-pixel tile a picture (4 image tokens): a quick step
         "per_device_train_batch_size": 4,
-        "save_steps": 10,
+        "save_steps": 8,
     }
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("FINETUNE_STUDIO_HOME", str(tmp_path_factory.mktemp("vlm-eval-home")))
@@ -73,7 +73,7 @@ def run(vlm_dir, caption_data, tmp_path_factory):
 def test_a_vlm_run_answers_its_held_out_image_prompts_before_and_after_training(run, caption_data):
     events = [e for e in run.events() if isinstance(e, SamplesEvent)]
     first, last = events[0], events[-1]
-    assert first.step == 0 and last.step == 10
+    assert first.step == 0 and last.step == 8
     for event in (first, last):
         assert [s.prompt for s in event.samples] == ["<image>Describe the image."] * 3
         assert [s.reference for s in event.samples] == [ANSWER] * 3
@@ -85,7 +85,7 @@ def test_a_vlm_run_answers_its_held_out_image_prompts_before_and_after_training(
     from ui.formatting import sample_rows
 
     headers, rows = sample_rows(run.events(), active=False)
-    assert headers[1:] == ["Answer before training (step 0)", "Answer at step 10"]
+    assert headers[1:] == ["Answer before training (step 0)", "Answer at step 8"]
     name = Path(first.samples[0].images[0]).name
     assert rows[0][0] == f"[{name}] Describe the image." and rows[0][2] == ANSWER
 
@@ -95,10 +95,13 @@ def test_evaluation_scores_image_rows_base_against_tuned(run, caption_data, caps
     from finetune.evaluation.evaluate import EvalOptions, evaluate_run
     from finetune.evaluation.report import answer_table
 
-    result, path = evaluate_run(run, EvalOptions(base=True, max_new_tokens=24))
+    result, path = evaluate_run(run, EvalOptions(base=True, max_new_tokens=12))
     assert result["data"]["kind"] == "images" and result["rows"] == 3
     assert result["tuned"]["exact_match"] == 1.0 and result["base"]["exact_match"] < 1.0
     assert result["tuned"]["rouge_l"] > result["base"]["rouge_l"]
+    # The loss is taken with the pictures, on the tokens training counts: the run's own last eval loss, on these rows.
+    eval_loss = [e["eval_loss"] for e in run.read_events(("eval",))][-1]
+    assert result["tuned"]["loss"] == pytest.approx(eval_loss, rel=1e-3) and result["base"]["loss"] > 10 * eval_loss
     rows = answer_table(result)
     assert [r[1] for r in rows] == [ANSWER] * 3 and [r[3] for r in rows] == [ANSWER] * 3
     names = [Path(a["images"][0]).name for a in result["answers"]]

@@ -174,8 +174,18 @@ def score_models(
     harness_results: dict[str, Any] = {}
 
     def run_all(model: Any, who: str, answers: bool) -> Outputs:
+        family = inputs.plan.vision.family if inputs.plan.vision is not None else ""
         out = score(
-            model, tokenizer, inputs.selection, objective, inputs.config.max_seq_length, options, steps, who, answers
+            model,
+            tokenizer,
+            inputs.selection,
+            objective,
+            inputs.config.max_seq_length,
+            options,
+            steps,
+            who,
+            answers,
+            family,
         )
         if tasks is not None and (who == "tuned" or options.base):
             harness_results[who] = _lm_eval(model, tokenizer, tasks, options, steps, who)
@@ -287,8 +297,10 @@ def score(
     steps: Steps,
     who: str,
     answers: bool,
+    family: str = "",
 ) -> Outputs:
-    """Every pass the objective's scores need over the rows, for one model."""
+    """Every pass the objective's scores need over the rows, for one model (`family`: a vision-language plan's, for
+    the layout of its image rows)."""
     out = Outputs()
     if objective.is_classifier:
         tick = steps.stage(f"{who}: labelling", len(selection.rows))
@@ -297,7 +309,11 @@ def score(
     scored = [row.scored for row in selection.rows if row.scored]
     if scored:
         tick = steps.stage(f"{who}: scoring the reference answers", len(scored))
-        out.nll = generation.answer_nll(model, tokenizer, scored, max_length, tick)
+        encoded = [row.encoded for row in selection.rows if row.scored and row.encoded is not None]
+        if encoded:  # image rows: their pictures go through the model with them
+            out.nll = generation.image_answer_nll(model, tokenizer, encoded, family, tick)
+        else:
+            out.nll = generation.answer_nll(model, tokenizer, scored, max_length, tick)
     rejected = [row.rejected for row in selection.rows if row.rejected]
     if rejected:
         tick = steps.stage(f"{who}: scoring the rejected answers", len(rejected))
@@ -409,7 +425,7 @@ def answer_rows(selection: rows.Selection, tuned: Outputs, base: Outputs | None)
         if base is not None and base.answers is not None:
             entry["base"] = base.answers[i]
         if row.images:
-            entry["images"] = [str(path) for path in row.images]
+            entry["images"] = _image_files(row)
         out.append(entry)
     return out
 
@@ -426,7 +442,7 @@ def write_predictions(
     for i, row in enumerate(selection.rows):
         line: dict[str, Any] = {"prompt": _question(row) if row.prompt else None, "reference": row.reference}
         if row.images:
-            line["images"] = [str(path) for path in row.images]
+            line["images"] = _image_files(row)
         if row.label is not None:
             line.update(text=row.text, text_pair=row.text_pair or None, label=names[row.label])
         if row.good is not None:
@@ -452,6 +468,15 @@ def _row_outputs(who: str, out: Outputs, i: int, position: int | None, names: li
     if out.rejected_nll is not None and position is not None:
         line[f"{who}_rejected_nll"], line["rejected_tokens"] = out.rejected_nll[position]
     return line
+
+
+def _image_files(row: rows.EvalRow) -> list[str]:
+    """A row's pictures as results name them: each file's path (a Hub data set's in-memory image by its own path, or
+    "(image)")."""
+    return [
+        p if isinstance(p, str) else str((p.get("path") if isinstance(p, dict) else "") or "(image)")
+        for p in row.images
+    ]
 
 
 def _question(row: rows.EvalRow) -> str:
