@@ -131,3 +131,6 @@ def test_a_missing_image_in_the_evaluation_data_is_refused_naming_the_row(run, c
     assert caught.value.field == "data" and "\n" not in message
     assert "row 4 of bad.jsonl" in message and "'pictures/gone.png' not found" in message
     assert sorted((run.path / "eval").glob("*.json")) == before  # refused before any model loads: nothing written
+    with pytest.raises(UserError, match="lm_eval: the harness's tasks are text tasks") as caught:
+        evaluate_run(run, EvalOptions(lm_eval=["pirate_quiz"]))
+    assert caught.value.field == "lm_eval"

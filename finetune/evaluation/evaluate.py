@@ -153,6 +153,12 @@ def check_inputs(run: RunDir, options: EvalOptions) -> Inputs:
     if not answers and (options.judge or options.lm_eval):
         key = "judge" if options.judge else "lm_eval"
         raise UserError(f"{key}: applies to runs that answer in text; a classification run answers with labels", key)
+    if plan.vision is not None and options.lm_eval:
+        raise UserError(
+            "lm_eval: the harness's tasks are text tasks for a text model; a vision-language run is evaluated on "
+            "image rows (its evaluation split, or --data FILE)",
+            field="lm_eval",
+        )
     tasks = harness.check_tasks(options.lm_eval, options.include_path) if options.lm_eval else None
     fit = judge.check_fits(judge.plan_of(options.judge, plan)) if options.judge else None
     predictions = _predictions_path(options.predictions, run)
