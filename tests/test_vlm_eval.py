@@ -88,6 +88,11 @@ def test_a_vlm_run_answers_its_held_out_image_prompts_before_and_after_training(
     assert headers[1:] == ["Answer before training (step 0)", "Answer at step 8"]
     name = Path(first.samples[0].images[0]).name
     assert rows[0][0] == f"[{name}] Describe the image." and rows[0][2] == ANSWER
+    # ...and scores the held-out answers against their references, as for text runs.
+    from finetune.studio import Studio
+
+    scores = Studio(runs_root=run.path.parent).held_out_scores(run.path.name)
+    assert [s["step"] for s in scores] == [0, 8] and scores[0]["rouge_l"] < scores[1]["rouge_l"] == 1.0
 
 
 def test_evaluation_scores_image_rows_base_against_tuned(run, caption_data, capsys):
