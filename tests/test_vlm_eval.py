@@ -88,6 +88,11 @@ def test_a_vlm_run_answers_its_held_out_image_prompts_before_and_after_training(
     assert headers[1:] == ["Answer before training (step 0)", "Answer at step 8"]
     name = Path(first.samples[0].images[0]).name
     assert rows[0][0] == f"[{name}] Describe the image." and rows[0][2] == ANSWER
+    # The model card shows each prompt with its picture's name, before and after.
+    from finetune.publish.model_card import build_model_card
+
+    card = build_model_card(run.path, "me/tiny-vlm")
+    assert card.count(f"**Prompt:** [{name}] Describe the image.") == 1 and "Step 8 (after training):" in card
     # ...and scores the held-out answers against their references, as for text runs.
     from finetune.studio import Studio
 
