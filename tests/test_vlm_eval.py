@@ -92,7 +92,7 @@ def test_a_vlm_run_answers_its_held_out_image_prompts_before_and_after_training(
     from finetune.publish.model_card import build_model_card
 
     card = build_model_card(run.path, "me/tiny-vlm")
-    assert card.count(f"**Prompt:** [{name}] Describe the image.") == 1 and "Step 8 (after training):" in card
+    assert card.count(f"**Prompt:** [{name}] Describe the image.") == 1 and "at step 8 (after training)" in card
     # ...and scores the held-out answers against their references, as for text runs.
     from finetune.studio import Studio
 
