@@ -106,7 +106,7 @@ def test_evaluation_scores_image_rows_base_against_tuned(run, caption_data, caps
     from finetune.evaluation.report import answer_table
 
     result, path = evaluate_run(run, EvalOptions(base=True, max_new_tokens=12))
-    assert result["data"]["kind"] == "images" and result["rows"] == 3
+    assert result["data"]["kind"] == "images" and result["rows"] == 3 and path.is_file()
     assert result["tuned"]["exact_match"] == 1.0 and result["base"]["exact_match"] < 1.0
     assert result["tuned"]["rouge_l"] > result["base"]["rouge_l"]
     # The loss is taken with the pictures, on the tokens training counts: the run's own last eval loss, on these rows.
