@@ -221,7 +221,8 @@ def build(studio: Studio) -> EvaluateTab:
         "Did the tuning work? Score a run against the model it started from on held-out data: the loss on the "
         "reference answers, how close the generated answers come to them (exact match, ROUGE-L, the last number), "
         "a preference run's rewards, optional **lm-evaluation-harness** tasks (the bundled `pirate_quiz` works "
-        "offline) and an optional judge model. Results are kept in the run folder (`eval/`)."
+        "offline) and an optional judge model. A vision-language run answers image rows with their pictures (named "
+        "by file in the answers). Results are kept in the run folder (`eval/`)."
     )
     with gr.Row(equal_height=False):
         tab.source = gr.Dropdown(

@@ -273,11 +273,11 @@ def sample_rows(events: list[Event], active: bool = True) -> tuple[list[str], li
     else:
         now, waiting = "Answer now", "(no evaluation ran: answers are refreshed at each evaluation, every eval_steps)"
     headers = ["Held-out prompt", f"Answer before training (step {first.step})", now]
-    latest = {s.prompt: s.answer for s in last.samples}
+    latest = {(s.prompt, s.images): s.answer for s in last.samples}  # one question may ask about several pictures
     rows = []
     for s in first.samples:
-        after = latest.get(s.prompt, "") if last is not first else waiting
-        rows.append([s.prompt, s.answer or "(empty answer)", after or "(empty answer)"])
+        after = latest.get((s.prompt, s.images), "") if last is not first else waiting
+        rows.append([s.shown_prompt, s.answer or "(empty answer)", after or "(empty answer)"])
     return headers, rows
 
 

@@ -433,9 +433,36 @@ def example(row: Row, fmt: DataFormat, processor: Any, config: TrainConfig) -> d
     }
 
 
+class ImagePrompt(str):
+    """A held-out prompt with its pictures: the text of the user's turn (each image an `<image>` tag, as ShareGPT
+    rows write it) that text-only readers show as it is, and the image files (absolute paths) that go with the tags,
+    in order. A `str`, so the held-out prompts stay one list whatever the data kind."""
+
+    images: tuple[str, ...]
+
+    def __new__(cls, text: str, images: tuple[str, ...] | list[str] = ()) -> ImagePrompt:
+        made = super().__new__(cls, text)
+        made.images = tuple(images)
+        return made
+
+
 def samples(row: Row, fmt: DataFormat) -> list[Sample]:
-    """None: the held-out answers a run shows while it trains are text-only prompts, and these rows need images."""
-    return []
+    """The first user turn with its images (files: a checked row holds absolute paths), with the assistant's reply
+    to it as the reference; none for a row whose images are not files (a Hub `Image` column), which a run's events
+    could not name."""
+    messages = conversation(row, fmt)
+    first = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
+    if first is None:
+        return []
+    images = image_list(row.get(fmt.columns["images"]))
+    before = image_count(messages[:first])  # images placed before it (a system turn's) are not its own
+    mine = images[before : before + image_count(messages[first : first + 1])]
+    if not all(isinstance(path, str) for path in mine):
+        return []
+    text = as_text(messages[first : first + 1])[0]["content"]
+    reply = next((m for m in messages[first + 1 :] if m["role"] == "assistant"), None)
+    reference = as_text([reply])[0]["content"] if reply is not None else None
+    return [(ImagePrompt(text, mine), reference)]
 
 
 HANDLER = KindHandler(

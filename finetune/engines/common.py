@@ -83,12 +83,19 @@ def prepare_run(plan: RunPlan, progress: Progress) -> Prepared:
 
 
 def samples_event(prepared: Prepared, answers: list[str]) -> dict[str, Any]:
-    """The "samples" event of the held-out answers: each prompt, answer and reference answer (where known). Their
+    """The "samples" event of the held-out answers: each prompt, answer, reference answer (where known) and images
+    (an image prompt's files). Their
     scores against the references are computed by whoever reads them (`Studio.held_out_scores`): ROUGE-L's library
     costs a second of imports that a training process should not pay."""
     references = prepared.references or [None] * len(prepared.prompts)
     samples = [
-        {"prompt": p, "answer": a, **({"reference": r} if r is not None else {})}
+        {
+            "prompt": str(p),
+            "answer": a,
+            **({"reference": r} if r is not None else {}),
+            # An image prompt's pictures (files, one per <image> tag of the prompt), for the page to show beside it.
+            **({"images": list(p.images)} if getattr(p, "images", None) else {}),
+        }
         for p, a, r in zip(prepared.prompts, answers, references, strict=True)
     ]
     return {"samples": samples}

@@ -254,7 +254,7 @@ def step0_answers_path(plan: RunPlan, prompts: list[str]) -> Path | None:
     fine-tuning, or an adapter that starts as the identity: LoRA/QLoRA with B = 0, not DoRA, PiSSA or OLoRA), so its
     greedy answers are the same run after run (0.3-0.9 s of every CPU run: bench/results/overhead-analysis.md). The
     key holds the base's files (name, size, modification time), every setting that shapes the model at step 0, the
-    prompts and the library versions; None when the answers cannot be reused."""
+    prompts (and their images' files) and the library versions; None when the answers cannot be reused."""
     import hashlib
     import importlib.metadata as md
     import json
@@ -264,12 +264,13 @@ def step0_answers_path(plan: RunPlan, prompts: list[str]) -> Path | None:
     if plan.world_size > 1:
         return None  # every rank must take part in generating (ZeRO-3 gathers weights): no rank may skip alone
     files = _base_files(plan.config.model)
-    if not files:
+    pictures = _image_files(prompts)
+    if not files or pictures is None:
         return None
     config = plan.config
     key = [
         files, config.task, config.method, config.quant_type, config.double_quant, plan.precision, plan.weight_dtype,
-        plan.device, plan.liger, config.trust_remote_code, prompts, SAMPLE_MAX_NEW_TOKENS,
+        plan.device, plan.liger, config.trust_remote_code, prompts, pictures, SAMPLE_MAX_NEW_TOKENS,
         [md.version(name) for name in ("torch", "transformers", "peft")],
     ]  # fmt: skip
     digest = hashlib.sha256(json.dumps(key, default=str).encode()).hexdigest()[:32]
@@ -305,6 +306,17 @@ def _base_files(model: str) -> list[tuple[str, int, int]] | None:
     try:
         entries = sorted(p for p in folder.iterdir() if p.is_file())
         return [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in entries] or None
+    except OSError:
+        return None
+
+
+def _image_files(prompts: list[str]) -> list[list[tuple[str, int, int]]] | None:
+    """(path, size, mtime) of each image prompt's pictures (the answers depend on them as much as on the text);
+    None when one cannot be read."""
+    try:
+        return [
+            [(p, Path(p).stat().st_size, Path(p).stat().st_mtime_ns) for p in getattr(q, "images", ())] for q in prompts
+        ]
     except OSError:
         return None
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from finetune.errors import UserError
 from finetune.evaluation import report, store
-from finetune.runs.events import LogEvent, SamplesEvent, latest, of_type
+from finetune.runs.events import LogEvent, SamplesEvent, latest, of_type, prompt_with_images
 from finetune.runs.rundir import RunDir
 
 
@@ -85,12 +85,14 @@ def _answers(runs: list[RunDir], latest: dict[str, dict | None]) -> list[dict[st
 
 
 def _evaluated_answers(result: dict | None) -> dict[str, str]:
-    return {a["prompt"]: a.get("tuned", "") for a in (result or {}).get("answers") or []}
+    # An image row's prompt names its pictures: one question asked of several pictures is several prompts.
+    answers = (result or {}).get("answers") or []
+    return {prompt_with_images(a["prompt"], a.get("images") or []): a.get("tuned", "") for a in answers}
 
 
 def _sampled_answers(run: RunDir) -> dict[str, str]:
     last = latest(run.events(), SamplesEvent)
-    return {s.prompt: s.answer for s in last.samples if s.prompt} if last is not None else {}
+    return {s.shown_prompt: s.answer for s in last.samples if s.prompt} if last is not None else {}
 
 
 def render_text(comparison: Comparison) -> str:

@@ -153,10 +153,17 @@ def check_inputs(run: RunDir, options: EvalOptions) -> Inputs:
     if not answers and (options.judge or options.lm_eval):
         key = "judge" if options.judge else "lm_eval"
         raise UserError(f"{key}: applies to runs that answer in text; a classification run answers with labels", key)
+    if plan.vision is not None and options.lm_eval:
+        raise UserError(
+            "lm_eval: the harness's tasks are text tasks for a text model; a vision-language run is evaluated on "
+            "image rows (its evaluation split, or --data FILE)",
+            field="lm_eval",
+        )
     tasks = harness.check_tasks(options.lm_eval, options.include_path) if options.lm_eval else None
     fit = judge.check_fits(judge.plan_of(options.judge, plan)) if options.judge else None
     predictions = _predictions_path(options.predictions, run)
-    tokenizer = loading.load_tokenizer(config)
+    # A vision-language run answers through its processor (its tokenizer and image processor), as chat loads it.
+    tokenizer = loading.load_processor(plan) if plan.vision is not None else loading.load_tokenizer(config)
     names = label_names(run.path, config) if not answers else []
     selection = rows.select(config, tokenizer, options.data, options.split, options.limit, names)
     if fit is not None and not any(row.prompt for row in selection.rows):
@@ -173,8 +180,18 @@ def score_models(
     harness_results: dict[str, Any] = {}
 
     def run_all(model: Any, who: str, answers: bool) -> Outputs:
+        family = inputs.plan.vision.family if inputs.plan.vision is not None else ""
         out = score(
-            model, tokenizer, inputs.selection, objective, inputs.config.max_seq_length, options, steps, who, answers
+            model,
+            tokenizer,
+            inputs.selection,
+            objective,
+            inputs.config.max_seq_length,
+            options,
+            steps,
+            who,
+            answers,
+            family,
         )
         if tasks is not None and (who == "tuned" or options.base):
             harness_results[who] = _lm_eval(model, tokenizer, tasks, options, steps, who)
@@ -286,8 +303,10 @@ def score(
     steps: Steps,
     who: str,
     answers: bool,
+    family: str = "",
 ) -> Outputs:
-    """Every pass the objective's scores need over the rows, for one model."""
+    """Every pass the objective's scores need over the rows, for one model (`family`: a vision-language plan's, for
+    the layout of its image rows)."""
     out = Outputs()
     if objective.is_classifier:
         tick = steps.stage(f"{who}: labelling", len(selection.rows))
@@ -296,7 +315,11 @@ def score(
     scored = [row.scored for row in selection.rows if row.scored]
     if scored:
         tick = steps.stage(f"{who}: scoring the reference answers", len(scored))
-        out.nll = generation.answer_nll(model, tokenizer, scored, max_length, tick)
+        encoded = [row.encoded for row in selection.rows if row.scored and row.encoded is not None]
+        if encoded:  # image rows: their pictures go through the model with them
+            out.nll = generation.image_answer_nll(model, tokenizer, encoded, family, tick)
+        else:
+            out.nll = generation.answer_nll(model, tokenizer, scored, max_length, tick)
     rejected = [row.rejected for row in selection.rows if row.rejected]
     if rejected:
         tick = steps.stage(f"{who}: scoring the rejected answers", len(rejected))
@@ -407,6 +430,8 @@ def answer_rows(selection: rows.Selection, tuned: Outputs, base: Outputs | None)
         }
         if base is not None and base.answers is not None:
             entry["base"] = base.answers[i]
+        if row.images:
+            entry["images"] = _image_files(row)
         out.append(entry)
     return out
 
@@ -422,6 +447,8 @@ def write_predictions(
     lines = []
     for i, row in enumerate(selection.rows):
         line: dict[str, Any] = {"prompt": _question(row) if row.prompt else None, "reference": row.reference}
+        if row.images:
+            line["images"] = _image_files(row)
         if row.label is not None:
             line.update(text=row.text, text_pair=row.text_pair or None, label=names[row.label])
         if row.good is not None:
@@ -447,6 +474,15 @@ def _row_outputs(who: str, out: Outputs, i: int, position: int | None, names: li
     if out.rejected_nll is not None and position is not None:
         line[f"{who}_rejected_nll"], line["rejected_tokens"] = out.rejected_nll[position]
     return line
+
+
+def _image_files(row: rows.EvalRow) -> list[str]:
+    """A row's pictures as results name them: each file's path (a Hub data set's in-memory image by its own path, or
+    "(image)")."""
+    return [
+        p if isinstance(p, str) else str((p.get("path") if isinstance(p, dict) else "") or "(image)")
+        for p in row.images
+    ]
 
 
 def _question(row: rows.EvalRow) -> str:

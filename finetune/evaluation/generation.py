@@ -31,9 +31,14 @@ def answers(
 
         torch.manual_seed(SAMPLING_SEED)
     out: list[str] = []
+    images = hasattr(tokenizer, "image_processor")  # a vision-language model's processor reads each row's pictures
     for start in range(0, len(rows), BATCH):
-        batch = [row.prompt or [] for row in rows[start : start + BATCH]]
-        out += generate_answers(model, tokenizer, batch, max_new_tokens=max_new_tokens, temperature=temperature)
+        chunk = rows[start : start + BATCH]
+        batch = [row.prompt or [] for row in chunk]
+        pictures = [row.images for row in chunk] if images else None
+        out += generate_answers(
+            model, tokenizer, batch, max_new_tokens=max_new_tokens, temperature=temperature, images=pictures
+        )
         _tick(tick, len(batch))
     return out
 
@@ -60,18 +65,53 @@ def answer_nll(
             labels = torch.tensor([row["labels"] + [data.IGNORE] * (width - len(row["labels"])) for row in batch])
             with torch.no_grad():
                 logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()
-            # The token at t is predicted from the logits at t - 1 (as the model's own loss shifts them).
-            targets = labels[:, 1:].to(logits.device)
-            nll = torch.nn.functional.cross_entropy(
-                logits[:, :-1].transpose(1, 2), targets, ignore_index=data.IGNORE, reduction="none"
-            )
-            counted = targets != data.IGNORE
-            out += [(float(n), int(c)) for n, c in zip(nll.sum(1).tolist(), counted.sum(1).tolist(), strict=True)]
+            out += _summed_nll(logits, labels)
             _tick(tick, len(batch))
     finally:
         if was_training:
             model.train()
     return out
+
+
+def image_answer_nll(
+    model: Any, processor: Any, rows: list[dict[str, Any]], family: str, tick: Tick | None = None
+) -> list[tuple[float, int]]:
+    """`answer_nll` for image rows ({input_ids, labels, images} as training tokenised them): each batch laid out by
+    training's image collator, so the model reads the rows' pictures as it did in training."""
+    import torch
+
+    from finetune.data.images import ImageCollator
+
+    collate = ImageCollator(processor, family=family)
+    device = next(model.parameters()).device
+    out: list[tuple[float, int]] = []
+    was_training = model.training
+    model.eval()
+    try:
+        for start in range(0, len(rows), SCORE_BATCH):
+            batch = collate(rows[start : start + SCORE_BATCH])
+            labels = batch.pop("labels")
+            with torch.no_grad():
+                logits = model(**{k: v.to(device) for k, v in batch.items()}).logits.float()
+            out += _summed_nll(logits, labels)
+            _tick(tick, len(rows[start : start + SCORE_BATCH]))
+    finally:
+        if was_training:
+            model.train()
+    return out
+
+
+def _summed_nll(logits: Any, labels: Any) -> list[tuple[float, int]]:
+    """(summed NLL, counted tokens) of each row: the token at t is predicted from the logits at t - 1 (as the
+    model's own loss shifts them); -100 labels are not counted."""
+    import torch
+
+    targets = labels[:, 1:].to(logits.device)
+    nll = torch.nn.functional.cross_entropy(
+        logits[:, :-1].transpose(1, 2), targets, ignore_index=data.IGNORE, reduction="none"
+    )
+    counted = targets != data.IGNORE
+    return [(float(n), int(c)) for n, c in zip(nll.sum(1).tolist(), counted.sum(1).tolist(), strict=True)]
 
 
 def labels(

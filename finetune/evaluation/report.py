@@ -8,6 +8,7 @@ from typing import Any
 
 from finetune.evaluation.metrics import METRICS
 from finetune.objectives import Objective
+from finetune.runs.events import prompt_with_images
 
 # Scores on a 0-1 scale: the chart draws these (a loss or a perplexity on the same axis would flatten them).
 SHARES = ("exact_match", "rouge_l", "number_match", "accuracy", "macro_f1", "reward_accuracy", "judge_win_rate")
@@ -134,6 +135,7 @@ def render_text(result: dict[str, Any], path: Any = None) -> str:
         lines += ["", f"judge {result['judge']['model']}: {judge_text(result['judge'])}"]
     if result.get("confusion"):
         lines += ["", "confusion matrix (rows: true label, columns: predicted)", *text_table(confusion_table(result))]
+    lines += answer_lines(result)
     for flag in result.get("flags") or []:
         lines.append(f"warning: {flag}")
     for note in result.get("notes") or []:
@@ -141,6 +143,28 @@ def render_text(result: dict[str, Any], path: Any = None) -> str:
     if path is not None:
         lines.append(f"saved: {path}")
     return "\n".join(lines)
+
+
+ANSWERS_SHOWN = 5  # rows whose answers the terminal report prints (--predictions FILE writes every row)
+
+
+def answer_lines(result: dict[str, Any]) -> list[str]:
+    """The first rows' prompts (an image row's with its pictures' file names), references and each model's answer."""
+    answers = result.get("answers") or []
+    if not answers:
+        return []
+    lines = ["", f"answers (the first {min(len(answers), ANSWERS_SHOWN)} of {len(answers)} rows):"]
+    for row in answers[:ANSWERS_SHOWN]:
+        lines.append(f"  prompt: {_one_line(prompt_with_images(row.get('prompt') or '', row.get('images') or []))}")
+        for who in ("reference", "base", "tuned"):
+            if row.get(who) is not None:
+                lines.append(f"    {who}: {_one_line(row[who])}")
+    return lines
+
+
+def _one_line(text: str, limit: int = 160) -> str:
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 def confusion_table(result: dict[str, Any]) -> list[list[str]]:
@@ -170,8 +194,14 @@ def text_table(table: list[list[str]]) -> list[str]:
 
 
 def answer_table(result: dict[str, Any], limit: int = 20) -> list[list[str]]:
-    """[prompt, reference, base answer, tuned answer] rows (the first `limit`)."""
+    """[prompt, reference, base answer, tuned answer] rows (the first `limit`); an image row's prompt names its
+    pictures' files where its `<image>` tags stand."""
     return [
-        [a.get("prompt") or "", a.get("reference") or "", a.get("base", ""), a.get("tuned", "")]
+        [
+            prompt_with_images(a.get("prompt") or "", a.get("images") or []),
+            a.get("reference") or "",
+            a.get("base", ""),
+            a.get("tuned", ""),
+        ]
         for a in (result.get("answers") or [])[:limit]
     ]

@@ -19,6 +19,7 @@ from finetune.data import preference, prompts
 from finetune.data.checks import as_conversation, kto_label, label_value, text_value
 from finetune.data.detection import detect_format
 from finetune.data.heldout import heldout_samples
+from finetune.data.images import as_text, conversation, encode, image_count, image_list, render
 from finetune.data.kinds import DataFormat, DataKind
 from finetune.data.loading import FILE_TYPES, load_raw
 from finetune.data.registry import render_segments, to_messages
@@ -28,6 +29,7 @@ from finetune.errors import UserError
 Segments = list[tuple[str, bool]]  # text pieces, each flagged True when training counts it in the loss
 HELDOUT = "heldout"  # the kind of a selection of held-out prompts
 PAIR_FORMAT = DataFormat(DataKind.PROMPT_COMPLETION, {"prompt": "prompt", "completion": "completion"})  # held-out
+SHAREGPT_FORMAT = DataFormat(DataKind.IMAGES, {"messages": "messages", "images": "images"})  # held-out image prompts
 
 
 @dataclass
@@ -42,6 +44,9 @@ class EvalRow:
     label: int | None = None  # a classification row: the class index
     text: str = ""
     text_pair: str = ""
+    images: list[Any] = field(default_factory=list)  # image data: the prompt's pictures (files), one per <image> tag
+    # Image data: the row as training tokenises it ({input_ids, labels, images}), for the loss with its pictures.
+    encoded: dict[str, Any] | None = None
 
 
 @dataclass
@@ -84,7 +89,7 @@ def select(
     if limit:
         raw = raw.select(range(min(limit, len(raw))))
     fmt = detect_format(list(raw.column_names), source_config)
-    rows = [_row(row, fmt, tokenizer, label_names or []) for row in raw]
+    rows = [_row(row, fmt, tokenizer, label_names or [], source_config) for row in raw]
     selection = Selection(rows, source, fmt.kind, label_names=list(label_names or []))
     if fmt.kind is DataKind.TEXT:
         selection.notes.append(
@@ -143,8 +148,16 @@ def _heldout(config: TrainConfig, tokenizer: Any, limit: int | None) -> Selectio
         raise UserError("data: this run has no evaluation split and no held-out prompts; give --data FILE", "data")
     rows = []
     for prompt, reference in samples:
-        conversation = [{"role": "user", "content": prompt}]
+        conversation = [{"role": "user", "content": str(prompt)}]
         scored = None
+        pictures = list(getattr(prompt, "images", ()))  # an image prompt's pictures (finetune.data.images.ImagePrompt)
+        if pictures or hasattr(tokenizer, "image_processor"):
+            row = EvalRow(prompt=conversation, reference=reference, images=pictures)
+            if reference is not None:  # scored as a conversation of the prompt (its <image> tags) and the reference
+                turns = [*conversation, {"role": "assistant", "content": reference}]
+                _encode_image_row({"messages": turns, "images": pictures}, SHAREGPT_FORMAT, tokenizer, row, config)
+            rows.append(row)
+            continue
         if reference is not None:
             scored = render_segments({"prompt": prompt, "completion": reference}, PAIR_FORMAT, tokenizer)
         rows.append(EvalRow(prompt=conversation, reference=reference, scored=scored))
@@ -155,7 +168,7 @@ def _heldout(config: TrainConfig, tokenizer: Any, limit: int | None) -> Selectio
     return Selection(rows, f"the held-out prompts of {_data_name(config.dataset)}", HELDOUT, notes=[note])
 
 
-def _row(row: dict[str, Any], fmt: DataFormat, tokenizer: Any, label_names: list[str]) -> EvalRow:
+def _row(row: dict[str, Any], fmt: DataFormat, tokenizer: Any, label_names: list[str], config: TrainConfig) -> EvalRow:
     """One data row as an `EvalRow` for its format."""
     if fmt.kind is DataKind.CLASSIFICATION:
         return _classification_row(row, fmt, label_names)
@@ -163,12 +176,43 @@ def _row(row: dict[str, Any], fmt: DataFormat, tokenizer: Any, label_names: list
         return _preference_row(row, fmt, tokenizer)
     if fmt.kind is DataKind.PROMPTS:
         return _prompts_row(row, fmt, tokenizer)
+    if fmt.kind is DataKind.IMAGES:
+        return _image_row(row, fmt, tokenizer, config)
     scored = render_segments(row, fmt, tokenizer)
     if fmt.kind is DataKind.TEXT:
         return EvalRow(scored=scored)
     messages = to_messages(row, fmt)
     last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
     return EvalRow(prompt=messages[:last], reference=messages[last]["content"], scored=scored)
+
+
+def _image_row(row: dict[str, Any], fmt: DataFormat, processor: Any, config: TrainConfig) -> EvalRow:
+    """An image row (checked: its images are files found and readable, or in-memory images): the conversation up to
+    its last answer, each image an `<image>` tag, with the pictures those tags place; the answer is the reference.
+    The loss is taken on the whole row as training tokenises it, pictures included."""
+    messages = conversation(row, fmt)
+    last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    pictures = image_list(row.get(fmt.columns["images"]))[: image_count(messages[:last])]
+    text = as_text(messages)
+    scored = EvalRow(prompt=text[:last], reference=text[last]["content"], images=pictures)
+    _encode_image_row(row, fmt, processor, scored, config)
+    return scored
+
+
+def _encode_image_row(row: dict[str, Any], fmt: DataFormat, processor: Any, out: EvalRow, config: TrainConfig) -> None:
+    """Fill `out.scored` (the rendered pieces) and `out.encoded` (ids, labels and pictures, cut to max_seq_length as
+    training cuts them): the row's loss is taken on its trained tokens, with its pictures in the forward pass."""
+    encoded = encode(row, fmt, processor)
+    limit = config.max_seq_length
+    if encoded.images_end > limit:
+        raise UserError(
+            f"data: a row needs {encoded.images_end} tokens up to the end of its last image, beyond the run's "
+            f"max_seq_length {limit}, which never cuts image tokens; evaluate on rows with fewer or smaller images",
+            field="data",
+        )
+    out.scored = render(row, fmt, processor)
+    pictures = image_list(row.get(fmt.columns["images"]))
+    out.encoded = {"input_ids": encoded.input_ids[:limit], "labels": encoded.labels[:limit], "images": pictures}
 
 
 def _preference_row(row: dict[str, Any], fmt: DataFormat, tokenizer: Any) -> EvalRow:

@@ -49,13 +49,19 @@ def generate_answers(
     max_new_tokens: int = 40,
     temperature: float = 0.0,
     top_p: float = 1.0,
+    images: list[list[str]] | None = None,
 ) -> list[str]:
     """Answers to prompts (a text is one user turn; a list of messages is a conversation), batched with left padding;
-    greedy unless `temperature` > 0. The model is left as it was found."""
+    greedy unless `temperature` > 0. A vision-language model's processor as `tokenizer` reads each prompt's `images`
+    (files, one per `<image>` tag; default: a held-out `ImagePrompt`'s own). The model is left as it was found."""
     import torch
 
     if not prompts:
         return []
+    if hasattr(tokenizer, "image_processor"):
+        settings = GenerationSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+        pictures = images if images is not None else [list(getattr(p, "images", ())) for p in prompts]
+        return image_answers(model, tokenizer, prompts, pictures, settings)
     was_training = model.training
     side = tokenizer.padding_side
     tokenizer.padding_side = "left"
@@ -76,6 +82,38 @@ def generate_answers(
         tokenizer.padding_side = side
         if was_training:
             model.train()
+
+
+def image_answers(
+    model: Any,
+    processor: Any,
+    prompts: list[str] | list[list[dict[str, str]]],
+    images: list[list[str]],
+    settings: GenerationSettings,
+) -> list[str]:
+    """A vision-language model's answer to each prompt with its images, one prompt at a time (rows differ in their
+    image tiles, and held-out or evaluation prompts are few). The model is left as it was found."""
+    import torch
+
+    was_training = model.training
+    device = next(model.parameters()).device
+    tokenizer = processor.tokenizer
+    out = []
+    model.eval()
+    try:
+        for prompt, pictures in zip(prompts, images, strict=True):
+            messages = [{"role": "user", "content": str(prompt)}] if isinstance(prompt, str) else prompt
+            inputs = image_chat_inputs(processor, messages, list(pictures)).to(device)
+            with torch.no_grad():
+                produced = model.generate(
+                    **inputs, pad_token_id=tokenizer.pad_token_id, use_cache=True, **settings.generate_kwargs()
+                )
+            new = produced[0, inputs["input_ids"].shape[1] :]
+            out.append(tokenizer.decode(new, skip_special_tokens=True).strip())
+    finally:
+        if was_training:
+            model.train()
+    return out
 
 
 def prompt_text(tokenizer: Any, prompt: str | list[dict[str, str]]) -> str:

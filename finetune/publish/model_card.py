@@ -647,7 +647,7 @@ def _samples_section(s: RunSummary) -> list[str]:
         if entry is None:
             continue
         for sample in entry[1]:
-            prompt = sample.prompt
+            prompt = sample.shown_prompt  # an image prompt names its pictures: one question, several pictures
             if prompt not in answers:
                 order.append(prompt)
                 answers[prompt] = {}

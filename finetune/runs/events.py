@@ -75,11 +75,33 @@ class EvalEvent(Event):
 
 @dataclass(frozen=True)
 class Sample:
-    """A held-out prompt, the model's answer, and the data's reference answer where it has one."""
+    """A held-out prompt, the model's answer, the data's reference answer where it has one, and an image prompt's
+    pictures (files, one per `<image>` tag of the prompt)."""
 
     prompt: str
     answer: str
     reference: str | None = None
+    images: tuple[str, ...] = ()
+
+    @property
+    def shown_prompt(self) -> str:
+        """The prompt as tables show it, with its pictures' file names (`prompt_with_images`)."""
+        return prompt_with_images(self.prompt, self.images)
+
+
+def prompt_with_images(prompt: str, images: tuple[str, ...] | list[str]) -> str:
+    """A held-out prompt as the tables show it: each `<image>` tag replaced by its picture's file name in brackets
+    (pictures without a tag lead the text)."""
+    names = [f"[{str(path).replace(chr(92), '/').rsplit('/', 1)[-1]}]" for path in images]
+    pieces = prompt.split("<image>")
+    text = pieces[0] + "".join(
+        names[i] + (" " + piece.lstrip(" ") if piece[:1] not in ("\n", " ", "") else piece)
+        if i < len(names)
+        else "<image>" + piece
+        for i, piece in enumerate(pieces[1:])
+    )
+    extra = names[len(pieces) - 1 :]
+    return " ".join([*extra, text]) if extra else text
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -253,6 +275,7 @@ def _samples(v: dict[str, Any], common: dict[str, Any]) -> Event:
             prompt=str(s.get("prompt", "")),
             answer=str(s.get("answer", "")),
             reference=None if s.get("reference") is None else str(s["reference"]),
+            images=tuple(str(i) for i in s.get("images") or () if isinstance(i, str)),
         )
         for s in items
         if isinstance(s, dict)
