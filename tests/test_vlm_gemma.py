@@ -84,6 +84,7 @@ def test_the_plan_sees_gemma_3_and_adapts_its_language_model_only(gemma_dir, ima
 # ----------------------------------------------------------------------------- data
 def test_only_the_answer_is_trained_and_image_tokens_never(gemma_dir, image_data):
     from finetune.data.images import ImageCollator
+    from finetune.model import loading
 
     processor, data = prepared(gemma_config(gemma_dir, image_data))
     assert type(processor).__name__ == "Gemma3Processor" and data.format.kind == "images" and len(data.train) == 4
@@ -93,7 +94,7 @@ def test_only_the_answer_is_trained_and_image_tokens_never(gemma_dir, image_data
     assert processor.tokenizer.decode(trained) == "It is red.<end_of_turn>\n"
     assert labels[-len(trained) :] == trained  # one trained piece, at the end: the answer
     tokenizer = processor.tokenizer
-    soft, boi, eoi = (tokenizer.convert_tokens_to_ids(t) for t in ("<image_soft_token>", "<start_of_image>", "<end_of_image>"))
+    soft, boi, eoi = tokenizer.convert_tokens_to_ids(["<image_soft_token>", "<start_of_image>", "<end_of_image>"])
     positions = [i for i, t in enumerate(ids) if t == soft]
     start = positions[0]
     assert positions == list(range(start, start + GEMMA3_IMAGE_TOKENS))  # one image: its soft tokens in a block
@@ -107,6 +108,10 @@ def test_only_the_answer_is_trained_and_image_tokens_never(gemma_dir, image_data
     assert batch["token_type_ids"].sum().item() == 2 * GEMMA3_IMAGE_TOKENS
     assert batch["pixel_values"].shape == (2, 3, 32, 32)
     assert "mm_token_type_ids" not in batch
+
+    # Gemma 3's images are always resized to the tower's square (its token count is fixed): the cap leaves them.
+    capped = loading.load_processor(plan_for(gemma_config(gemma_dir, image_data, image_longest_side=16)))
+    assert capped.image_processor.size == {"height": 32, "width": 32}
 
 
 # ----------------------------------------------------------------------------- memory
@@ -173,6 +178,7 @@ def test_a_lora_run_trains_the_language_model_only_and_its_merged_export_loads_i
 
 
 def test_chat_answers_a_picture_from_the_tuned_run_and_the_base(lora_run, gemma_dir, image_data):
+    from finetune.errors import UserError
     from finetune.model.inference import GenerationSettings
     from finetune.studio import Studio
 
@@ -183,3 +189,9 @@ def test_chat_answers_a_picture_from_the_tuned_run_and_the_base(lora_run, gemma_
     tuned = list(studio.chat(lora_run.path.name, messages, settings, images=[picture]))
     base = list(studio.chat("base", messages, settings, base_values={"model": str(gemma_dir)}, images=[picture]))
     assert tuned and base  # both generate from the image (random tiny models: the words themselves mean nothing)
+    # A system prompt: Gemma's template folds it into the first user turn, the image still in its place.
+    system = GenerationSettings(max_new_tokens=2, system_prompt="Answer in one word.")
+    assert list(studio.chat(lora_run.path.name, messages, system, images=[picture]))
+    with pytest.raises(UserError, match=r"images: 0 image\(s\) for 1 <image> tag") as caught:
+        list(studio.chat(lora_run.path.name, messages, settings))
+    assert caught.value.field == "images"
