@@ -93,6 +93,7 @@ def test_only_the_answer_is_trained_and_image_tokens_never(gemma_dir, image_data
     trained = [i for i, label in zip(ids, labels, strict=True) if label != -100]
     assert processor.tokenizer.decode(trained) == "It is red.<end_of_turn>\n"
     assert labels[-len(trained) :] == trained  # one trained piece, at the end: the answer
+    assert ids[0] == processor.tokenizer.bos_token_id and ids.count(ids[0]) == 1  # the template's BOS, only
     tokenizer = processor.tokenizer
     soft, boi, eoi = tokenizer.convert_tokens_to_ids(["<image_soft_token>", "<start_of_image>", "<end_of_image>"])
     positions = [i for i, t in enumerate(ids) if t == soft]
@@ -154,7 +155,7 @@ def test_a_lora_run_trains_the_language_model_only_and_its_merged_export_loads_i
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What colour?"}]}]
     text = processor.apply_chat_template(messages, add_generation_prompt=True)
     picture = load_image(str(image_data.parent / "img0_0.png"))
-    batch = processor(text=[text], images=[[picture]], return_tensors="pt")
+    batch = processor(text=[text], images=[[picture]], add_special_tokens=False, return_tensors="pt")
     assert batch["token_type_ids"].sum().item() == GEMMA3_IMAGE_TOKENS
     merged = export_run(lora_run.path, "merged", out=tmp_path / "merged").folder
     with torch.no_grad():
@@ -165,7 +166,7 @@ def test_a_lora_run_trains_the_language_model_only_and_its_merged_export_loads_i
 
         # The export in plain transformers: its own processor makes the same inputs, its model the same logits.
         again_processor = AutoProcessor.from_pretrained(merged)
-        inputs = again_processor(text=[text], images=[[picture]], return_tensors="pt")
+        inputs = again_processor(text=[text], images=[[picture]], add_special_tokens=False, return_tensors="pt")
         assert torch.equal(inputs["input_ids"], batch["input_ids"])
         plain = AutoModelForImageTextToText.from_pretrained(merged).eval()
         assert type(plain).__name__ == "Gemma3ForConditionalGeneration"
@@ -178,14 +179,22 @@ def test_a_lora_run_trains_the_language_model_only_and_its_merged_export_loads_i
 
 
 def test_chat_answers_a_picture_from_the_tuned_run_and_the_base(lora_run, gemma_dir, image_data):
+    from transformers import AutoProcessor
+
     from finetune.errors import UserError
-    from finetune.model.inference import GenerationSettings
+    from finetune.model.inference import GenerationSettings, image_chat_inputs
     from finetune.studio import Studio
 
     studio = Studio(runs_root=lora_run.path.parent)
     messages = [{"role": "user", "content": "<image>What colour?"}]
     settings = GenerationSettings(max_new_tokens=4)
     picture = str(image_data.parent / "img0_0.png")
+    # The prompt as the run was trained: one BOS (the template's; Gemma's tokenizer would add a second), the image.
+    processor = AutoProcessor.from_pretrained(lora_run.path)
+    inputs = image_chat_inputs(processor, messages, [picture])
+    ids = inputs["input_ids"][0].tolist()
+    assert ids.count(processor.tokenizer.bos_token_id) == 1 and ids[0] == processor.tokenizer.bos_token_id
+    assert inputs["token_type_ids"].sum().item() == GEMMA3_IMAGE_TOKENS and "pixel_values" in inputs
     tuned = list(studio.chat(lora_run.path.name, messages, settings, images=[picture]))
     base = list(studio.chat("base", messages, settings, base_values={"model": str(gemma_dir)}, images=[picture]))
     assert tuned and base  # both generate from the image (random tiny models: the words themselves mean nothing)

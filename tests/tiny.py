@@ -277,8 +277,9 @@ def build_gemma3(path: Path):
 
     torch.manual_seed(0)
     build_tokenizer(path)
+    # Gemma's tokenizer puts its BOS before every text it tokenises (`add_bos_token`), and its template writes it too.
     tokenizer = PreTrainedTokenizerFast.from_pretrained(
-        path, eos_token="<end_of_turn>", extra_special_tokens={**GEMMA3_TOKENS}
+        path, eos_token="<end_of_turn>", add_bos_token=True, extra_special_tokens={**GEMMA3_TOKENS}
     )
     tokenizer.add_special_tokens(
         {"additional_special_tokens": ["<start_of_turn>", "<end_of_turn>", *GEMMA3_TOKENS.values()]},
