@@ -247,3 +247,70 @@ def build_qwen_vl(path: Path, family: str = "qwen2_5_vl"):
         model = transformers.Qwen3VLForConditionalGeneration(config)
     model.save_pretrained(path)
     return path
+
+
+# Gemma 3's chat template (as its models ship it, shortened): "model" for the assistant's turns, a system message
+# folded into the first user turn, each image part as "<start_of_image>" (the processor expands it into
+# "\n\n<start_of_image>" + the image's soft tokens + "<end_of_image>\n\n").
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{% set first = messages[0]['content'] %}"
+    "{% if first is not string %}{% set first = first[0]['text'] %}{% endif %}{% set prefix = first + '\n\n' %}"
+    "{% set messages = messages[1:] %}{% else %}{% set prefix = '' %}{% endif %}"
+    "{% for message in messages %}{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<start_of_turn>' + role + '\n' + (prefix if loop.first else '') }}"
+    "{% if message['content'] is string %}{{ message['content'] | trim }}{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<start_of_image>' }}{% elif part['type'] == 'text' %}{{ part['text'] | trim }}"
+    "{% endif %}{% endfor %}{% endif %}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+GEMMA3_TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+GEMMA3_IMAGE_TOKENS = 4  # a 32-pixel image on 8-pixel patches (a 4 × 4 grid) pooled 2 × 2
+
+
+def build_gemma3(path: Path):
+    """A random tiny Gemma 3 (a 2-layer SigLIP tower on 32-pixel images of 8-pixel patches, pooled into 4 soft tokens
+    an image, and a tiny Gemma 3 language model) with its processor (the PIL image processor: no torchvision) and a
+    tokenizer that names Gemma's image tokens, saved to `path`."""
+    import torch
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3Processor, PreTrainedTokenizerFast
+    from transformers.models.gemma3 import Gemma3ImageProcessorPil
+
+    torch.manual_seed(0)
+    build_tokenizer(path)
+    # Gemma's tokenizer puts its BOS before every text it tokenises (`add_bos_token`), and its template writes it too.
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(
+        path, eos_token="<end_of_turn>", add_bos_token=True, extra_special_tokens={**GEMMA3_TOKENS}
+    )
+    tokenizer.add_special_tokens(
+        {"additional_special_tokens": ["<start_of_turn>", "<end_of_turn>", *GEMMA3_TOKENS.values()]},
+        replace_extra_special_tokens=False,
+    )
+    images = Gemma3ImageProcessorPil(size={"height": TINY_TILE, "width": TINY_TILE})
+    processor = Gemma3Processor(
+        image_processor=images, tokenizer=tokenizer, image_seq_length=GEMMA3_IMAGE_TOKENS, chat_template=GEMMA3_TEMPLATE
+    )
+    ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in GEMMA3_TOKENS.items()}
+    text = {
+        "vocab_size": len(tokenizer),
+        **TINY_SHAPE,
+        "head_dim": 16,
+        "query_pre_attn_scalar": 16,
+        "sliding_window": 64,
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "initializer_range": 0.3,
+    }
+    vision = {**TINY_VISION, "image_size": TINY_TILE, "patch_size": 8}
+    config = Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=GEMMA3_IMAGE_TOKENS,
+        boi_token_index=ids["boi_token"],
+        eoi_token_index=ids["eoi_token"],
+        image_token_index=ids["image_token"],
+    )
+    model = Gemma3ForConditionalGeneration(config)
+    model.save_pretrained(path)
+    processor.save_pretrained(path)
+    return path

@@ -404,8 +404,16 @@ class ImageCollator:
         images = [[load_image(v) for v in f["images"]] for f in features if f.get("images")]
         if images:
             batch.update(image_inputs(self.processor, images))
-        batch.update(token_types(self.family, ids, self.processor.image_token_id))
+        batch.update(token_types(self.family, ids, image_token_id(self.processor, self.family)))
         return batch
+
+
+def image_token_id(processor: Any, family: str) -> int:
+    """The id of the tokens an image becomes in the text. Gemma 3's processor names `<start_of_image>` its image token
+    (the placeholder it expands); the image itself is the `<image_soft_token>`s between it and `<end_of_image>`."""
+    if family == "gemma3":
+        return processor.tokenizer.image_token_id
+    return processor.image_token_id
 
 
 IMAGE_INPUTS = ("pixel_values", "pixel_attention_mask", "image_grid_thw", "image_sizes")

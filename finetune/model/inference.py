@@ -278,7 +278,9 @@ def image_chat_inputs(processor: Any, messages: list[dict[str, str]], images: li
         )
     text = processor.apply_chat_template(parts, add_generation_prompt=True)
     pictures = [load_image(path) for path in images]
-    return processor(text=[text], images=[pictures] if pictures else None, return_tensors="pt")
+    # The template wrote the special tokens (Gemma's BOS among them): the tokenizer adds none, as in training.
+    pictures_in = [pictures] if pictures else None
+    return processor(text=[text], images=pictures_in, add_special_tokens=False, return_tensors="pt")
 
 
 def stream_reply(
