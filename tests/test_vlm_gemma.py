@@ -16,6 +16,7 @@ import torch
 from finetune.config import TrainConfig
 from finetune.plan import plan_for
 from tests.tiny import GEMMA3_IMAGE_TOKENS, build_gemma3, write_image_rows
+from tests.vlm_support import cli_run, prepared, vlm_config
 
 
 @pytest.fixture(scope="module")
@@ -29,42 +30,13 @@ def image_data(tmp_path_factory) -> Path:
 
 
 def gemma_config(model: Path, dataset: Path | str, **overrides) -> TrainConfig:
-    values = {
-        "model": str(model),
-        "dataset": str(dataset),
-        "eval_split": "",
-        "max_steps": 3,
-        "learning_rate": 3e-2,
-        "warmup_steps": 0,
-        "lr_scheduler_type": "constant",
-        "max_seq_length": 64,
-        "per_device_train_batch_size": 2,
-        "save_steps": 3,
-        **overrides,
-    }
-    return TrainConfig.from_dict(values)
-
-
-def prepared(config: TrainConfig):
-    from finetune import data
-    from finetune.model import loading
-
-    processor = loading.load_processor(plan_for(config))
-    return processor, data.prepare(config, processor)
+    return vlm_config(model, dataset, **{"max_steps": 3, "max_seq_length": 64, "save_steps": 3, **overrides})
 
 
 @pytest.fixture(scope="module")
 def lora_run(gemma_dir, image_data, tmp_path_factory):
-    """Three LoRA steps through `python -m finetune train` (its `main`), in a studio home of its own."""
-    from finetune.cli import main
-    from finetune.runs.rundir import RunDir
-
-    folder = tmp_path_factory.mktemp("gemma-run")
-    with pytest.MonkeyPatch.context() as patch:  # the run outlives one test: its own studio home
-        patch.setenv("FINETUNE_STUDIO_HOME", str(folder / "home"))
-        gemma_config(gemma_dir, image_data, output_dir=str(folder / "run")).save(folder / "gemma.yaml")
-        assert main(["train", "--config", str(folder / "gemma.yaml")]) == 0
-    return RunDir(folder / "run")
+    """Three LoRA steps through `python -m finetune train`."""
+    return cli_run(gemma_config(gemma_dir, image_data), tmp_path_factory.mktemp("gemma-run"))
 
 
 # ----------------------------------------------------------------------------- plan

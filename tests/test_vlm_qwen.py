@@ -17,7 +17,7 @@ import torch
 from finetune.config import TrainConfig
 from finetune.plan import plan_for
 from tests.tiny import build_qwen_vl, write_image_rows
-from tests.vlm_support import chat_with_a_picture, prepared, trained_text, vlm_config
+from tests.vlm_support import chat_with_a_picture, cli_run, prepared, trained_text, vlm_config
 
 HAS_TORCHVISION = importlib.util.find_spec("torchvision") is not None
 IMAGE_TOKENS = 16  # a 64 × 64 image on the tiny tower's 8-pixel patches (an 8 × 8 grid) merged 2 × 2
@@ -39,16 +39,8 @@ def qwen_config(model: Path, dataset: Path | str, **overrides) -> TrainConfig:
 
 @pytest.fixture(scope="module")
 def lora_run(qwen_dir, image_data, tmp_path_factory):
-    """Three LoRA steps through `python -m finetune train` (its `main`), in a studio home of its own."""
-    from finetune.cli import main
-    from finetune.runs.rundir import RunDir
-
-    folder = tmp_path_factory.mktemp("qwen-run")
-    with pytest.MonkeyPatch.context() as patch:  # the run outlives one test: its own studio home
-        patch.setenv("FINETUNE_STUDIO_HOME", str(folder / "home"))
-        qwen_config(qwen_dir, image_data, output_dir=str(folder / "run")).save(folder / "qwen.yaml")
-        assert main(["train", "--config", str(folder / "qwen.yaml")]) == 0
-    return RunDir(folder / "run")
+    """Three LoRA steps through `python -m finetune train`."""
+    return cli_run(qwen_config(qwen_dir, image_data), tmp_path_factory.mktemp("qwen-run"))
 
 
 # ----------------------------------------------------------------------------- the processor

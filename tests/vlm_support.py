@@ -68,3 +68,18 @@ def trained_text(tokenizer: Any, row: dict) -> str:
     trained = [i for i, label in zip(ids, labels, strict=True) if label != -100]
     assert [label for label in labels if label != -100] == trained  # labels are the ids where trained
     return tokenizer.decode(trained)
+
+
+def cli_run(config: TrainConfig, folder: Path) -> Any:
+    """`config` trained through `python -m finetune train` (its `main`) into `folder`/run, in a studio home of its own
+    (the run outlives the test that asked for it); returns its RunDir."""
+    import pytest
+
+    from finetune.cli import main
+    from finetune.runs.rundir import RunDir
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FINETUNE_STUDIO_HOME", str(folder / "home"))
+        config.replace(output_dir=str(folder / "run")).save(folder / "run.yaml")
+        assert main(["train", "--config", str(folder / "run.yaml")]) == 0
+    return RunDir(folder / "run")

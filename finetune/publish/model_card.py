@@ -727,7 +727,7 @@ def _snippet(s: RunSummary, repo_id: str, *, merged: bool) -> str:
             f'question = [{{"type": "image"}}, {{"type": "text", "text": "{prompt}"}}]',
             'messages = [{"role": "user", "content": question}]',
             "text = processor.apply_chat_template(messages, add_generation_prompt=True)",
-            'inputs = processor(text=text, images=[image], return_tensors="pt")',
+            'inputs = processor(text=text, images=[image], add_special_tokens=False, return_tensors="pt")',
             "output = model.generate(**inputs, max_new_tokens=128, do_sample=False)",
             'print(processor.decode(output[0][inputs["input_ids"].shape[1]:], skip_special_tokens=True))',
         ]
