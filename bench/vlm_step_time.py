@@ -51,9 +51,16 @@ SHAPES = ROOT / "finetune" / "bundled" / "shapes" / "train.jsonl"
 TEXT_LINEARS = (
     r".*\.text_model\.layers\.\d+\.(self_attn|mlp)\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
 )
-# --shape wide: bench/memory_accuracy_vlm.py's shapes (language model hidden 128 × 4 layers, vision hidden 64 × 3).
+# --shape wide: bench/memory_accuracy_vlm.py's shapes (language model hidden 128 × 4 layers, vision hidden 64 × 3 on
+# 4-pixel patches: 16 tokens a tile, 80 a picture).
 WIDE_TEXT = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4}
-WIDE_VISION = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 2}
+WIDE_VISION = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 2,
+    "patch_size": 4,
+}
 
 
 # ----------------------------------------------------------------------------- the baseline, as a user writes it
