@@ -22,9 +22,10 @@ collator; TRL's: `DataCollatorForVisionLanguageModeling` on the plain script's r
 ids, trained labels and pixel values, and the same trainable parameters. A step's time is the gap between two
 consecutive log lines (ours: events.jsonl; plain: a timing callback), after the first `--skip` steps; each run's
 figure is its median step, each round's ratio ours / plain, and the headline the median of the rounds' ratios (with
-their spread). What still differs: TRL re-renders and re-tokenises every row in its collator (ours tokenises once,
-before training) and projects only the answer positions through the LM head (its fused head), with its entropy and
-accuracy metrics; ours writes events.jsonl and status.json and counts tokens.
+their spread), beside the processes' CPU time per step. What still differs (each timed here on the first micro
+batch, in this process): TRL re-renders and re-tokenises every row in its collator (ours tokenises once, before
+training) and projects only the answer positions through the LM head (its fused head), with its entropy and accuracy
+metrics; ours writes events.jsonl and status.json. Both count the tokens seen (the plain script for `--timing` only).
 """
 
 from __future__ import annotations
@@ -176,12 +177,15 @@ def check_same_work(args: argparse.Namespace, model: Path, data: Path) -> list[s
     from peft import get_peft_model
     from transformers import AutoModelForImageTextToText, AutoProcessor
     from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
+    from trl.trainer.utils import add_fused_lm_head
 
     from finetune import data as training_data
     from finetune.config import TrainConfig
     from finetune.model import loading
     from finetune.plan import plan_for
 
+    if args.threads:
+        torch.set_num_threads(args.threads)  # the timed pieces below, with the processes' threads
     config = TrainConfig(
         model=str(model),
         dataset=str(data),
@@ -215,6 +219,7 @@ def check_same_work(args: argparse.Namespace, model: Path, data: Path) -> list[s
 
     ours_model = loading.load_model(plan)
     base = AutoModelForImageTextToText.from_pretrained(str(model), dtype=torch.float32)
+    add_fused_lm_head(base, outputs=("log_probs", "entropy", "is_top1"))  # as SFTTrainer does (before PEFT)
     plain_model = get_peft_model(base, plain_lora())
     trainable = lambda m: {n for n, p in m.named_parameters() if p.requires_grad}  # noqa: E731
     if trainable(ours_model) != trainable(plain_model):
@@ -226,6 +231,10 @@ def check_same_work(args: argparse.Namespace, model: Path, data: Path) -> list[s
     n = len(prepared.train)
     ours_ms = collate_ms(lambda k: collate([prepared.train[(args.batch * k + i) % n] for i in range(args.batch)]))
     trl_ms = collate_ms(lambda k: trl_collate([trl_rows[(args.batch * k + i) % n] for i in range(args.batch)]))
+    ours_model.train()
+    plain_model.train()
+    own_ms = collate_ms(lambda k: ours_model(**ours).loss.backward(), batches=20)
+    fused_ms = collate_ms(lambda k: fused_step(plain_model, theirs), batches=20)
     return [
         f"same work, checked on the first micro batch: identical input_ids {tuple(ids.shape)}, labels "
         f"({int((labels != -100).sum())} trained tokens), pixel_values {tuple(ours['pixel_values'].shape)} and "
@@ -234,11 +243,24 @@ def check_same_work(args: argparse.Namespace, model: Path, data: Path) -> list[s
         f"a micro batch's rows fetched and collated (this process, median CPU time of 40): ours {ours_ms:.2f} ms "
         f"(rows tokenised before training; images loaded and processed here), TRL's collator {trl_ms:.2f} ms (renders "
         "the chat template, tokenises and processes the images of every row)",
+        f"one forward + backward of that micro batch (this process, median CPU time of 20): the model's own loss "
+        f"(ours) {own_ms:.2f} ms, TRL's fused LM head with its entropy and accuracy metrics {fused_ms:.2f} ms",
     ]
 
 
+def fused_step(model: Any, batch: dict[str, Any]) -> None:
+    """What `SFTTrainer.compute_loss` does with a micro batch (the loss through its fused LM head, its two metrics
+    read on the host), then the backward pass."""
+    out = model(**batch, fused_lm_head=True)
+    valid = out.label_mask.sum()
+    loss = (-out.log_probs).sum() / valid.clamp(min=1)
+    (out.entropy.detach().sum() / valid).item()
+    (out.is_top1.sum() / valid).item()
+    loss.backward()
+
+
 def collate_ms(collate: Any, batches: int = 40) -> float:
-    """Median CPU milliseconds of `collate(k)` over `batches` calls."""
+    """Median CPU milliseconds of `collate(k)` over `batches` calls (also used for forward + backward)."""
     times = []
     for k in range(batches):
         t0 = time.process_time()
