@@ -327,6 +327,8 @@ def main(argv: list[str] | None = None) -> str | None:
     args = parser.parse_args(argv)
 
     set_offline()
+    import importlib.metadata as md
+
     from tests.tiny import build_smolvlm
 
     report = Report("vlm-step-time-cpu")
@@ -340,7 +342,8 @@ def main(argv: list[str] | None = None) -> str | None:
             f"{parameter_count(model) / 1e6:.2f}M params), vision tower and projector frozen, fp32 on the CPU, "
             f"bundled:shapes (20 rows, one 64 x 64 picture each), batch {args.batch}, max_seq_length {args.seq}, "
             f"{args.steps} steps, step times after step {args.skip}, threads per process: "
-            f"{args.threads or 'torch default'}" + (f", env {' '.join(args.env)}" if args.env else "")
+            f"{args.threads or 'torch default'}, plain side: TRL {md.version('trl')}"
+            + (f", env {' '.join(args.env)}" if args.env else "")
         )
         report.print(
             "measured: each run's median time per optimizer step (the gap between consecutive per-step log lines, "
