@@ -171,8 +171,20 @@ OURS_JOB = {"precision": "fp32", "packing": False, "freeze_vision_tower": True, 
 
 def check_same_work(args: argparse.Namespace, model: Path, data: Path) -> list[str]:
     """Build both sides' first micro batch and adapter here and compare them; lines for the report (raises when the
-    two sides would not do the same work)."""
+    two sides would not do the same work). Timed with the processes' CPU threads (this process's are put back)."""
     set_offline()
+    import torch
+
+    threads = torch.get_num_threads()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        return _same_work(args, model, data)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _same_work(args: argparse.Namespace, model: Path, data: Path) -> list[str]:
     import torch
     from peft import get_peft_model
     from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -184,8 +196,6 @@ def check_same_work(args: argparse.Namespace, model: Path, data: Path) -> list[s
     from finetune.model import loading
     from finetune.plan import plan_for
 
-    if args.threads:
-        torch.set_num_threads(args.threads)  # the timed pieces below, with the processes' threads
     config = TrainConfig(
         model=str(model),
         dataset=str(data),
