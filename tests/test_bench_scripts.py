@@ -50,6 +50,11 @@ CASES = {
         rf"^packing on cpu: real tokens/s packed/plain = {NUMBER}x \(goal >= 1.5\), packed/padded = {NUMBER}x; "
         rf"padding share {NUMBER}%",
     ),
+    "vlm_step_time": (
+        ["--steps", "3", "--repeats", "1", "--skip", "1", "--out", ""],
+        rf"^vlm step time ours/plain TRL: {NUMBER}x \(goal <= 1.05\) \[(?:meets|MISSES)\], rounds {NUMBER}-{NUMBER}x; "
+        rf"by CPU time {NUMBER}x .* all steps' median ours {NUMBER} ms, plain {NUMBER} ms$",
+    ),
 }  # fmt: skip
 
 
