@@ -247,6 +247,17 @@ def test_the_proposal_offers_smaller_images_with_the_tokens_they_save(vlm_dir, t
     assert option.new_total_bytes == pytest.approx(halved.total_bytes, rel=0.15)
 
 
+def test_image_data_lengths_without_the_models_processor_count_the_text_and_say_so(monkeypatch):
+    """A catalogue VLM offline (no processor here): the Start tab's lengths are the text's, with a note, never a
+    refusal of the data."""
+    from finetune.data.stats import data_stats
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    stats = data_stats(TrainConfig(model="Qwen/Qwen2.5-VL-3B-Instruct", dataset="bundled:shapes"))
+    assert stats.rows == 20 and 0 < min(stats.lengths) <= max(stats.lengths) < 64
+    assert any("the images' tokens are not in these lengths" in note for note in stats.notes), stats.notes
+
+
 # ----------------------------------------------------------------------------- chat
 def test_chat_answers_with_an_image_from_the_base_and_the_tuned_run(lora_run, vlm_dir, image_data):
     from finetune.model.inference import GenerationSettings

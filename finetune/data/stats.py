@@ -209,20 +209,27 @@ def _measure(config: TrainConfig, tokenizer: Any, name: str, notes: list[str]) -
     rows = len(train_raw)
     picked = range(rows) if rows <= SAMPLE_ROWS else [i * rows // SAMPLE_ROWS for i in range(SAMPLE_ROWS)]
     lengths = sorted(_row_length(row, fmt, tokenizer) for row in train_raw.select(picked))
+    if fmt.kind is DataKind.IMAGES and not hasattr(tokenizer, "image_processor"):
+        notes.append("text only: the images' tokens are not in these lengths (the model's processor is not here)")
     return DataStats(rows, lengths, config.max_seq_length, name, notes)
 
 
 def _row_length(row: dict[str, Any], fmt: DataFormat, tokenizer: Any) -> int:
     """Tokens in one row, uncut: the chat template or prompt/completion rendering training uses."""
-    if tokenizer is None:
+    if tokenizer is None and fmt.kind is not DataKind.IMAGES:
         return _estimated_length(row, fmt)
     if fmt.kind is DataKind.CLASSIFICATION:
         pair = text_value(row[fmt.columns["text_pair"]]) if "text_pair" in fmt.columns else None
         return len(tokenizer(text_value(row[fmt.columns["text"]]), pair)["input_ids"])
-    if fmt.kind is DataKind.IMAGES and hasattr(tokenizer, "image_processor"):  # the images' tokens included
-        from finetune.data.images import encode
+    if fmt.kind is DataKind.IMAGES:
+        from finetune.data.images import as_text, conversation, encode
 
-        return len(encode(row, fmt, tokenizer).input_ids)
+        if hasattr(tokenizer, "image_processor"):  # the images' tokens included
+            return len(encode(row, fmt, tokenizer).input_ids)
+        # No processor here (a catalogue model): the text alone, each image an `<image>` tag (the estimate counts
+        # the images' tokens from the model's family, and a run refuses a length that would cut them).
+        messages = as_text(conversation(row, fmt))
+        return sum(_text_tokens(m["content"], tokenizer) + TEMPLATE_TOKENS for m in messages)
     if handler(fmt.kind).render is None:  # preference pairs: the prompt with its longer answer is what a step holds
         return _estimated_length(row, fmt, tokenizer)
     segments = render_segments(row, fmt, tokenizer)
@@ -234,9 +241,7 @@ def _estimated_length(row: dict[str, Any], fmt: DataFormat, tokenizer: Any = Non
     tokens of template per message; preference rows count the prompt and the longer answer."""
 
     def tokens(text: str) -> int:
-        if tokenizer is not None:
-            return len(tokenizer(text, add_special_tokens=False)["input_ids"])
-        return -(-len(text) // CHARS_PER_TOKEN)
+        return _text_tokens(text, tokenizer)
 
     pieces: dict[str, int] = {}
     for role, column in fmt.columns.items():
@@ -252,3 +257,10 @@ def _estimated_length(row: dict[str, Any], fmt: DataFormat, tokenizer: Any = Non
         # a step holds the prompt with one answer at a time: the longer one counts
         return sum(pieces.values()) - min(pieces["chosen"], pieces["rejected"])
     return sum(pieces.values())
+
+
+def _text_tokens(text: str, tokenizer: Any = None) -> int:
+    """Tokens of a text: counted with `tokenizer`, else characters / CHARS_PER_TOKEN."""
+    if tokenizer is not None:
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return -(-len(text) // CHARS_PER_TOKEN)
