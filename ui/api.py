@@ -262,7 +262,9 @@ class StudioAPI:
             options = GenerationSettings(
                 max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, system_prompt=system_prompt
             )
-            yield from studio.chat(run or "base", conversation, options, _form(settings or {}), images or None)
+            yield from studio.chat(
+                run or "base", conversation, options, _form(settings or {}), *([images] if images else [])
+            )
 
     def classify(
         self,
