@@ -299,6 +299,32 @@ def test_stop_and_resume_continue_a_vlm_run_exactly(lora_run, vlm_dir, monkeypat
         torch.testing.assert_close(tensor, theirs[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_kill_9_of_a_vlm_run_resumes_from_its_last_checkpoint(lora_run, vlm_dir, tmp_path, studio_home):
+    """`python -m finetune train` killed with SIGKILL while it holds step 3 (a checkpoint at 2): `train --resume`
+    trains steps 3-4 only, with the losses of the uninterrupted run."""
+    from finetune.runs.rundir import RunDir
+    from tests.helpers import assert_resumed_exactly, cli, events_size, raw_events, wait_for_file
+    from tests.test_cli import held_train
+
+    out = tmp_path / "run"
+    vlm_config(vlm_dir, "bundled:shapes", save_steps=2, output_dir=str(out)).save(tmp_path / "run.yaml")
+    marker = tmp_path / "held"
+    proc = held_train(["train", "--config", str(tmp_path / "run.yaml"), "--no-progress"], 3, marker, studio_home)
+    try:
+        wait_for_file(marker, proc)
+    finally:
+        proc.kill()  # no handler runs: no checkpoint, no status update
+        proc.communicate()
+    run = RunDir(out)
+    assert run.effective_status() == "interrupted" and run.last_checkpoint().name == "checkpoint-2"
+    mark = events_size(out)
+    done = cli("train", "--resume", str(out), "--no-progress", home=studio_home)
+    assert done.returncode == 0, done.stderr[-2000:]
+    _, after = assert_resumed_exactly(out, mark, checkpoint_step=2, max_steps=4)
+    expected = {e["step"]: e["loss"] for e in raw_events(lora_run.path)}
+    assert [e["loss"] for e in after] == pytest.approx([expected[3], expected[4]], rel=1e-4)
+
+
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
 def test_a_qwen_vl_estimate_replays_its_step_with_its_image_tokens(family, tmp_path, image_data):
     """Qwen-VL (no processor files here: its family's image processor from the config): a 64 x 64 image on 8-pixel
