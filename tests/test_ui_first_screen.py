@@ -388,6 +388,9 @@ def test_the_first_screen_offers_popular_models_and_takes_an_upload(studio_home,
     tab = ui.start
     offered = [value for _, value in tab.model.choices]
     assert offered[0] == EMBEDDED_MODEL and set(ui.studio.popular_models()) <= set(offered)
+    labels = dict((value, label) for label, value in tab.model.choices)
+    assert labels["Qwen/Qwen2.5-VL-3B-Instruct"] == "Qwen/Qwen2.5-VL-3B-Instruct (images + text)"
+    assert labels["Qwen/Qwen2.5-3B-Instruct"] == "Qwen/Qwen2.5-3B-Instruct"  # a text model is named as it is
     kept = tab.use_upload(str(data_file))
     assert kept[tab.data]["value"] == "upload:pirate-train.jsonl"  # the file's name, never a server path
     target = ui.studio.uploads.resolve(ui.studio.identity, kept[tab.data]["value"])

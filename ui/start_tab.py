@@ -22,7 +22,7 @@ import gradio as gr
 from finetune import objectives
 from finetune.config import BUNDLED_DATASET, EMBEDDED_MODEL, FIELD_NAMES, field_label
 from finetune.errors import BusyError, UserError
-from finetune.studio import Studio
+from finetune.studio import BASE, Studio
 from ui.config_tab import DATA_UPLOAD_TYPES, ConfigTab, number_box, parse_number
 from ui.formatting import one_line, plain, preview_html, size
 from ui.visitor import per_visitor
@@ -97,10 +97,11 @@ def goal_of(form: dict[str, Any]) -> str:
     return objectives.of_values(form).goal
 
 
-def model_label(name: str) -> str:
+def model_label(name: str, reads_images: bool = False) -> str:
+    """How the model list names a model: the embedded one says so, a vision-language model says it reads images."""
     if name == EMBEDDED_MODEL:
         return "SmolLM2-135M-Instruct, embedded (works offline)"
-    return name
+    return f"{name} (images + text)" if reads_images else name
 
 
 def data_label(name: str) -> str:
@@ -595,7 +596,7 @@ class StartTab:
             names.insert(0, EMBEDDED_MODEL)
         if current and current not in names:
             names.insert(0, current)
-        return [(model_label(n), n) for n in names]
+        return [(model_label(n, self.studio.takes_images(BASE, {"model": n})), n) for n in names]
 
     def _data_choices(self, current: str | None) -> list[tuple[str, str]]:
         names = self.studio.bundled_datasets()
