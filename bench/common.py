@@ -6,6 +6,7 @@ machine is shared (other jobs run at the same time), so absolute figures wander 
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
 import os
@@ -397,3 +398,37 @@ def stop_process(proc: subprocess.Popen, timeout: float = 10) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout)
+
+
+def plain_parser(description: str, data_help: str, max_seq_length: int, max_steps: int) -> argparse.ArgumentParser:
+    """The command line of a plain TRL baseline script (model, data, output folder, length, batch, steps, timing)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--data", required=True, help=data_help)
+    parser.add_argument("--output-dir", required=True)
+    parser.add_argument("--max-seq-length", type=int, default=max_seq_length)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--max-steps", type=int, default=max_steps)
+    parser.add_argument("--timing", help="write step timestamps to this JSON file")
+    return parser
+
+
+def step_timing(timing: dict[str, Any]) -> Any:
+    """A Trainer callback that fills `timing` (measurement only, not something a user would write): when training
+    begins, each logged step as [step, time, loss, real tokens seen so far], when it ends, the tokens seen."""
+    from transformers import TrainerCallback
+
+    class StepTiming(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):  # noqa: D102
+            timing["train_begin"] = time.time()
+
+        def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: D102
+            if logs and "loss" in logs:
+                step = [state.global_step, time.time(), float(logs["loss"]), state.num_input_tokens_seen]
+                timing.setdefault("steps", []).append(step)
+
+        def on_train_end(self, args, state, control, **kwargs):  # noqa: D102
+            timing["train_end"] = time.time()
+            timing["tokens_seen"] = state.num_input_tokens_seen
+
+    return StepTiming()

@@ -30,7 +30,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import RESULTS, Report, build_llama, load_tokenizer, loadavg, parameter_count, write_rows  # noqa: E402
+from bench.common import (  # noqa: E402
+    RESULTS,
+    Report,
+    build_llama,
+    load_tokenizer,
+    loadavg,
+    parameter_count,
+    plain_parser,
+    step_timing,
+    write_rows,
+)
 from bench.overhead import (  # noqa: E402
     LEARNING_RATE,
     PROCESS_GOAL,
@@ -48,19 +58,13 @@ BETA = 0.1
 # ----------------------------------------------------------------------------- the baseline, as a user writes it
 def plain_main(argv: list[str]) -> None:
     """A LoRA DPO fine-tune with TRL alone: JSON lines of pairs → conversations → DPOTrainer → save the adapter."""
-    parser = argparse.ArgumentParser(description="plain TRL DPO script (the baseline)")
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--data", required=True, help="JSON lines with prompt, chosen and rejected")
-    parser.add_argument("--output-dir", required=True)
-    parser.add_argument("--max-seq-length", type=int, default=128)
-    parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--max-steps", type=int, default=12)
-    parser.add_argument("--timing", help="write step timestamps to this JSON file")
-    args = parser.parse_args(argv)
+    args = plain_parser(
+        "plain TRL DPO script (the baseline)", "JSON lines with prompt, chosen and rejected", 128, 12
+    ).parse_args(argv)
 
     from datasets import load_dataset
     from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import DPOConfig, DPOTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
@@ -94,24 +98,13 @@ def plain_main(argv: list[str]) -> None:
 
     timing: dict[str, Any] = {"steps": []}
 
-    class Timing(TrainerCallback):  # measurement only, not something a user would write
-        def on_train_begin(self, a, state, control, **kw):  # noqa: D102
-            timing["train_begin"] = time.time()
-
-        def on_log(self, a, state, control, logs=None, **kw):  # noqa: D102
-            if logs and "loss" in logs:
-                timing["steps"].append([state.global_step, time.time(), float(logs["loss"])])
-
-        def on_train_end(self, a, state, control, **kw):  # noqa: D102
-            timing["train_end"] = time.time()
-
     trainer = DPOTrainer(
         model=model,
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
         peft_config=lora,
-        callbacks=[Timing()] if args.timing else [],
+        callbacks=[step_timing(timing)] if args.timing else [],
     )
     trainer.train()
     trainer.save_model(args.output_dir)

@@ -41,7 +41,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import RESULTS, ROOT, Report, loadavg, median, parameter_count, set_offline, table  # noqa: E402
+from bench.common import (  # noqa: E402
+    RESULTS,
+    ROOT,
+    Report,
+    loadavg,
+    median,
+    parameter_count,
+    plain_parser,
+    set_offline,
+    step_timing,
+    table,
+)
 from bench.overhead import LEARNING_RATE, run_ours, run_plain  # noqa: E402
 
 PY = sys.executable
@@ -118,35 +129,20 @@ def plain_config(output_dir: str, batch: int, steps: int, seq: int, timing: bool
 
 def plain_main(argv: list[str]) -> None:
     """A LoRA fine-tune of a vision-language model with TRL alone: rows with images → SFTTrainer → save the adapter."""
-    parser = argparse.ArgumentParser(description="plain TRL SFT script for a vision-language model (the baseline)")
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--data", required=True, help="JSON lines with messages and images")
-    parser.add_argument("--output-dir", required=True)
-    parser.add_argument("--max-seq-length", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--max-steps", type=int, default=30)
-    parser.add_argument("--timing", help="write step timestamps to this JSON file")
-    args = parser.parse_args(argv)
+    args = plain_parser(
+        "plain TRL SFT script for a vision-language model (the baseline)",
+        "JSON lines with messages and images",
+        256,
+        30,
+    ).parse_args(argv)
 
     import torch
-    from transformers import AutoModelForImageTextToText, AutoProcessor, TrainerCallback
+    from transformers import AutoModelForImageTextToText, AutoProcessor
     from trl import SFTTrainer
 
     processor = AutoProcessor.from_pretrained(args.model)
     model = AutoModelForImageTextToText.from_pretrained(args.model, dtype=torch.float32)
     timing: dict[str, Any] = {"steps": []}
-
-    class Timing(TrainerCallback):  # measurement only, not something a user would write
-        def on_train_begin(self, a, state, control, **kw):  # noqa: D102
-            timing["train_begin"] = time.time()
-
-        def on_log(self, a, state, control, logs=None, **kw):  # noqa: D102
-            if logs and "loss" in logs:
-                timing["steps"].append([state.global_step, time.time(), float(logs["loss"])])
-
-        def on_train_end(self, a, state, control, **kw):  # noqa: D102
-            timing["train_end"] = time.time()
-            timing["tokens_seen"] = state.num_input_tokens_seen
 
     trainer = SFTTrainer(
         model=model,
@@ -154,7 +150,7 @@ def plain_main(argv: list[str]) -> None:
         train_dataset=plain_rows(args.data),
         processing_class=processor,
         peft_config=plain_lora(),
-        callbacks=[Timing()] if args.timing else [],
+        callbacks=[step_timing(timing)] if args.timing else [],
     )
     trainer.train()
     trainer.save_model(args.output_dir)
