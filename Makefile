@@ -28,8 +28,8 @@ run: $(STAMP)
 # Three pytest-xdist workers (one CPU thread each, see tests/conftest.py), each taking a whole test module at a time
 # so module fixtures are built once; `make test TEST_WORKERS=0` runs everything in one process. On the 2-core
 # machine: 27:06 in one process, 16:20 with two workers, 14:54 with three (a third fills the time the others spend
-# waiting for an app, a browser or a launched process); 14:28 with three for the 1,065 tests of 2026-12-05, and 15:56
-# with four (more processes than cores: slower).
+# waiting for an app, a browser or a launched process); 14:28 and 15:29 with three for the 1,065 tests of 2026-12-05,
+# and 15:56 with four (more processes than cores: slower).
 TEST_WORKERS ?= 3
 
 test: $(STAMP) llama-cpp system-packages
