@@ -229,6 +229,9 @@ def train_config(case: Case, model_dir: Path, device: str) -> Any:
         "eval_split": "",
         "warmup_steps": 0,
         "precision": "fp32" if device == "cpu" else "auto",
+        # The measured step trains full max_seq_length rows (`dataset`), not the default data packed: the estimate
+        # must price the same batch (packing is on by default and would price the bundled set's short rows).
+        "packing": False,
     }
     values.update(case.settings)
     return TrainConfig(**values)
@@ -266,6 +269,18 @@ def dataset(config: Any, vocab: int, rows: int) -> list[dict[str, Any]]:
     return out
 
 
+def engine_trainer(plan: Any, model: Any, train_dataset: Any, data_collator: Any, out: Path) -> Any:
+    """A Trainer as the engine builds one (its training arguments for `plan`, writing to `out`), logging off: the
+    step the memory benches measure."""
+    from transformers import Trainer
+
+    from finetune.engines.hf_trainer import training_arguments
+
+    args = training_arguments(plan, out, has_eval=False)
+    args.logging_strategy = "no"
+    return Trainer(model=model, args=args, train_dataset=train_dataset, data_collator=data_collator)
+
+
 def measure(config: Any, device: str, memtracker: bool = False) -> dict[str, int]:
     """Train 3 optimizer steps as the engine does; the peak of live tensor bytes (and the allocator's on CUDA).
 
@@ -273,9 +288,8 @@ def measure(config: Any, device: str, memtracker: bool = False) -> dict[str, int
     parameter, so full fine-tuning only).
     """
     import torch
-    from transformers import Trainer, default_data_collator
+    from transformers import default_data_collator
 
-    from finetune.engines.hf_trainer import training_arguments
     from finetune.memory.trace import LiveBytes, _quant_state_tensors
     from finetune.model import loading
 
@@ -285,14 +299,8 @@ def measure(config: Any, device: str, memtracker: bool = False) -> dict[str, int
     model = loading.load_model(plan)
     rows = config.per_device_train_batch_size * config.gradient_accumulation_steps * config.max_steps
     with tempfile.TemporaryDirectory() as out:
-        args = training_arguments(plan, Path(out), has_eval=False)
-        args.logging_strategy = "no"
-        trainer = Trainer(
-            model=model,
-            args=args,
-            train_dataset=dataset(config, model.config.vocab_size, rows),
-            data_collator=default_data_collator,
-        )
+        rows_in = dataset(config, model.config.vocab_size, rows)
+        trainer = engine_trainer(plan, model, rows_in, default_data_collator, Path(out))
         if memtracker:
             result = {"peak": _memtracker_peak(trainer)}
         elif device == "cuda":
