@@ -125,10 +125,8 @@ def row_length(model_dir: Path, data: Path) -> int:
 
 def measure(config: Any) -> int:
     """Train 3 optimizer steps as the engine does; the peak of live tensor bytes."""
-    from transformers import Trainer
-
+    from bench.memory_accuracy import engine_trainer
     from finetune import data
-    from finetune.engines.hf_trainer import training_arguments
     from finetune.memory.trace import LiveBytes
     from finetune.model import loading
 
@@ -137,14 +135,8 @@ def measure(config: Any) -> int:
     prepared = data.prepare(config, processor)
     model = loading.load_model(plan)
     with tempfile.TemporaryDirectory() as out:
-        args = training_arguments(plan, Path(out), has_eval=False)
-        args.logging_strategy = "no"
-        trainer = Trainer(
-            model=model,
-            args=args,
-            train_dataset=prepared.train,
-            data_collator=data.collator(config, processor, kind=prepared.format.kind),
-        )
+        collate = data.collator(config, processor, kind=prepared.format.kind)
+        trainer = engine_trainer(plan, model, prepared.train, collate, Path(out))
         peak = LiveBytes().training_peak(trainer)
         trainer.model = trainer.model_wrapped = trainer.optimizer = trainer.lr_scheduler = None
     del model, trainer

@@ -53,6 +53,8 @@ from bench.common import (  # noqa: E402
     step_timing,
     table,
 )
+from bench.memory_accuracy_vlm import TEXT as WIDE_TEXT  # noqa: E402 (--shape wide: that bench's shapes)
+from bench.memory_accuracy_vlm import VISION as WIDE_VISION  # noqa: E402
 from bench.overhead import LEARNING_RATE, run_ours, run_plain  # noqa: E402
 
 PY = sys.executable
@@ -63,16 +65,6 @@ SHAPES = ROOT / "finetune" / "bundled" / "shapes" / "train.jsonl"
 TEXT_LINEARS = (
     r".*\.text_model\.layers\.\d+\.(self_attn|mlp)\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
 )
-# --shape wide: bench/memory_accuracy_vlm.py's shapes (language model hidden 128 × 4 layers, vision hidden 64 × 3 on
-# 4-pixel patches: 16 tokens a tile, 80 a picture).
-WIDE_TEXT = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4}
-WIDE_VISION = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 2,
-    "patch_size": 4,
-}
 
 
 # ----------------------------------------------------------------------------- the baseline, as a user writes it
