@@ -38,6 +38,12 @@ class ImageLoad:
         """Image tokens in one row."""
         return self.images_per_row * self.tokens_per_image
 
+    def longest_side(self, setting: int) -> int:
+        """The longest side the images have now: the largest image's, or the `image_longest_side` setting when it
+        is smaller (0: no setting)."""
+        side = max(self.width, self.height)
+        return min(side, setting) if setting else side
+
     def row_length(self, text_tokens: int) -> int:
         """A row's length: `text_tokens`, or longer where its images need it (their tokens, each image's start and
         end markers, and a token of text), since a run never cuts image tokens."""
@@ -63,32 +69,6 @@ def image_load(plan: RunPlan, model_config: Any) -> ImageLoad:
         count, width, height = 1, side, side
     tokens = image_tokens(processor, model_config, plan.vision.family, width, height)
     return ImageLoad(count, width, height, tokens, from_data=measured is not None and measured[0] > 0)
-
-
-def smaller_side_note(plan: RunPlan, model_config: Any, load: ImageLoad) -> str | None:
-    """The lever a smaller image side gives: `image_longest_side` at half the images' longest side, and the tokens a
-    row it saves (None when it saves none: Gemma 3's images are always 256 tokens)."""
-    import copy
-
-    from finetune.model.loading import set_image_size
-
-    side = max(load.width, load.height)
-    if plan.vision.image_longest_side:
-        side = min(side, plan.vision.image_longest_side)
-    half = side // 2
-    if half < 16 or not load.images_per_row:
-        return None
-    processor = copy.deepcopy(image_processor_for(plan, model_config))
-    set_image_size(processor, half)
-    width, height = max(1, load.width * half // side), max(1, load.height * half // side)
-    tokens = image_tokens(processor, model_config, plan.vision.family, min(load.width, width), min(load.height, height))
-    saved = (load.tokens_per_image - tokens) * load.images_per_row
-    if saved <= 0:
-        return None
-    return (
-        f"lever: image_longest_side: {half} would make each image {tokens} tokens instead of "
-        f"{load.tokens_per_image} ({saved} fewer a row)"
-    )
 
 
 def image_tokens(image_processor: Any, model_config: Any, family: str, width: int, height: int) -> int:

@@ -284,9 +284,7 @@ def _image_sides(plan: RunPlan) -> list[Step]:
     if plan.vision is None:
         return []
     load = core.image_load_of(plan)
-    side = max(load.width, load.height)
-    if plan.vision.image_longest_side:
-        side = min(side, plan.vision.image_longest_side)
+    side = load.longest_side(plan.vision.image_longest_side)
     out: list[Step] = []
     fewest, halvings = load.tokens_per_image, 0
     while side // 2 >= MIN_IMAGE_SIDE:
