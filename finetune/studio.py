@@ -316,6 +316,13 @@ class Studio:
         self.prune_uploads()
         return self.uploads.add_set(identity, files)
 
+    def add_chat_image(self, chat_source: str, base_values: dict | None, source: str | Path, name: str) -> str:
+        """Keep a picture sent to `chat_source` (as `chat` names it) among this visitor's uploads; refused in one
+        line, keeping nothing, when that model reads text only. Returns its `upload:NAME`."""
+        if not self.takes_images(chat_source, base_values):
+            raise UserError(TEXT_ONLY_CHAT, "images")
+        return self.add_image(source, name)
+
     def add_image(self, source: str | Path, name: str | None = None) -> str:
         """Keep an image for the chat in this visitor's uploads (the same limits); returns its `upload:NAME`."""
         identity = self.identity

@@ -300,11 +300,13 @@ def test_the_chat_api_takes_a_picture_with_the_message(server, image_set, tiny_m
     asked = [{"role": "user", "content": "<image>\nWhat colour?"}]
     expected = list(studio.chat(run, asked, GenerationSettings(max_new_tokens=4), images=[str(picture)]))[-1]
     assert reply == expected
+    kept = studio.upload_names()
     with pytest.raises(Exception, match="images: this model reads text only"):
         client.predict(
             "What colour?", "base", settings={"model": str(tiny_model_dir)}, image=handle_file(str(picture)),
             api_name="/chat",
         )  # fmt: skip
+    assert studio.upload_names() == kept  # the refused picture was not kept
 
 
 def test_on_a_public_app_the_preview_shows_only_the_visitors_own_pictures(studio_home, image_set):

@@ -254,17 +254,15 @@ class StudioAPI:
         """
         with refusals():
             studio = self._for(request, oauth_token)
-            images = []
+            images, form = [], _form(settings or {})
             if image is not None:
-                images.append(studio.add_image(*_uploaded(image, "image", "images")))
+                images.append(studio.add_chat_image(run or "base", form, *_uploaded(image, "image", "images")))
                 message = message if IMAGE_TAG in message else f"{IMAGE_TAG}\n{message}"
             conversation = [*(history or []), {"role": "user", "content": message}]
             options = GenerationSettings(
                 max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, system_prompt=system_prompt
             )
-            yield from studio.chat(
-                run or "base", conversation, options, _form(settings or {}), *([images] if images else [])
-            )
+            yield from studio.chat(run or "base", conversation, options, form, *([images] if images else []))
 
     def classify(
         self,

@@ -22,7 +22,7 @@ from typing import Any
 import gradio as gr
 
 from finetune.errors import UserError
-from finetune.studio import BASE, BASE_OF, IMAGE_TAG, TEXT_ONLY_CHAT, GenerationSettings, Studio
+from finetune.studio import BASE, BASE_OF, IMAGE_TAG, GenerationSettings, Studio
 from ui.config_tab import ConfigTab, warn
 from ui.formatting import STATUS_WORDS, one_line, plain, run_title
 from ui.visitor import per_visitor
@@ -146,10 +146,8 @@ class ChatTab:
         reads text only, or past the upload limits."""
         if not image:
             return {"role": "user", "content": message}
-        if not self.studio.takes_images(source, form):
-            raise UserError(TEXT_ONLY_CHAT, "images")
         path = Path(getattr(image, "name", None) or str(image))
-        kept = self.studio.add_image(path, path.name)
+        kept = self.studio.add_chat_image(source, form, path, path.name)
         mime = mimetypes.guess_type(path.name)[0] or "image/png"  # the chatbot shows a file as a picture by its type
         picture = {"path": str(path), "mime_type": mime}
         parts: list[dict[str, Any]] = [{"type": "file", "file": picture, "alt_text": kept}]
